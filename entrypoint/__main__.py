@@ -1,0 +1,7 @@
+"""``python -m entrypoint``."""
+
+import sys
+
+from entrypoint.cli import main
+
+sys.exit(main())

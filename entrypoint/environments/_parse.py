@@ -1,0 +1,139 @@
+"""Strict readers for JSON cluster specs and integer variables, ending in one-line ConfigErrors.
+
+Messages name the variable and the JSON path at fault and never echo the whole value: the
+``job`` field of CLUSTER_SPEC can carry user arguments, which may include secrets.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from entrypoint.errors import ConfigError
+
+_MAX_SHOWN = 40
+
+
+def is_uint(text: str) -> bool:
+    """ASCII digits only, short enough to be a sane count or index."""
+    return text.isascii() and text.isdigit() and len(text) < 10
+
+
+def shown(value: object) -> str:
+    """A short, safe rendering of a scalar for an error message (never a whole object)."""
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, list):
+        return "a list"
+    text = json.dumps(value) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= _MAX_SHOWN else text[: _MAX_SHOWN - 3] + "..."
+
+
+def load_object(variable: str, raw: str) -> dict[str, Any]:
+    """Parse a JSON object from an environment variable."""
+    if not raw.strip():
+        raise ConfigError(variable, "is set but empty")
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(variable, f"is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})")
+    except RecursionError:
+        raise ConfigError(variable, "is not valid JSON (nested too deeply)") from None
+    if not isinstance(value, dict):
+        raise ConfigError(variable, f"must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+def get_object(variable: str, obj: Mapping[str, Any], key: str, path: str) -> dict[str, Any]:
+    """A required nested object."""
+    if key not in obj:
+        raise ConfigError(variable, "missing", path)
+    value = obj[key]
+    if not isinstance(value, dict):
+        raise ConfigError(variable, f"must be an object, got {shown(value)}", path)
+    return value
+
+
+def get_index(variable: str, task: Mapping[str, Any], path: str) -> int:
+    """task.index: a non-negative integer (a digit string is tolerated)."""
+    if "index" not in task:
+        return 0
+    value = task["index"]
+    if isinstance(value, str) and is_uint(value):
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(variable, f"must be a non-negative integer, got {shown(value)}", path)
+    if value < 0:
+        raise ConfigError(variable, f"must be a non-negative integer, got {value}", path)
+    return value
+
+
+def get_trial(variable: str, task: Mapping[str, Any], path: str) -> str | None:
+    """task.trial: the tuning trial id as a string, or None outside tuning."""
+    value = task.get("trial")
+    if value is None or value == "":
+        return None
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise ConfigError(variable, f"must be a string, got {shown(value)}", path)
+    text = str(value)
+    if "/" in text or text in (".", "..") or len(text) > 64 or not text.isprintable():
+        raise ConfigError(variable, "must be a short id usable as a directory name", path)
+    return text
+
+
+def get_addresses(variable: str, value: object, path: str) -> tuple[str, ...]:
+    """A pool: a list of 'host:port' strings."""
+    if not isinstance(value, list):
+        raise ConfigError(variable, f"must be a list of 'host:port' strings, got {shown(value)}", path)
+    out = []
+    for i, item in enumerate(value):
+        out.append(check_address(variable, item, f"{path}[{i}]"))
+    return tuple(out)
+
+
+def check_address(variable: str, item: object, path: str) -> str:
+    """One 'host:port' string with a valid port."""
+    if not isinstance(item, str):
+        raise ConfigError(variable, f"must be a 'host:port' string, got {shown(item)}", path)
+    host, sep, port = item.rpartition(":")
+    if not sep or not host or not host.strip() or any(c.isspace() for c in item):
+        raise ConfigError(variable, f"must be 'host:port', got {shown(item)}", path)
+    if not is_uint(port) or not 0 < int(port) < 65536:
+        raise ConfigError(variable, f"has an invalid port in {shown(item)}", path)
+    return item
+
+
+def get_int(environ: Mapping[str, str], name: str, *, minimum: int = 0) -> int | None:
+    """An optional integer variable; None when unset."""
+    raw = environ.get(name)
+    if raw is None:
+        return None
+    text = raw.strip()
+    if not is_uint(text):
+        raise ConfigError(name, f"must be an integer >= {minimum}, got {shown(raw)}")
+    value = int(text)
+    if value < minimum:
+        raise ConfigError(name, f"must be an integer >= {minimum}, got {value}")
+    return value
+
+
+def require_int(environ: Mapping[str, str], name: str, because: str, *, minimum: int = 0) -> int:
+    """A required integer variable."""
+    value = get_int(environ, name, minimum=minimum)
+    if value is None:
+        raise ConfigError(name, f"missing ({because})")
+    return value
+
+
+def host_port(environ: Mapping[str, str], addr_var: str, port_var: str, because: str) -> str:
+    """MASTER_ADDR + MASTER_PORT (or their PET_ twins) as one 'host:port' string."""
+    host = environ.get(addr_var, "").strip()
+    if not host:
+        raise ConfigError(addr_var, f"missing ({because})")
+    if any(c.isspace() for c in host) or len(host) > 253:
+        raise ConfigError(addr_var, f"is not a host name or address: {shown(host)}")
+    port = require_int(environ, port_var, because, minimum=1)
+    if port > 65535:
+        raise ConfigError(port_var, f"must be a port number (1-65535), got {port}")
+    return f"{host}:{port}"

@@ -1,0 +1,107 @@
+"""The ``run`` command line (fixed by DESIGN.md) and the typed options it produces."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field, fields
+
+FRAMEWORKS = ("pytorch", "tensorflow", "horovod")
+STRATEGIES = (
+    "default", "OneDeviceStrategy", "MirroredStrategy", "MultiWorkerMirroredStrategy",
+    "ParameterServerStrategy", "ddp", "horovod",
+)
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """Everything ``run`` accepts before ``--``; ``user_args`` is what follows it, unchanged."""
+
+    framework: str | None = None
+    module: str | None = None
+    script: str | None = None
+    model_dir: str | None = None
+    checkpoint_dir: str | None = None
+    tensorboard_dir: str | None = None
+    job_dir: str | None = None
+    nproc_per_node: int | None = None
+    strategy: str | None = None
+    timeout: float = 300.0
+    epochs: int | None = None
+    batch_size: int | None = None
+    log_every: int = 20
+    checkpoint_every: int = 0
+    keep_checkpoints: int = 3
+    resume_from: str | None = None
+    hypertune_metric: str | None = None
+    bf16: bool = False
+    clip_grad_norm: float | None = None
+    bucket_cap_mb: int = 64
+    seed: int = 42
+    data_workers: int | None = None
+    fusion_threshold: int | None = None
+    cycle_time_ms: float | None = None
+    autotune: bool = False
+    user_args: tuple[str, ...] = field(default=())
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``run`` (``describe`` accepts the same ones to show the plan they give)."""
+    code = parser.add_mutually_exclusive_group()
+    code.add_argument("--module", help="user module: hooks (build_model, ...) or a script run as python -m")
+    code.add_argument("--script", help="a training script file run unchanged")
+    parser.add_argument("--framework", choices=FRAMEWORKS, help="default: $TRAINER_FRAMEWORK, else the one installed")
+    parser.add_argument("--strategy", choices=STRATEGIES, help="force a distribution strategy")
+    parser.add_argument("--job-dir", help="base of all outputs (default ./outputs)")
+    parser.add_argument("--model-dir", help="exported model (default $AIP_MODEL_DIR, else <job-dir>/model)")
+    parser.add_argument("--checkpoint-dir", help="default $AIP_CHECKPOINT_DIR, else <job-dir>/checkpoints")
+    parser.add_argument("--tensorboard-dir", help="default $AIP_TENSORBOARD_LOG_DIR, else <job-dir>/logs")
+    parser.add_argument("--nproc-per-node", type=_positive_int, help="processes per node (default: GPUs, 1 on CPU)")
+    parser.add_argument("--timeout", type=_positive_float, default=300.0,
+                        help="seconds to wait for peers at rendezvous and in collectives (default 300)")
+    loop = parser.add_argument_group("training loop (hooks mode)")
+    loop.add_argument("--epochs", type=_positive_int)
+    loop.add_argument("--batch-size", type=_positive_int, help="per-replica batch size")
+    loop.add_argument("--log-every", type=_positive_int, default=20, help="progress line every N steps")
+    loop.add_argument("--checkpoint-every", type=_non_negative_int, default=0,
+                      help="also checkpoint every N steps (0: only at epoch ends)")
+    loop.add_argument("--keep-checkpoints", type=_positive_int, default=3, help="committed checkpoints kept")
+    loop.add_argument("--resume-from", help="checkpoint to resume from (must exist)")
+    loop.add_argument("--hypertune-metric", help="evaluation metric reported to Vertex hyperparameter tuning")
+    loop.add_argument("--bf16", action="store_true", help="bf16 autocast on GPU")
+    loop.add_argument("--clip-grad-norm", type=_positive_float)
+    loop.add_argument("--bucket-cap-mb", type=_positive_int, default=64, help="DDP gradient bucket size")
+    loop.add_argument("--seed", type=int, default=42)
+    loop.add_argument("--data-workers", type=_non_negative_int, help="DataLoader workers (default: 2 on GPU, 0 on CPU)")
+    hvd = parser.add_argument_group("horovod")
+    hvd.add_argument("--fusion-threshold", type=_non_negative_int,
+                     help="HOROVOD_FUSION_THRESHOLD bytes (default 134217728; the env var wins)")
+    hvd.add_argument("--cycle-time-ms", type=_positive_float, help="HOROVOD_CYCLE_TIME (default 5 ms)")
+    hvd.add_argument("--autotune", action="store_true", help="Horovod autotuning, log in the job dir")
+
+
+def options_from_namespace(ns: argparse.Namespace, user_args: list[str]) -> RunOptions:
+    """Build RunOptions from a parsed namespace."""
+    names = {f.name for f in fields(RunOptions)} - {"user_args"}
+    values = {name: getattr(ns, name) for name in names if hasattr(ns, name)}
+    return RunOptions(**values, user_args=tuple(user_args))

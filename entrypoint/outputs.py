@@ -1,0 +1,62 @@
+"""Where models, checkpoints and TensorBoard logs go: flags, then Vertex's AIP_* variables, then the job dir."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DEFAULT_JOB_DIR = "./outputs"
+
+
+@dataclass(frozen=True)
+class OutputDirs:
+    """The resolved output locations of this run (a trial's own subdirectory during tuning)."""
+
+    job_dir: str
+    model_dir: str
+    checkpoint_dir: str
+    tensorboard_dir: str
+
+
+def _join(base: str, *parts: str) -> str:
+    return "/".join([base.rstrip("/"), *parts]) if base not in ("", "/") else "/" + "/".join(parts)
+
+
+def _has_trial(path: str, trial: str) -> bool:
+    """Whether the platform already put the trial id in the path (Vertex tuning does: .../<trial>/model)."""
+    parts = [p for p in path.replace("\\", "/").split("/") if p]
+    return any(p in (trial, f"trial{trial}", f"trial-{trial}", f"trial_{trial}") for p in parts)
+
+
+def resolve_outputs(
+    *,
+    job_dir: str | None,
+    model_dir: str | None,
+    checkpoint_dir: str | None,
+    tensorboard_dir: str | None,
+    trial: str | None,
+) -> OutputDirs:
+    """Explicit directories win; the rest derive from the job dir; a trial gets its own subdirectory."""
+    base = job_dir or DEFAULT_JOB_DIR
+    if trial is not None and not _has_trial(base, trial):
+        base = _join(base, trial)
+
+    def pick(explicit: str | None, leaf: str) -> str:
+        if explicit is None:
+            return _join(base, leaf)
+        if trial is not None and not _has_trial(explicit, trial):
+            return _join(explicit, trial)
+        return explicit.rstrip("/") or "/"
+
+    return OutputDirs(
+        job_dir=base,
+        model_dir=pick(model_dir, "model"),
+        checkpoint_dir=pick(checkpoint_dir, "checkpoints"),
+        tensorboard_dir=pick(tensorboard_dir, "logs"),
+    )
+
+
+def local_path(uri: str) -> str:
+    """A path the process can open: ``gs://b/p`` becomes Vertex's Cloud Storage FUSE mount ``/gcs/b/p``."""
+    if uri.startswith("gs://"):
+        return "/gcs/" + uri[len("gs://"):]
+    return uri
