@@ -64,9 +64,10 @@ def _load_launcher(framework: str) -> Callable[[Plan, RunOptions], int]:
 
 def _main(argv: Sequence[str]) -> int:
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
-        print("usage: python -m entrypoint {run,describe,local} ...\n\ncommands: run, describe, local  (python -m entrypoint COMMAND --help)",
-              file=sys.stderr if argv and argv[0] not in ("-h", "--help") else sys.stdout)
-        return ExitCode.OK if argv and argv[0] in ("-h", "--help") else ExitCode.CONFIG
+        asked = bool(argv) and argv[0] in ("-h", "--help")
+        print("usage: python -m entrypoint {run,describe,local} ...  (python -m entrypoint COMMAND --help)",
+              file=sys.stdout if asked else sys.stderr)
+        return ExitCode.OK if asked else ExitCode.CONFIG
     command, rest = argv[0], argv[1:]
     if command == "local":
         from entrypoint.emulator import main as local_main

@@ -78,7 +78,8 @@ def choose_framework(requested: str | None, settings: PlatformSettings) -> str:
     name = requested or settings.framework
     if name is not None:
         if name not in FRAMEWORKS:
-            raise ConfigError(ev.TRAINER_FRAMEWORK, f"unknown framework {name!r}; expected one of {', '.join(FRAMEWORKS)}")
+            accepted = ", ".join(FRAMEWORKS)
+            raise ConfigError(ev.TRAINER_FRAMEWORK, f"unknown framework {name!r}; expected one of {accepted}")
         return name
     installed = [fw for fw, probe in _FRAMEWORK_PROBES.items() if importlib.util.find_spec(probe) is not None]
     if len(installed) == 1:
@@ -92,11 +93,12 @@ def _tensorflow_strategy(topo: ClusterTopology, forced: str | None, gpus: int) -
         allowed = ("default", "OneDeviceStrategy", "MirroredStrategy", "MultiWorkerMirroredStrategy",
                    "ParameterServerStrategy")
         if forced not in allowed:
-            raise ConfigError("--strategy", f"{forced} is not a TensorFlow strategy; expected one of {', '.join(allowed)}")
+            accepted = ", ".join(allowed)
+            raise ConfigError("--strategy", f"{forced} is not a TensorFlow strategy; expected one of {accepted}")
         if forced == "ParameterServerStrategy" and not topo.servers:
             raise ConfigError("--strategy", "ParameterServerStrategy needs a ps pool (Vertex workerpool2)")
         if forced in ("default", "OneDeviceStrategy", "MirroredStrategy") and topo.num_nodes > 1:
-            raise ConfigError("--strategy", f"{forced} is single-node but the cluster has {topo.num_nodes} training nodes")
+            raise ConfigError("--strategy", f"{forced} is single-node but there are {topo.num_nodes} training nodes")
         return forced, "forced by --strategy"
     if topo.servers:
         return "ParameterServerStrategy", f"a parameter-server pool of {len(topo.servers)} is present"

@@ -37,7 +37,7 @@ def load_object(variable: str, raw: str) -> dict[str, Any]:
     try:
         value = json.loads(raw)
     except json.JSONDecodeError as exc:
-        raise ConfigError(variable, f"is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})")
+        raise ConfigError(variable, f"is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
     except RecursionError:
         raise ConfigError(variable, "is not valid JSON (nested too deeply)") from None
     if not isinstance(value, dict):

@@ -38,6 +38,7 @@ class TorchEnvironment(ClusterEnvironment):
                 raise ConfigError(ev.MASTER_ADDR, "missing (RANK is set, and WORLD_SIZE is missing too)")
             present = next(name for name in _MARKERS if name in env)
             raise ConfigError(ev.WORLD_SIZE, f"missing ({present} is set, so a PyTorch cluster was meant)")
+        address: str | None
         if world > 1:
             if rank is None:
                 raise ConfigError(ev.RANK, f"missing (WORLD_SIZE is {world})")

@@ -1,0 +1,43 @@
+"""Shared fixtures: every test starts from an environment with no cluster variables (and leaks none)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from entrypoint import envvars
+
+ROOT = Path(__file__).resolve().parents[1]
+_PREFIXES = ("OMPI_", "PMI_", "PET_", "HOROVOD_", "AIP_", "CLOUD_ML_", "TORCHELASTIC_", "TRAINER_")
+CLUSTER_VARS = tuple(
+    sorted({getattr(envvars, n) for n in dir(envvars) if n.isupper()} | {"ROLE_RANK", "ROLE_WORLD_SIZE"})
+)
+
+
+def _cluster_names() -> list[str]:
+    return [n for n in os.environ if n in CLUSTER_VARS or n.startswith(_PREFIXES)]
+
+
+@pytest.fixture(autouse=True)
+def clean_cluster_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Remove every cluster variable for the test; monkeypatch restores them afterwards."""
+    for name in _cluster_names():
+        if name != "CUDA_VISIBLE_DEVICES":
+            monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # CPU unless a test says otherwise
+
+
+def subprocess_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """A child environment: this one minus cluster variables, plus ``extra``; our package importable."""
+    env = {k: v for k, v in os.environ.items() if k not in CLUSTER_VARS and not k.startswith(_PREFIXES)}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env["PYTHONUNBUFFERED"] = "1"
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    env.update(extra or {})
+    return env
+
+
+PYTHON = sys.executable

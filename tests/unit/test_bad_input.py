@@ -1,0 +1,130 @@
+"""Bad input: a one-line ConfigError naming the variable and the JSON path, never the whole value."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from entrypoint.environments import resolve
+from entrypoint.errors import ConfigError
+from entrypoint.topology import ClusterTopology
+from tests.conftest import PYTHON, ROOT, subprocess_env
+
+SECRET = "hunter2-secret-token"
+JOB = {"args": [f"--password={SECRET}"]}
+
+
+def spec(cluster: object, task: object) -> str:
+    return json.dumps({"cluster": cluster, "task": task, "job": JOB})
+
+
+GOOD_CLUSTER = {"workerpool0": ["c:2222"], "workerpool1": ["w0:2222", "w1:2222"]}
+BAD: list[tuple[str, dict[str, str], str, str]] = [
+    ("malformed json", {"CLUSTER_SPEC": '{"cluster": {"workerpool0": ["c:1"]'}, "CLUSTER_SPEC", "not valid JSON"),
+    ("not an object", {"CLUSTER_SPEC": "[1, 2]"}, "CLUSTER_SPEC", "JSON object"),
+    ("missing task", {"CLUSTER_SPEC": json.dumps({"cluster": GOOD_CLUSTER, "job": JOB})}, "CLUSTER_SPEC: task",
+     "missing"),
+    ("missing cluster", {"CLUSTER_SPEC": json.dumps({"task": {"type": "workerpool0"}, "job": JOB})},
+     "CLUSTER_SPEC: cluster", "missing"),
+    ("unknown task type", {"CLUSTER_SPEC": spec(GOOD_CLUSTER, {"type": "workerpool9", "index": 0})},
+     "CLUSTER_SPEC: task.type", "unknown task type"),
+    ("index out of range", {"CLUSTER_SPEC": spec(GOOD_CLUSTER, {"type": "workerpool1", "index": 2})},
+     "CLUSTER_SPEC: task.index", "out of range"),
+    ("negative index", {"CLUSTER_SPEC": spec(GOOD_CLUSTER, {"type": "workerpool1", "index": -1})},
+     "CLUSTER_SPEC: task.index", "non-negative"),
+    ("two chiefs in workerpool0", {"CLUSTER_SPEC": spec({"workerpool0": ["a:1", "b:1"]}, {"type": "workerpool0"})},
+     "CLUSTER_SPEC: cluster.workerpool0", "two chiefs"),
+    ("chief and master", {"TF_CONFIG": json.dumps({"cluster": {"chief": ["a:1"], "master": ["b:1"]},
+                                                   "task": {"type": "chief", "index": 0}})},
+     "TF_CONFIG: cluster.master", "two chiefs"),
+    ("no workerpool0", {"CLUSTER_SPEC": spec({"workerpool1": ["w:1"]}, {"type": "workerpool1"})},
+     "CLUSTER_SPEC: cluster.workerpool0", "missing"),
+    ("bad address", {"CLUSTER_SPEC": spec({"workerpool0": ["nohost"]}, {"type": "workerpool0"})},
+     "CLUSTER_SPEC: cluster.workerpool0[0]", "host:port"),
+    ("RANK without MASTER_ADDR", {"RANK": "1", "WORLD_SIZE": "2", "MASTER_PORT": "1"}, "MASTER_ADDR", "missing"),
+    ("RANK alone", {"RANK": "1"}, "MASTER_ADDR", "missing"),
+    ("WORLD_SIZE > 1 alone", {"WORLD_SIZE": "4"}, "RANK", "missing"),
+    ("RANK out of range", {"RANK": "4", "WORLD_SIZE": "4", "MASTER_ADDR": "m", "MASTER_PORT": "1"}, "RANK",
+     "out of range"),
+    ("RANK not a number", {"RANK": "one", "WORLD_SIZE": "2", "MASTER_ADDR": "m", "MASTER_PORT": "1"}, "RANK",
+     "integer"),
+    ("torchrun without RANK", {"LOCAL_RANK": "0", "WORLD_SIZE": "2"}, "RANK", "missing"),
+    ("mpi without size", {"OMPI_COMM_WORLD_RANK": "0"}, "OMPI_COMM_WORLD_SIZE", "missing"),
+    ("elastic PET_NNODES", {"PET_NNODES": "1:4"}, "PET_NNODES", "elastic"),
+]
+
+
+@pytest.mark.parametrize(("env", "where", "what"), [b[1:] for b in BAD], ids=[b[0] for b in BAD])
+def test_bad_input_is_one_clear_config_error(env: dict[str, str], where: str, what: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        resolve(env)
+    message = str(info.value)
+    assert message.startswith(where + ":"), message
+    assert what in message
+    assert "\n" not in message
+    assert SECRET not in message and "--password" not in message
+
+
+@pytest.mark.parametrize("case", ["malformed json", "index out of range", "two chiefs in workerpool0",
+                                  "RANK without MASTER_ADDR", "WORLD_SIZE > 1 alone"])
+def test_cli_exits_2_with_one_line_and_no_traceback(case: str) -> None:
+    env = next(b[1] for b in BAD if b[0] == case)
+    proc = subprocess.run([PYTHON, "-m", "entrypoint", "describe", "--framework", "pytorch"], cwd=ROOT,
+                          env=subprocess_env(env), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("entrypoint: error: "), proc.stderr
+    assert "Traceback" not in proc.stderr and SECRET not in proc.stderr
+
+
+# ---- fuzzing: no input produces anything but a topology or a ConfigError --------------------------
+json_scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=12)
+json_values = st.recursive(json_scalars, lambda kids: st.lists(kids, max_size=4)
+                           | st.dictionaries(st.text(max_size=8), kids, max_size=4), max_leaves=20)
+pool_names = st.sampled_from(["workerpool0", "workerpool1", "workerpool2", "workerpool3", "master", "chief",
+                              "worker", "ps", "evaluator", "other"])
+addresses = st.lists(st.one_of(st.from_regex(r"[a-z0-9.-]{1,8}:[0-9]{1,6}", fullmatch=True), json_scalars),
+                     max_size=4)
+tasks = st.fixed_dictionaries({}, optional={"type": st.one_of(pool_names, json_scalars),
+                                            "index": st.one_of(st.integers(-2, 5), json_scalars),
+                                            "trial": st.one_of(st.text(max_size=70), json_scalars)})
+specs = st.fixed_dictionaries({}, optional={"cluster": st.one_of(st.dictionaries(pool_names, addresses, max_size=5),
+                                                                  json_values),
+                                            "task": st.one_of(tasks, json_values), "job": json_values})
+int_text = st.one_of(st.integers(-3, 20).map(str), st.text(max_size=6))
+
+
+def _check(env: dict[str, str]) -> None:
+    try:
+        topo = resolve(env)
+    except ConfigError as exc:
+        assert "\n" not in str(exc)
+        return
+    assert isinstance(topo, ClusterTopology)
+    topo.tf_config_json()
+    topo.torch_env()
+    topo.describe()
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(variable=st.sampled_from(["CLUSTER_SPEC", "TF_CONFIG"]), value=st.one_of(specs.map(json.dumps),
+                                                                                 json_values.map(json.dumps),
+                                                                                 st.text(max_size=40)))
+def test_fuzz_json_specs(variable: str, value: str) -> None:
+    _check({variable: value})
+
+
+@settings(max_examples=300, deadline=None)
+@given(env=st.dictionaries(st.sampled_from(["RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                                            "GROUP_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "PET_NNODES",
+                                            "PET_NODE_RANK", "PET_NPROC_PER_NODE", "OMPI_COMM_WORLD_RANK",
+                                            "OMPI_COMM_WORLD_SIZE", "HOROVOD_RANK", "HOROVOD_SIZE",
+                                            "HOROVOD_CROSS_RANK", "PMI_RANK", "PMI_SIZE", "CLOUD_ML_TRIAL_ID"]),
+                           int_text, max_size=6))
+def test_fuzz_integer_variables(env: dict[str, str]) -> None:
+    _check(env)

@@ -1,0 +1,1 @@
+"""Example trainers written against the entrypoint's hooks contract."""
