@@ -42,8 +42,11 @@ test-pytorch: venv-pytorch
 
 test: lint test-pytorch
 
+# A real distributed training: 2 replicas of an emulated Vertex AI cluster (chief + worker, DDP over gloo).
 demo: venv-pytorch
-	$(TORCH_VENV)/bin/python -m entrypoint local --workers 2 -- describe --framework pytorch
+	rm -rf $(DEMO_DIR)
+	$(TORCH_VENV)/bin/python -m entrypoint local --workers 2 --output-dir $(DEMO_DIR) -- \
+		run --framework pytorch --module trainers.digits_torch --hypertune-metric accuracy
 
 clean:
 	rm -rf $(VENV_DIR) $(DEMO_DIR) outputs .pytest_cache .mypy_cache .ruff_cache

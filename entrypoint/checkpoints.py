@@ -88,7 +88,7 @@ def prune(checkpoint_dir: str | Path, keep: int) -> None:
     if len(found) <= keep:
         return
     oldest_kept = found[-keep][0]
-    for step, path in found[:-keep]:
+    for _step, path in found[:-keep]:
         shutil.rmtree(path, ignore_errors=True)
     for child in Path(checkpoint_dir).iterdir():
         match = _NAME.match(child.name)

@@ -9,6 +9,7 @@ and SIGTERM reach every replica (each runs in its own process group, its childre
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -122,10 +123,8 @@ def _pump(prefix: str, stream: IO[bytes], lock: threading.Lock) -> None:
 
 def _signal_group(replica: Replica, sig: int) -> None:
     if replica.proc is not None and replica.proc.poll() is None:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(replica.proc.pid, sig)
-        except ProcessLookupError:
-            pass
 
 
 def stop_all(replicas: Sequence[Replica], sig: int = signal.SIGTERM, grace: float = GRACE_SECONDS) -> None:
@@ -219,5 +218,10 @@ def main(argv: Sequence[str]) -> int:
     print(f"[local] starting {len(replicas)} replicas ({names}); outputs under {Path(args.output_dir).resolve()}",
           flush=True)
     code = run_replicas(replicas, command)
+    chief = replicas[0].env
+    metrics = sorted(Path(args.output_dir).resolve().glob(".replicas/*/hypertune/output.metrics"))
     print(f"[local] job finished with exit code {code}", flush=True)
+    print(f"[local] model:       {chief[ev.AIP_MODEL_DIR]}\n[local] checkpoints: {chief[ev.AIP_CHECKPOINT_DIR]}\n"
+          f"[local] tensorboard: {chief[ev.AIP_TENSORBOARD_LOG_DIR]}\n"
+          f"[local] hypertune:    {', '.join(map(str, metrics)) or 'none reported'}", flush=True)
     return int(code) if code != 0 else ExitCode.OK
