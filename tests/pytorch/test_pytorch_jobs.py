@@ -154,3 +154,12 @@ def test_example_trains_with_nccl_on_one_gpu(tmp_path: Path) -> None:
     result = summary(tmp_path / "model")
     assert result["backend"] == "nccl" and result["device"].startswith("cuda")
     assert result["metrics"]["accuracy"] >= 0.90
+
+
+def test_first_failing_replica_stops_the_others_and_sets_the_exit_code(tmp_path: Path) -> None:
+    started = time.monotonic()
+    proc = entrypoint("local", "--workers", "2", "--output-dir", str(tmp_path), "--", *RUN,
+                      "--script", "tests/pytorch/fail_script.py", timeout=200)
+    assert proc.returncode == 3, failure_text(proc)
+    assert time.monotonic() - started < 100  # the chief's 120 s sleep was cut short
+    assert "[workerpool1-0]" in proc.stdout and "stopping the other replicas" in proc.stdout
