@@ -13,10 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 
 from entrypoint import checkpoints
@@ -27,6 +25,7 @@ from entrypoint.options import RunOptions
 from entrypoint.outputs import local_path, resolve_outputs
 from entrypoint.progress import Progress
 from entrypoint.pytorch import state as tstate
+from entrypoint.pytorch.collectives import Collectives
 from entrypoint.topology import ClusterTopology
 from entrypoint.usercode import load_hooks, module_default, parse_user_args
 
@@ -86,15 +85,13 @@ def param_digest(model: nn.Module) -> str:
 class Trainer:
     """Runs the user's hooks under DDP with chief-only outputs."""
 
-    def __init__(self, options: RunOptions, module_name: str, topo: ClusterTopology, backend: str) -> None:
+    def __init__(self, options: RunOptions, module_name: str, topo: ClusterTopology, comm: Collectives) -> None:
         self.options = options
         self.module = load_hooks(module_name)
         self.args = parse_user_args(self.module, options.user_args)
         self.topo = topo
-        self.backend = backend
-        self.distributed = dist.is_available() and dist.is_initialized()
-        rank = dist.get_rank() if self.distributed else 0
-        world = dist.get_world_size() if self.distributed else 1
+        self.comm = comm
+        rank, world = comm.rank, comm.world_size
         local_rank = topo.process.local_rank if topo.process else 0
         device = torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
         settings = read_settings()
@@ -112,21 +109,6 @@ class Trainer:
         self.reporter = MetricReporter(self.ctx.is_chief, topo.trial)
         self.writer: Any = None
 
-    # ---- collectives -------------------------------------------------------------------------
-    def _broadcast(self, value: Any) -> Any:
-        if not self.distributed:
-            return value
-        box = [value]
-        dist.broadcast_object_list(box, src=0)
-        return box[0]
-
-    def _gather(self, value: Any) -> list[Any]:
-        if not self.distributed:
-            return [value]
-        out: list[Any] = [None] * self.ctx.world_size
-        dist.all_gather_object(out, value)
-        return out
-
     # ---- checkpoints -------------------------------------------------------------------------
     def _resume_path(self) -> Path | None:
         """The chief picks the checkpoint (so every rank agrees) and broadcasts it, or the error."""
@@ -137,13 +119,13 @@ class Trainer:
                 choice = (str(path) if path else None, None)
             except ConfigError as exc:
                 choice = (None, str(exc.problem))
-        path_text, error = self._broadcast(choice)
+        path_text, error = self.comm.broadcast_object(choice)
         if error is not None:
             raise ConfigError("--resume-from", error)
         return Path(path_text) if path_text else None
 
     def _save(self, model: nn.Module, optimizer: Any, scheduler: Any, step: int, epoch: int, batch: int) -> None:
-        rngs = self._gather(tstate.rng_state())  # every rank takes part; only the chief writes
+        rngs = self.comm.gather_object(tstate.rng_state())  # every rank takes part; only the chief writes
         if not self.ctx.is_chief:
             return
         path = checkpoints.checkpoint_path(self.ctx.checkpoint_dir, step)
@@ -187,8 +169,7 @@ class Trainer:
         model.train()
         keys = sorted(sums)
         vector = torch.stack([sums[k] for k in keys]) if keys else torch.zeros(0, device=self.ctx.device)
-        if self.distributed:
-            dist.all_reduce(vector, op=dist.ReduceOp.SUM)
+        vector = self.comm.all_reduce_sum(vector)
         totals = dict(zip(keys, vector.tolist(), strict=True))
         count = totals.pop("count", 1.0) or 1.0
         return {k: v / count for k, v in totals.items()}
@@ -219,10 +200,7 @@ class Trainer:
                 tstate.set_rng_state(saved["rng"][ctx.rank])
             log.info("resumed from %s at step %d (epoch %d, batch %d)", resume, step, start_epoch, skip)
         start_step = step
-        ddp: nn.Module = model
-        if self.distributed:
-            ids = [ctx.local_rank] if ctx.device.type == "cuda" else None
-            ddp = DistributedDataParallel(model, device_ids=ids, bucket_cap_mb=opts.bucket_cap_mb)
+        ddp, optimizer = self.comm.prepare(model, optimizer, ctx.device, opts.bucket_cap_mb)
         sampler: DistributedSampler[Any] = DistributedSampler(
             train_set, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=opts.seed, drop_last=True)
         loader = self._loader(train_set, sampler)
@@ -236,7 +214,7 @@ class Trainer:
 
             self.writer = SummaryWriter(str(ctx.tensorboard_dir))
             log.info("training %d epochs x %d steps, global batch %d (%d x %d replicas, %s)", self.epochs,
-                     steps_per_epoch, self.batch_size * ctx.world_size, self.batch_size, ctx.world_size, self.backend)
+                     steps_per_epoch, self.batch_size * ctx.world_size, self.batch_size, ctx.world_size, self.comm.name)
         progress = Progress(total, self.batch_size * ctx.world_size, start_step=step)
         metrics: dict[str, float] = {}
         started = time.time()
@@ -273,8 +251,8 @@ class Trainer:
 
     def _finish(self, model: nn.Module, metrics: dict[str, float], start: int, step: int, total: int,
                 seconds: float) -> None:
-        digests = self._gather(param_digest(model))
-        ranks = self._gather(self.ctx.rank)
+        digests = self.comm.gather_object(param_digest(model))
+        ranks = self.comm.gather_object(self.ctx.rank)
         if not self.ctx.is_chief:
             return
         if self.writer is not None:
@@ -290,7 +268,7 @@ class Trainer:
             torch.save(model_cpu, ctx.model_dir / "model.pt")
         summary = {
             "start_step": start, "final_step": step, "expected_steps": total, "epochs": self.epochs,
-            "world_size": ctx.world_size, "ranks": ranks, "backend": self.backend, "device": str(ctx.device),
+            "world_size": ctx.world_size, "ranks": ranks, "backend": self.comm.name, "device": str(ctx.device),
             "param_digests": digests, "metrics": metrics,
             "trial": ctx.trial, "seconds": round(seconds, 2),
             "samples_per_second": round((step - start) * self.batch_size * ctx.world_size / max(seconds, 1e-9), 1),

@@ -33,6 +33,7 @@ def run(options: RunOptions, module: str) -> None:
     import torch
     import torch.distributed as dist
 
+    from entrypoint.pytorch.collectives import TorchDistributed
     from entrypoint.pytorch.loop import Trainer
 
     topo = resolve()
@@ -53,7 +54,7 @@ def run(options: RunOptions, module: str) -> None:
         )
         joined = True
     try:
-        Trainer(options, module, topo, backend).fit()
+        Trainer(options, module, topo, TorchDistributed(backend)).fit()
     finally:
         if joined:
             dist.destroy_process_group()
