@@ -1,0 +1,283 @@
+"""Structure of images/<name>/Dockerfile: pinned bases, non-root tini entrypoint, locks, smoke checks, labels.
+
+No Docker engine here, so each rule the images promise (DESIGN.md "Images", CONVENTIONS.md item 8)
+is checked on the parsed Dockerfile, for both build variants where the answer depends on VARIANT.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from dockerfile_parse import DockerfileParser
+
+pytestmark = pytest.mark.images
+
+ROOT = Path(__file__).resolve().parents[2]
+IMAGES = ("pytorch", "tensorflow", "horovod")
+VARIANTS = ("gpu", "cpu")
+SHELL = ["/bin/bash", "-euo", "pipefail", "-c"]
+ENTRYPOINT = ["/usr/bin/tini", "--", "python", "-m", "entrypoint", "run"]
+PINNED_REF = re.compile(r"[a-z0-9][a-z0-9./_-]*:[\w.-]+@sha256:[0-9a-f]{64}")
+# The smoke check of each image: the planner runs, and the framework imports (Horovod: and is built right).
+SMOKE = {
+    "pytorch": ("entrypoint describe", "import sys, torch"),
+    "tensorflow": ("entrypoint describe", "tensorflow as tf"),
+    "horovod": ("entrypoint describe", "horovod.torch as hvd", "horovodrun --check-build"),
+}
+
+
+@dataclass
+class Stage:
+    """One FROM ... AS name block: its base (after ARG substitution) and its instructions."""
+
+    name: str
+    base: str
+    instructions: list[dict[str, Any]] = field(default_factory=list)
+
+    def values(self, instruction: str) -> list[str]:
+        return [i["value"] for i in self.instructions if i["instruction"] == instruction]
+
+
+def parse(image: str, variant: str = "gpu") -> tuple[DockerfileParser, list[Stage]]:
+    """The Dockerfile of ``image`` split into stages, FROM lines resolved for ``variant``."""
+    parser = DockerfileParser(str(ROOT / "images" / image / "Dockerfile"), build_args={"VARIANT": variant})
+    bases = iter(parser.parent_images)  # FROM images in order, ARG defaults and build_args applied
+    stages: list[Stage] = []
+    for ins in parser.structure:
+        if ins["instruction"] == "FROM":
+            words = ins["value"].split()
+            name = words[2] if len(words) == 3 and words[1].upper() == "AS" else str(len(stages))
+            stages.append(Stage(name, next(bases)))
+        elif stages and ins["instruction"] != "COMMENT":
+            stages[-1].instructions.append(ins)
+    return parser, stages
+
+
+def global_args(parser: DockerfileParser) -> dict[str, str]:
+    """ARG defaults declared before the first FROM."""
+    args: dict[str, str] = {}
+    for ins in parser.structure:
+        if ins["instruction"] == "FROM":
+            break
+        if ins["instruction"] == "ARG" and "=" in ins["value"]:
+            key, _, value = ins["value"].partition("=")
+            args[key] = value
+    return args
+
+
+def external_base(stages: list[Stage], stage: Stage) -> str:
+    """Follow a stage's FROM through earlier stages to the registry image it starts from."""
+    names = {s.name: s for s in stages}
+    base = stage.base
+    while base in names:
+        base = names[base].base
+    return base
+
+
+def instructions(image: str) -> list[dict[str, Any]]:
+    return [i for i in DockerfileParser(str(ROOT / "images" / image / "Dockerfile")).structure
+            if i["instruction"] != "COMMENT"]
+
+
+@pytest.fixture(params=IMAGES)
+def image(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def test_syntax_directive_is_the_first_line(image: str) -> None:
+    first = (ROOT / "images" / image / "Dockerfile").read_text().splitlines()[0]
+    assert first == "# syntax=docker/dockerfile:1"
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_every_base_is_pinned_by_tag_and_digest(image: str, variant: str) -> None:
+    _, stages = parse(image, variant)
+    names = {s.name for s in stages}
+    external = [s.base for s in stages if s.base not in names]
+    assert external
+    for ref in external:
+        assert PINNED_REF.fullmatch(ref), f"{image} ({variant}): FROM {ref} is not name:tag@sha256:digest"
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_final_stage_runs_on_the_variants_runtime_base(image: str, variant: str) -> None:
+    _, stages = parse(image, variant)
+    base = external_base(stages, stages[-1])
+    if variant == "gpu":
+        assert base.startswith("nvidia/cuda:") and "-cudnn-runtime-" in base, base
+    else:
+        assert base.startswith("ubuntu:"), base
+
+
+def test_devel_base_only_under_the_builder(image: str) -> None:
+    _, stages = parse(image, "gpu")
+    for stage in stages:
+        if "-devel-" in external_base(stages, stage):
+            assert stage.name.startswith(("build", "builder")), f"devel base used by stage {stage.name}"
+
+
+def test_no_latest_tag_in_from_or_arg_defaults(image: str) -> None:
+    for ins in instructions(image):
+        if ins["instruction"] in ("FROM", "ARG"):
+            assert not re.search(r":latest\b", ins["value"]), ins["value"]
+
+
+def test_no_apt_key(image: str) -> None:
+    """Keys go to a signed-by keyring; the apt-key command (deprecated, trusts a key for every repo) never."""
+    text = (ROOT / "images" / image / "Dockerfile").read_text()
+    assert not re.search(r"\bapt-key(?![.\w])", text)  # the key's URL, .../apt-key.gpg, is fine
+
+
+def test_apt_installs_skip_recommends_and_clean_lists_in_the_same_run(image: str) -> None:
+    runs = [i["value"] for i in instructions(image) if i["instruction"] == "RUN"]
+    installs = [r for r in runs if "apt-get install" in r]
+    assert installs
+    for run in installs:
+        assert run.count("apt-get install") == run.count("apt-get install -y --no-install-recommends"), run
+        assert "apt-get update" in run and "rm -rf /var/lib/apt/lists/*" in run, run
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="no bash")
+def test_every_run_is_valid_bash(image: str) -> None:
+    """No engine to build with, so at least the shell of every RUN must parse."""
+    for ins in instructions(image):
+        if ins["instruction"] == "RUN":
+            script = re.sub(r"^(--\S+\s+)+", "", ins["value"])  # RUN --mount=... flags
+            result = subprocess.run(["bash", "-n", "-c", script], capture_output=True, text=True, check=False)
+            assert result.returncode == 0, f"line {ins['startline'] + 1}: {result.stderr}"
+
+
+def test_every_stage_that_runs_commands_uses_bash_strict_mode(image: str) -> None:
+    _, stages = parse(image)
+    for stage in stages:
+        names = [i["instruction"] for i in stage.instructions]
+        if "RUN" in names:
+            assert "SHELL" in names and names.index("SHELL") < names.index("RUN"), stage.name
+            assert all(json.loads(v) == SHELL for v in stage.values("SHELL")), stage.name
+
+
+def test_venv_built_in_a_named_builder_and_copied_into_the_runtime(image: str) -> None:
+    _, stages = parse(image)
+    builder = next(s for s in stages if s.name == "builder")
+    assert any("-m venv /opt/venv" in run for run in builder.values("RUN"))
+    assert "--from=builder /opt/venv /opt/venv" in stages[-1].values("COPY")
+
+
+def test_locks_of_this_image_are_copied_before_the_source(image: str) -> None:
+    _, stages = parse(image)
+    builder = next(s for s in stages if s.name == "builder")
+    copies = builder.values("COPY")
+    lock_copies = [i for i, c in enumerate(copies) if "requirements" in c]
+    assert lock_copies
+    for i in lock_copies:
+        sources = copies[i].split()[:-1]
+        assert sources, copies[i]
+        for src in sources:
+            assert re.fullmatch(rf"images/{image}/requirements(-cpu)?\.txt", src), src
+    copied = {src for i in lock_copies for src in copies[i].split()[:-1]}
+    assert copied == {f"images/{image}/requirements.txt", f"images/{image}/requirements-cpu.txt"}
+    source = copies.index("entrypoint/ entrypoint/")
+    assert max(lock_copies) < source
+    assert "pyproject.toml README.md ./" in copies and "trainers/ trainers/" in copies
+    assert any(re.search(r"pip install .*--no-deps \.$", run) for run in builder.values("RUN"))
+
+
+def test_each_variant_installs_its_own_lock(image: str) -> None:
+    _, stages = parse(image)
+    builder = next(s for s in stages if s.name == "builder")
+    install = next(run for run in builder.values("RUN") if "requirements" in run and "pip install" in run)
+    assert "cpu" in install and "requirements-cpu.txt" in install and "requirements.txt" in install
+
+
+def test_final_user_is_not_root(image: str) -> None:
+    parser, stages = parse(image)
+    users = stages[-1].values("USER")
+    assert users, "the runtime stage sets no USER"
+    user = re.sub(r"\$\{(\w+)\}", lambda m: global_args(parser)[m.group(1)], users[-1]).split(":")[0]
+    assert user not in ("root", "0"), user
+
+
+def test_entrypoint_is_tini_running_the_entrypoint_package_in_exec_form(image: str) -> None:
+    _, stages = parse(image)
+    entrypoints = stages[-1].values("ENTRYPOINT")
+    assert len(entrypoints) == 1
+    assert json.loads(entrypoints[0]) == ENTRYPOINT
+
+
+def test_runtime_environment(image: str) -> None:
+    parser, _ = parse(image)
+    env = dict(parser.envs)  # the final stage's ENV (base image ENV is not visible here)
+    assert env["TRAINER_FRAMEWORK"] == image
+    assert env["PYTHONUNBUFFERED"] == "1"
+    assert env["PATH"].startswith("/opt/venv/bin:")
+    if image == "tensorflow":
+        assert env["TF_USE_LEGACY_KERAS"] == "1"
+
+
+def test_build_time_smoke_check(image: str) -> None:
+    _, stages = parse(image)
+    runs = " ".join(stages[-1].values("RUN"))
+    for needle in SMOKE[image]:
+        assert needle in runs, needle
+
+
+def test_horovod_is_built_with_nccl_ops_by_the_shared_script() -> None:
+    _, stages = parse("horovod")
+    builder = next(s for s in stages if s.name == "builder")
+    build = next(run for run in builder.values("RUN") if "build_horovod_wheel.sh" in run)
+    assert "images/horovod/build_horovod_wheel.sh /opt/venv/bin/python /wheels" in build
+    assert "HOROVOD_GPU_OPERATIONS=NCCL" in build
+    assert "images/horovod/build_horovod_wheel.sh images/horovod/" in builder.values("COPY")
+    assert external_base(stages, builder).startswith("nvidia/cuda:")
+
+
+def test_reduction_server_is_optional_and_uses_a_signed_by_keyring(image: str) -> None:
+    parser, stages = parse(image)
+    assert global_args(parser)["REDUCTION_SERVER"] == "0"
+    run = next(r for r in stages[-1].values("RUN") if "google-reduction-server" in r)
+    assert 'if [ "${REDUCTION_SERVER}" = 1 ]' in run
+    assert "gpg --dearmor -o /usr/share/keyrings/" in run
+    assert "deb [signed-by=/usr/share/keyrings/" in run and "google-fast-socket main" in run
+
+
+def test_oci_labels_come_last(image: str) -> None:
+    parser, _ = parse(image)
+    body = instructions(image)
+    assert body[-1]["instruction"] == "LABEL"
+    first_label = next(i for i, ins in enumerate(body)
+                       if ins["instruction"] == "LABEL" and "org.opencontainers.image." in ins["value"])
+    assert {ins["instruction"] for ins in body[first_label:]} == {"LABEL"}
+    assert [ins["value"] for ins in body[first_label - 2:first_label]] == ["VERSION=0.1.0", "REVISION=unknown"]
+    labels = parser.labels
+    for key in ("title", "version", "revision"):
+        assert labels.get(f"org.opencontainers.image.{key}"), key
+
+
+def test_pip_tooling_pins_agree_with_the_locks(image: str) -> None:
+    """setuptools/wheel installed before the lock must not contradict a pin in it."""
+    parser, _ = parse(image)
+    args = global_args(parser)
+    for lock in (ROOT / "images" / image).glob("requirements*.txt"):
+        pins = dict(line.split("==", 1) for line in lock.read_text().splitlines() if "==" in line)
+        for package, arg in (("setuptools", "SETUPTOOLS_VERSION"), ("wheel", "WHEEL_VERSION")):
+            if package in pins:
+                assert pins[package] == args[arg], f"{lock.name}: {package}=={pins[package]}, {arg}={args[arg]}"
+
+
+def test_every_copied_path_exists_and_is_in_the_build_context(image: str) -> None:
+    allowed = [line[1:].rstrip("/") for line in (ROOT / ".dockerignore").read_text().splitlines()
+               if line.startswith("!")]
+    for ins in instructions(image):
+        if ins["instruction"] != "COPY" or ins["value"].startswith("--from="):
+            continue
+        for src in ins["value"].split()[:-1]:
+            assert (ROOT / src).exists(), f"COPY {src}: no such path"
+            assert any(src.rstrip("/") == a or src.startswith(a + "/") for a in allowed), \
+                f"COPY {src}: excluded by .dockerignore"

@@ -1,0 +1,97 @@
+"""The exact requirement locks, images/<name>/requirements.txt (GPU) and requirements-cpu.txt (CPU)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from packaging.utils import canonicalize_name
+
+pytestmark = pytest.mark.images
+
+ROOT = Path(__file__).resolve().parents[2]
+IMAGES = ("pytorch", "tensorflow", "horovod")
+LOCKS = sorted((ROOT / "images").glob("*/requirements*.txt"))
+PIN = re.compile(r"(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>[A-Za-z0-9.+!_-]+)")
+OPTION = re.compile(r"--extra-index-url \S+")
+
+
+def pins(lock: Path) -> dict[str, str]:
+    """Canonical package name -> pinned version (assumes the format test below passes)."""
+    found: dict[str, str] = {}
+    for line in lock.read_text().splitlines():
+        match = PIN.fullmatch(line.strip())
+        if match:
+            found[canonicalize_name(match["name"])] = match["version"]
+    return found
+
+
+def lock(image: str, variant: str) -> dict[str, str]:
+    return pins(ROOT / "images" / image / ("requirements-cpu.txt" if variant == "cpu" else "requirements.txt"))
+
+
+def test_every_image_has_both_locks() -> None:
+    assert {f"{p.parent.name}/{p.name}" for p in LOCKS} == {
+        f"{image}/{name}" for image in IMAGES for name in ("requirements.txt", "requirements-cpu.txt")
+    }
+
+
+@pytest.mark.parametrize("path", LOCKS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_every_line_is_an_exact_pin_comment_or_index(path: Path) -> None:
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        text = line.strip()
+        if text and not text.startswith("#"):
+            assert PIN.fullmatch(text) or OPTION.fullmatch(text), f"{path.name}:{number}: {line!r}"
+
+
+@pytest.mark.parametrize("path", LOCKS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_no_package_is_pinned_twice(path: Path) -> None:
+    names = [canonicalize_name(m["name"]) for line in path.read_text().splitlines()
+             if (m := PIN.fullmatch(line.strip()))]
+    assert sorted(n for n in set(names) if names.count(n) > 1) == []
+
+
+@pytest.mark.parametrize("image", IMAGES)
+def test_gpu_lock_is_the_cpu_lock_plus_cuda_packages(image: str) -> None:
+    """Same versions for every shared package; the GPU lock drops nothing the CPU one has."""
+    cpu, gpu = lock(image, "cpu"), lock(image, "gpu")
+    assert {n: v for n, v in cpu.items() if gpu.get(n) != v} == {}
+
+
+@pytest.mark.parametrize("image", IMAGES)
+def test_gpu_lock_pins_the_nccl_runtime_and_cpu_lock_has_no_cuda(image: str) -> None:
+    assert [n for n in lock(image, "gpu") if re.fullmatch(r"nvidia-nccl-cu\d+", n)]
+    assert [n for n in lock(image, "cpu") if n.startswith(("nvidia-", "cuda-", "triton"))] == []
+
+
+def test_all_images_agree_on_shared_packages() -> None:
+    seen: dict[str, tuple[str, str]] = {}
+    for path in LOCKS:
+        for name, version in pins(path).items():
+            where = f"{path.parent.name}/{path.name}"
+            first = seen.setdefault(name, (version, where))
+            assert first[0] == version, f"{name}: {first[0]} in {first[1]}, {version} in {where}"
+
+
+@pytest.mark.parametrize("image", ["pytorch", "horovod"])
+@pytest.mark.parametrize("variant", ["cpu", "gpu"])
+def test_torch_is_2_13_0(image: str, variant: str) -> None:
+    assert lock(image, variant)["torch"] == "2.13.0"
+
+
+@pytest.mark.parametrize("variant", ["cpu", "gpu"])
+def test_horovod_lock_is_the_pytorch_lock_plus_horovods_requirements(variant: str) -> None:
+    horovod, pytorch = lock("horovod", variant), lock("pytorch", variant)
+    assert {n: v for n, v in pytorch.items() if horovod.get(n) != v} == {}
+    for requirement in ("cloudpickle", "psutil", "pyyaml", "packaging", "cffi"):
+        assert requirement in horovod, requirement
+    assert "horovod" not in horovod  # built from source by the Dockerfile, installed --no-deps
+
+
+@pytest.mark.parametrize("variant", ["cpu", "gpu"])
+def test_tensorflow_lock(variant: str) -> None:
+    tf = lock("tensorflow", variant)
+    assert tf["tensorflow"] == "2.21.0" and tf["tf-keras"] == "2.21.0"
+    assert "tensorflow-cpu" not in tf  # tf-keras requires `tensorflow`: both would be installed
+    assert tf["cloudml-hypertune"] == "0.1.0.dev6"
