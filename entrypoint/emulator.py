@@ -9,55 +9,16 @@ and SIGTERM reach every replica (each runs in its own process group, its childre
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import signal
-import socket
-import subprocess
 import sys
-import threading
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from entrypoint import envvars as ev
 from entrypoint.errors import ConfigError, ExitCode
-
-GRACE_SECONDS = 15.0
-POOL_ROLES = (("workerpool0", "chief"), ("workerpool1", "worker"), ("workerpool2", "ps"), ("workerpool3", "evaluator"))
-
-
-@dataclass
-class Replica:
-    """One emulated replica: its pool, index, environment and (once started) process."""
-
-    pool: str
-    index: int
-    env: dict[str, str]
-    proc: subprocess.Popen[bytes] | None = None
-    pump: threading.Thread | None = field(default=None, repr=False)
-
-    @property
-    def name(self) -> str:
-        """The replica name used as log prefix, e.g. ``workerpool1-0``."""
-        return f"{self.pool}-{self.index}"
-
-
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct free TCP ports on 127.0.0.1 (held open together so they differ)."""
-    socks = []
-    try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+from entrypoint.supervisor import Replica, free_ports, run_replicas
 
 
 def cluster_specs(workers: int, ps: int, evaluators: int, trial: str | None) -> list[tuple[str, int, dict[str, Any]]]:
@@ -109,84 +70,8 @@ def build_replicas(args: argparse.Namespace, base_env: dict[str, str]) -> list[R
         })
         if args.trial:
             env[ev.CLOUD_ML_TRIAL_ID] = args.trial
-        replicas.append(Replica(pool, index, env))
+        replicas.append(Replica(pool, index, env, [sys.executable, "-m", "entrypoint", *args.command]))
     return replicas
-
-
-def _pump(prefix: str, stream: IO[bytes], lock: threading.Lock) -> None:
-    for raw in iter(stream.readline, b""):
-        line = raw.decode(errors="replace").rstrip("\n")
-        with lock:
-            sys.stdout.write(f"[{prefix}] {line}\n")
-            sys.stdout.flush()
-
-
-def _signal_group(replica: Replica, sig: int) -> None:
-    if replica.proc is not None and replica.proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(replica.proc.pid, sig)
-
-
-def stop_all(replicas: Sequence[Replica], sig: int = signal.SIGTERM, grace: float = GRACE_SECONDS) -> None:
-    """Send ``sig`` to every replica's process group; SIGKILL whatever is left after ``grace`` seconds."""
-    for r in replicas:
-        _signal_group(r, sig)
-    deadline = time.monotonic() + grace
-    for r in replicas:
-        if r.proc is not None:
-            try:
-                r.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                _signal_group(r, signal.SIGKILL)
-                r.proc.wait()
-
-
-def run_replicas(replicas: list[Replica], command: Sequence[str]) -> int:
-    """Start every replica, wait; the first failure stops the others and gives the exit code."""
-    lock = threading.Lock()
-    received: list[int] = []
-
-    def forward(signum: int, _frame: object) -> None:
-        received.append(signum)
-
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        for r in replicas:
-            r.proc = subprocess.Popen(
-                [sys.executable, "-m", "entrypoint", *command], env=r.env, stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT, start_new_session=True,
-            )
-            assert r.proc.stdout is not None
-            r.pump = threading.Thread(target=_pump, args=(r.name, r.proc.stdout, lock), daemon=True)
-            r.pump.start()
-        code = 0
-        while True:
-            if received:
-                sig = received[0]
-                print(f"[local] received {signal.Signals(sig).name}: stopping every replica", flush=True)
-                stop_all(replicas, sig)
-                code = 128 + sig
-                break
-            running = [r for r in replicas if r.proc is not None and r.proc.poll() is None]
-            failed = [r for r in replicas if r.proc is not None and r.proc.returncode not in (None, 0)]
-            if failed:
-                first = failed[0]
-                assert first.proc is not None
-                rc = first.proc.returncode
-                code = rc if rc > 0 else 128 - rc  # killed by a signal: 128 + signal number
-                print(f"[local] {first.name} exited with {code}: stopping the other replicas", flush=True)
-                stop_all(running)
-                break
-            if not running:
-                break
-            time.sleep(0.1)
-        for r in replicas:
-            if r.pump is not None:
-                r.pump.join(timeout=5)
-        return code
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
 
 
 def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -203,6 +88,7 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--output-dir", default="./outputs", help="the job's base output directory")
     args = parser.parse_args(argv[:i])
     command = argv[i + 1:]
+    args.command = command
     if args.workers < 1 or args.ps < 0 or args.evaluators < 0:
         raise ConfigError("local", "--workers must be >= 1; --ps and --evaluators >= 0")
     if not command or command[0] not in ("run", "describe"):
@@ -212,12 +98,12 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
 
 def main(argv: Sequence[str]) -> int:
     """Run the emulated cluster and return the job's exit code."""
-    args, command = parse_args(argv)
+    args, _command = parse_args(argv)
     replicas = build_replicas(args, dict(os.environ))
     names = ", ".join(r.name for r in replicas)
     print(f"[local] starting {len(replicas)} replicas ({names}); outputs under {Path(args.output_dir).resolve()}",
           flush=True)
-    code = run_replicas(replicas, command)
+    code = run_replicas(replicas)
     chief = replicas[0].env
     metrics = sorted(Path(args.output_dir).resolve().glob(".replicas/*/hypertune/output.metrics"))
     print(f"[local] job finished with exit code {code}", flush=True)

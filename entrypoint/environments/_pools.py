@@ -28,7 +28,7 @@ def topology_from_spec(
     pools: dict[Role, tuple[str, ...]] = {}
     names: dict[Role, str] = {}
     for key, value in cluster.items():
-        path = f"cluster.{key}" if len(key) <= 40 else "cluster"
+        path = f"cluster.{key}" if len(key) <= 40 and key.isprintable() else "cluster"
         if key not in roles:
             raise ConfigError(variable, f"unknown pool {shown(key)}; expected one of {', '.join(roles)}", path)
         role = roles[key]

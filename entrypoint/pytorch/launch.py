@@ -7,19 +7,18 @@ Where processes are already one per GPU (torchrun, Kubeflow, mpirun) nothing is 
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
-from dataclasses import asdict
 
 from entrypoint import envvars as ev
-from entrypoint.emulator import free_ports
 from entrypoint.environments import read_settings
 from entrypoint.errors import ExitCode, RetryableError
 from entrypoint.options import RunOptions
 from entrypoint.plan import Plan
 from entrypoint.progress import setup_logging
+from entrypoint.pytorch.worker import encode_options
+from entrypoint.supervisor import free_ports
 from entrypoint.topology import ClusterTopology
 from entrypoint.usercode import is_hooks_module, require_code
 
@@ -27,11 +26,12 @@ log = logging.getLogger("entrypoint.pytorch")
 _CPP_LOG_LEVEL = "TORCH_CPP_LOG_LEVEL"
 
 
-def worker_command(options: RunOptions, kind: str, target: str) -> list[str]:
+def worker_command(
+    options: RunOptions, kind: str, target: str, worker_module: str = "entrypoint.pytorch.worker"
+) -> list[str]:
     """Arguments after ``python`` for each worker: our hooks loop, or the user's code unchanged."""
     if kind == "module" and is_hooks_module(target):
-        payload = json.dumps({**asdict(options), "module": target})
-        return ["-m", "entrypoint.pytorch.worker", payload]
+        return ["-m", worker_module, encode_options(options, target)]
     if kind == "module":
         return ["-m", target, *options.user_args]
     return [target, *options.user_args]

@@ -225,7 +225,7 @@ class Trainer:
                     continue
                 with self._autocast():
                     loss = loss_fn(ddp, _to_device(batch, ctx.device), ctx)
-                optimizer.zero_grad(set_to_none=True)
+                optimizer.zero_grad()  # set_to_none is the default (and Horovod's optimizer takes no argument)
                 loss.backward()
                 if opts.clip_grad_norm:
                     torch.nn.utils.clip_grad_norm_(ddp.parameters(), opts.clip_grad_norm)

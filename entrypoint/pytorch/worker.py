@@ -9,19 +9,26 @@ from __future__ import annotations
 import json
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
 from datetime import timedelta
 from typing import Any
 
 from entrypoint.environments import resolve
-from entrypoint.errors import ConfigError, ExitCode, RetryableError, TrainerError
+from entrypoint.errors import ExitCode, RetryableError, TrainerError
 from entrypoint.options import RunOptions
 from entrypoint.progress import setup_logging
 
 _TIMEOUT_HINTS = ("timed out", "timeout", "connection reset", "connection closed", "peer")
 
 
-def _options(payload: str) -> tuple[RunOptions, str]:
+def encode_options(options: RunOptions, module: str) -> str:
+    """The worker's one argument: the run options and the hooks module, as JSON."""
+    return json.dumps({**asdict(options), "module": module})
+
+
+def decode_options(payload: str) -> tuple[RunOptions, str]:
+    """Inverse of ``encode_options``."""
     data: dict[str, Any] = json.loads(payload)
     module = data.pop("module")
     data["user_args"] = tuple(data.get("user_args", ()))
@@ -60,12 +67,12 @@ def run(options: RunOptions, module: str) -> None:
             dist.destroy_process_group()
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run one worker; map failures to exit codes."""
+def main(argv: Sequence[str] | None = None, runner: Callable[[RunOptions, str], None] | None = None) -> int:
+    """Run one worker (``runner``: this module's ``run`` or Horovod's); map failures to exit codes."""
     args = list(sys.argv[1:] if argv is None else argv)
     try:
-        options, module = _options(args[0])
-        run(options, module)
+        options, module = decode_options(args[0])
+        (runner or run)(options, module)
         return ExitCode.OK
     except TrainerError as exc:
         print(f"entrypoint: error: {exc}", file=sys.stderr, flush=True)
@@ -83,5 +90,3 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-
-__all__ = ["ConfigError", "main", "run"]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from entrypoint import checkpoints
-from entrypoint.emulator import free_ports
+from entrypoint.supervisor import free_ports
 from tests.conftest import PYTHON, ROOT, subprocess_env
 from tests.pytorch.helpers import entrypoint, failure_text, hypertune_files, summary
 
