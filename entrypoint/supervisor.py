@@ -80,7 +80,7 @@ def stop_all(replicas: Sequence[Replica], sig: int = signal.SIGTERM, grace: floa
                 r.proc.wait()
 
 
-def run_replicas(replicas: list[Replica]) -> int:
+def run_replicas(replicas: list[Replica], label: str = "local") -> int:
     """Start every replica, wait; the first failure stops the others and gives the exit code."""
     lock = threading.Lock()
     received: list[int] = []
@@ -102,7 +102,7 @@ def run_replicas(replicas: list[Replica]) -> int:
         while True:
             if received:
                 sig = received[0]
-                print(f"[local] received {signal.Signals(sig).name}: stopping every replica", flush=True)
+                print(f"[{label}] received {signal.Signals(sig).name}: stopping every process", flush=True)
                 stop_all(replicas, sig)
                 code = 128 + sig
                 break
@@ -113,7 +113,7 @@ def run_replicas(replicas: list[Replica]) -> int:
                 assert first.proc is not None
                 rc = first.proc.returncode
                 code = rc if rc > 0 else 128 - rc  # killed by a signal: 128 + signal number
-                print(f"[local] {first.name} exited with {code}: stopping the other replicas", flush=True)
+                print(f"[{label}] {first.name} exited with {code}: stopping the others", flush=True)
                 stop_all(running)
                 break
             if not running:

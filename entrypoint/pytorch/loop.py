@@ -108,6 +108,7 @@ class Trainer:
         self.metric_name = options.hypertune_metric or getattr(self.module, "HYPERTUNE_METRIC", None)
         self.reporter = MetricReporter(self.ctx.is_chief, topo.trial)
         self.writer: Any = None
+        self.start_digests: tuple[list[Any], list[Any]] = ([], [])
 
     # ---- checkpoints -------------------------------------------------------------------------
     def _resume_path(self) -> Path | None:
@@ -200,7 +201,9 @@ class Trainer:
                 tstate.set_rng_state(saved["rng"][ctx.rank])
             log.info("resumed from %s at step %d (epoch %d, batch %d)", resume, step, start_epoch, skip)
         start_step = step
+        init_digests = self.comm.gather_object(param_digest(model))
         ddp, optimizer = self.comm.prepare(model, optimizer, ctx.device, opts.bucket_cap_mb)
+        self.start_digests = (init_digests, self.comm.gather_object(param_digest(model)))
         sampler: DistributedSampler[Any] = DistributedSampler(
             train_set, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=opts.seed, drop_last=True)
         loader = self._loader(train_set, sampler)
@@ -269,7 +272,8 @@ class Trainer:
         summary = {
             "start_step": start, "final_step": step, "expected_steps": total, "epochs": self.epochs,
             "world_size": ctx.world_size, "ranks": ranks, "backend": self.comm.name, "device": str(ctx.device),
-            "param_digests": digests, "metrics": metrics,
+            "param_digests": digests, "metrics": metrics, "init_param_digests": self.start_digests[0],
+            "start_param_digests": self.start_digests[1],
             "trial": ctx.trial, "seconds": round(seconds, 2),
             "samples_per_second": round((step - start) * self.batch_size * ctx.world_size / max(seconds, 1e-9), 1),
             "load_with": "torch.load('model.pt', weights_only=False)  # or state_dict.pt into build_model()",

@@ -162,4 +162,4 @@ def test_first_failing_replica_stops_the_others_and_sets_the_exit_code(tmp_path:
                       "--script", "tests/pytorch/fail_script.py", timeout=200)
     assert proc.returncode == 3, failure_text(proc)
     assert time.monotonic() - started < 100  # the chief's 120 s sleep was cut short
-    assert "[workerpool1-0]" in proc.stdout and "stopping the other replicas" in proc.stdout
+    assert "[workerpool1-0]" in proc.stdout and "stopping the others" in proc.stdout

@@ -1,0 +1,1 @@
+"""The Horovod path: ssh-free launch through Horovod's gloo rendezvous, tuned fusion buffers, hooks loop."""

@@ -1,0 +1,67 @@
+"""Real Horovod processes on 127.0.0.1 over gloo, launched without ssh or horovodrun."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from entrypoint.supervisor import free_ports
+from tests.pytorch.helpers import entrypoint, failure_text, hypertune_files, summary
+
+pytest.importorskip("horovod.torch")
+pytestmark = [pytest.mark.horovod, pytest.mark.slow]
+RUN = ["run", "--framework", "horovod", "--timeout", "60"]
+
+
+def test_two_replicas_allreduce_in_step_and_only_rank0_writes(tmp_path: Path) -> None:
+    proc = entrypoint("local", "--workers", "2", "--trial", "2", "--output-dir", str(tmp_path), "--", *RUN,
+                      "--module", "tests.horovod.divergent_init", "--epochs", "3", "--hypertune-metric", "accuracy")
+    assert proc.returncode == 0, failure_text(proc)
+    result = summary(tmp_path / "2" / "model")
+    assert result["backend"] == "horovod" and result["world_size"] == 2
+    init, start, final = result["init_param_digests"], result["start_param_digests"], result["param_digests"]
+    assert init[0] != init[1]  # the ranks built different models...
+    assert start == [init[0], init[0]]  # ...and rank 0's parameters reached rank 1 before training
+    assert final[0] == final[1]
+    assert result["metrics"]["accuracy"] >= 0.85
+    assert list(tmp_path.glob("**/model.pt")) == [tmp_path / "2" / "model" / "model.pt"]
+    assert [f.parent.parent.name for f in hypertune_files(tmp_path)] == ["workerpool0-0"]
+
+
+def _seen(out: Path) -> list[dict[str, str]]:
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+
+
+def test_unmodified_horovod_script_and_fusion_settings(tmp_path: Path) -> None:
+    out = tmp_path / "defaults"
+    proc = entrypoint("local", "--workers", "2", "--output-dir", str(tmp_path / "a"), "--", *RUN,
+                      "--script", "tests/horovod/hvd_script.py", "--", "--out", str(out))
+    assert proc.returncode == 0, failure_text(proc)
+    seen = _seen(out)
+    assert all(s["size"] == 2 and s["digests"][0] == s["digests"][1] for s in seen)
+    assert seen[0]["loss"] < 0.05
+    assert {(s["fusion_threshold"], s["cycle_time"]) for s in seen} == {("134217728", "5")}
+    # A user-set variable wins over our default; the flag sets what the user left alone.
+    out = tmp_path / "override"
+    proc = entrypoint("local", "--workers", "2", "--output-dir", str(tmp_path / "b"), "--", *RUN,
+                      "--cycle-time-ms", "2.5", "--fusion-threshold", "999", "--script", "tests/horovod/hvd_script.py",
+                      "--", "--out", str(out), env={"HOROVOD_FUSION_THRESHOLD": "1048576"})
+    assert proc.returncode == 0, failure_text(proc)
+    assert {(s["fusion_threshold"], s["cycle_time"]) for s in _seen(out)} == {("1048576", "2.5")}
+
+
+@pytest.mark.parametrize("started_pool", ["workerpool0", "workerpool1"])
+def test_missing_peer_fails_within_timeout_naming_it(tmp_path: Path, started_pool: str) -> None:
+    chief, worker = free_ports(2)
+    spec = {"cluster": {"workerpool0": [f"127.0.0.1:{chief}"], "workerpool1": [f"127.0.0.1:{worker}"]},
+            "environment": "cloud", "task": {"type": started_pool, "index": 0}}
+    started = time.monotonic()
+    proc = entrypoint("run", "--framework", "horovod", "--timeout", "5", "--module", "trainers.digits_torch",
+                      "--job-dir", str(tmp_path), env={"CLUSTER_SPEC": json.dumps(spec)}, timeout=120)
+    assert proc.returncode >= 128, failure_text(proc)
+    missing = f"workerpool1[0] (127.0.0.1:{worker})" if started_pool == "workerpool0" else f"127.0.0.1:{chief}"
+    assert missing in proc.stderr.splitlines()[-1] and "never came" in proc.stderr
+    assert time.monotonic() - started < 60
