@@ -65,3 +65,12 @@ def test_missing_peer_fails_within_timeout_naming_it(tmp_path: Path, started_poo
     missing = f"workerpool1[0] (127.0.0.1:{worker})" if started_pool == "workerpool0" else f"127.0.0.1:{chief}"
     assert missing in proc.stderr.splitlines()[-1] and "never came" in proc.stderr
     assert time.monotonic() - started < 60
+
+
+def test_horovod_example_script_learns_digits(tmp_path: Path) -> None:
+    proc = entrypoint("local", "--workers", "2", "--output-dir", str(tmp_path), "--", *RUN,
+                      "--module", "trainers.digits_horovod", "--", "--epochs", "8")
+    assert proc.returncode == 0, failure_text(proc)
+    metrics = json.loads((tmp_path / "model" / "metrics.json").read_text())
+    assert metrics["world_size"] == 2 and metrics["accuracy"] >= 0.90
+    assert [f.parent.parent.name for f in hypertune_files(tmp_path)] == ["workerpool0-0"]
