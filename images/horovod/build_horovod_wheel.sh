@@ -1,0 +1,196 @@
+#!/usr/bin/env bash
+# Build a Horovod wheel against the torch installed in a given Python (venv), with a
+# local wheel cache.  Used by CI/Makefile on the build machine and by the Horovod
+# Dockerfile's builder stage.
+#
+#   usage: build_horovod_wheel.sh PYTHON OUTDIR
+#     PYTHON  interpreter of a venv that already has torch (+ numpy, ...) installed
+#             from the image lock (images/horovod/requirements-*.txt)
+#     OUTDIR  directory that receives horovod-$HOROVOD_VERSION-*.whl
+#
+#   env knobs (defaults):
+#     HOROVOD_VERSION            0.28.1
+#     HOROVOD_SDIST_SHA256       known hash for 0.28.1; empty = do not check
+#     HOROVOD_GPU_OPERATIONS     unset on CPU (gloo); NCCL in the GPU image
+#     HOROVOD_WITH_TENSORFLOW    unset = build without TensorFlow; 1 = with
+#     TRAINER_WHEEL_CACHE        ${XDG_CACHE_HOME:-$HOME/.cache}/trainer-images/wheels
+#     HOROVOD_BUILD_PARALLELISM  number of make jobs (default: nproc)
+#     MAKEFLAGS                  if set, used as is (overrides HOROVOD_BUILD_PARALLELISM)
+#     HOROVOD_FORCE_REBUILD      1 = ignore a cached wheel and rebuild (then refresh it)
+#     HOROVOD_BUILD_VERBOSE      1 = show the full CMake/compiler output
+#
+# Why a source build: horovod 0.28.1 (the last release) sets CMAKE_CXX_STANDARD 14, but
+# torch >= 2.1 headers need C++17.  Upstream fixed this in PR #3998, never released.
+# The only patch applied here is 14 -> 17 in CMakeLists.txt and horovod/torch/CMakeLists.txt.
+set -euo pipefail
+
+die() { echo "build_horovod_wheel.sh: ERROR: $*" >&2; exit 1; }
+log() { echo "build_horovod_wheel.sh: $*" >&2; }
+
+[[ $# -eq 2 ]] || die "usage: $0 PYTHON OUTDIR"
+PY=$1
+OUTDIR=$2
+[[ -x $PY ]] || PY=$(command -v "$PY" 2>/dev/null) || die "python '$1' not found"
+
+HOROVOD_VERSION=${HOROVOD_VERSION:-0.28.1}
+if [[ -z ${HOROVOD_SDIST_SHA256+x} ]]; then
+    # sha256 of horovod-0.28.1.tar.gz as served by PyPI
+    [[ $HOROVOD_VERSION == 0.28.1 ]] \
+        && HOROVOD_SDIST_SHA256=92a43f5a94c43907a56805bad15f19700c62ffc83b7ca483f9e104e229f67ef0 \
+        || HOROVOD_SDIST_SHA256=
+fi
+CACHE_ROOT=${TRAINER_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/trainer-images/wheels}
+
+# Build-time Python deps: with --no-build-isolation setup.py imports `packaging` and
+# passes `setup_requires` (cloudpickle psutil pyyaml packaging cffi) which setuptools would
+# otherwise fetch on its own, unpinned.  setuptools >= 70.1 builds wheels without the
+# `wheel` package.  The image lock (requirements-*.txt next to this script) lists these
+# same pins; any that are missing are installed here with exactly these versions.
+BUILD_DEPS=(
+    setuptools==84.2.1
+    packaging==26.3
+    cloudpickle==3.1.2
+    psutil==7.2.2
+    PyYAML==6.0.3
+    cffi==2.1.1
+    pycparser==3.12
+)
+
+# ---- build flags (these, and only these, define the build variant) -------------------
+unset HOROVOD_WITHOUT_TENSORFLOW HOROVOD_WITH_MXNET HOROVOD_WITH_MPI HOROVOD_WITHOUT_GLOO \
+      HOROVOD_WITHOUT_PYTORCH HOROVOD_SKIP_COMPILE HOROVOD_LOCAL_VERSION
+export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITHOUT_MPI=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MXNET=1
+if [[ -n ${HOROVOD_WITH_TENSORFLOW:-} ]]; then
+    export HOROVOD_WITH_TENSORFLOW=1
+else
+    unset HOROVOD_WITH_TENSORFLOW
+    export HOROVOD_WITHOUT_TENSORFLOW=1
+fi
+[[ -n ${HOROVOD_GPU_OPERATIONS:-} ]] && export HOROVOD_GPU_OPERATIONS || unset HOROVOD_GPU_OPERATIONS
+if [[ -z ${MAKEFLAGS:-} ]]; then
+    export MAKEFLAGS="-j${HOROVOD_BUILD_PARALLELISM:-$(nproc 2>/dev/null || echo 2)}"
+fi
+
+# ---- cache key ---------------------------------------------------------------------------
+# horovod version + patch revision + torch version + python tag + arch + op/framework flags
+# (+ the TensorFlow version when built with it).
+read -r TORCH_VERSION PYTAG TF_VERSION < <("$PY" - <<'EOF'
+import sys, os
+import torch
+tf = "none"
+if os.environ.get("HOROVOD_WITH_TENSORFLOW"):
+    import tensorflow
+    tf = tensorflow.__version__
+print(torch.__version__, "cp%d%d" % sys.version_info[:2], tf)
+EOF
+) || die "cannot import torch with $PY (install the image lock into that venv first)"
+[[ -n ${TORCH_VERSION:-} ]] || die "could not read the torch version from $PY"
+PATCH_REV="cxx17-v1"
+FLAGS=$(env | grep -E '^HOROVOD_(WITH|WITHOUT|GPU|CPU_OPERATIONS|CUDA_HOME|NCCL_|ROCM|DEBUG|BUILD_CUDA_CC_LIST|BUILD_ARCH_FLAGS)' \
+        | grep -vE '^HOROVOD_(WITH_TENSORFLOW|WITHOUT_TENSORFLOW)=' | LC_ALL=C sort | paste -sd' ' || true)
+KEY_MATERIAL="horovod=$HOROVOD_VERSION patch=$PATCH_REV torch=$TORCH_VERSION python=$PYTAG arch=$(uname -m) tensorflow=$TF_VERSION $FLAGS"
+KEY_HASH=$(printf '%s' "$KEY_MATERIAL" | sha256sum | cut -c1-12)
+KEY="horovod-$HOROVOD_VERSION-torch$TORCH_VERSION-$PYTAG-$KEY_HASH"
+CACHE_DIR="$CACHE_ROOT/$KEY"
+
+mkdir -p "$OUTDIR"
+
+copy_out() {  # atomic copy of wheel $1 into OUTDIR
+    local src=$1 dst
+    dst="$OUTDIR/$(basename "$src")"
+    cp "$src" "$dst.partial.$$"
+    mv -f "$dst.partial.$$" "$dst"
+    echo "$dst"
+}
+
+find_cached() {
+    compgen -G "$CACHE_DIR/horovod-$HOROVOD_VERSION-*.whl" | head -n1 || true
+}
+
+if [[ ${HOROVOD_FORCE_REBUILD:-0} != 1 ]]; then
+    cached=$(find_cached)
+    if [[ -n $cached ]] && "$PY" -c 'import sys, zipfile; sys.exit(zipfile.ZipFile(sys.argv[1]).testzip() is not None)' "$cached"; then
+        out=$(copy_out "$cached")
+        echo "horovod wheel: cache HIT ($KEY) -> $out"
+        exit 0
+    fi
+    [[ -n $cached ]] && log "cached wheel $cached is unreadable, rebuilding"
+fi
+log "cache miss: $KEY"
+log "key: $KEY_MATERIAL"
+
+# ---- build ---------------------------------------------------------------------------------
+command -v cmake >/dev/null || die "cmake not found (need >= 3.13)"
+command -v c++ >/dev/null || die "no C++ compiler (c++) found"
+
+START=$(date +%s)
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/horovod-build.XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
+
+missing=$("$PY" - "${BUILD_DEPS[@]}" <<'EOF'
+import sys
+from importlib.metadata import version, PackageNotFoundError
+for req in sys.argv[1:]:
+    name, want = req.split("==")
+    try:
+        have = version(name)
+    except PackageNotFoundError:
+        print(req)
+        continue
+    if have != want:
+        print(f"note: {name} {have} installed (script pin {want}); keeping the venv's version", file=sys.stderr)
+EOF
+)
+if [[ -n $missing ]]; then
+    log "installing missing build deps: $(echo $missing)"
+    # shellcheck disable=SC2086
+    "$PY" -m pip install --no-cache-dir --disable-pip-version-check $missing
+fi
+
+log "downloading horovod==$HOROVOD_VERSION sdist"
+"$PY" -m pip download --disable-pip-version-check --no-binary :all: --no-deps \
+    --no-build-isolation -d "$WORK/dl" "horovod==$HOROVOD_VERSION"
+SDIST=$(compgen -G "$WORK/dl/horovod-$HOROVOD_VERSION.tar.gz" | head -n1) \
+    || die "sdist horovod-$HOROVOD_VERSION.tar.gz not downloaded"
+if [[ -n $HOROVOD_SDIST_SHA256 ]]; then
+    echo "$HOROVOD_SDIST_SHA256  $SDIST" | sha256sum -c --quiet - || die "sdist sha256 mismatch"
+fi
+tar -xzf "$SDIST" -C "$WORK"
+SRC="$WORK/horovod-$HOROVOD_VERSION"
+[[ -f $SRC/setup.py ]] || die "unexpected sdist layout"
+
+# Minimal fix: C++14 -> C++17 in exactly these two files; fail loudly if the pattern moved.
+for f in CMakeLists.txt horovod/torch/CMakeLists.txt; do
+    n=$(grep -cE '^[[:space:]]*set\(CMAKE_CXX_STANDARD 14\)' "$SRC/$f" || true)
+    [[ $n == 1 ]] || die "$f: expected exactly one 'set(CMAKE_CXX_STANDARD 14)', found $n; horovod $HOROVOD_VERSION needs a new patch (or none)"
+    sed -i -E 's/^([[:space:]]*set\(CMAKE_CXX_STANDARD) 14\)/\1 17)/' "$SRC/$f"
+    grep -qE '^[[:space:]]*set\(CMAKE_CXX_STANDARD 17\)' "$SRC/$f" || die "$f: patch did not apply"
+done
+log "patched CMAKE_CXX_STANDARD 14 -> 17"
+
+log "building (MAKEFLAGS=$MAKEFLAGS $FLAGS tensorflow=$TF_VERSION); about 5 min on 2 cores (CPU/gloo)"
+extra=()
+[[ ${HOROVOD_BUILD_VERBOSE:-0} == 1 ]] && extra+=(-v)
+# PEP 517 path (setuptools.build_meta, no `wheel` package needed); newer pips (>= 25.3)
+# always do this and may not know the flag any more.
+"$PY" -m pip wheel --help 2>/dev/null | grep -- '--use-pep517' >/dev/null && extra+=(--use-pep517)
+"$PY" -m pip wheel --disable-pip-version-check --no-build-isolation --no-deps --no-cache-dir \
+    "${extra[@]}" -w "$WORK/wheel" "$SRC"
+WHEEL=$(compgen -G "$WORK/wheel/horovod-$HOROVOD_VERSION-*.whl" | head -n1) || die "no wheel produced"
+# the extension must really be in there (a wheel without it builds "fine" if cmake skipped it)
+"$PY" - "$WHEEL" <<'EOF' || die "built wheel lacks the torch/gloo extension"
+import sys, zipfile
+names = zipfile.ZipFile(sys.argv[1]).namelist()
+sys.exit(not any(n.startswith("horovod/torch/mpi_lib_v2") and n.endswith(".so") for n in names))
+EOF
+
+# Atomic cache write: temp name in the same dir, then rename.
+mkdir -p "$CACHE_DIR"
+printf '%s\n' "$KEY_MATERIAL" > "$CACHE_DIR/key.txt.partial.$$"
+mv -f "$CACHE_DIR/key.txt.partial.$$" "$CACHE_DIR/key.txt"
+cp "$WHEEL" "$CACHE_DIR/.$(basename "$WHEEL").partial.$$"
+mv -f "$CACHE_DIR/.$(basename "$WHEEL").partial.$$" "$CACHE_DIR/$(basename "$WHEEL")"
+out=$(copy_out "$WHEEL")
+ELAPSED=$(( $(date +%s) - START ))
+printf 'horovod wheel: built in %dm%02ds (%ds), cached as %s -> %s\n' \
+    $((ELAPSED / 60)) $((ELAPSED % 60)) "$ELAPSED" "$CACHE_DIR/$(basename "$WHEEL")" "$out"
