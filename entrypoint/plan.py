@@ -33,6 +33,7 @@ class Plan:
     outputs: OutputDirs
     server_pool: ServerPool | None
     topology: ClusterTopology
+    framework_env: tuple[tuple[str, str], ...] = ()
 
     @property
     def tf_includes_servers(self) -> bool:
@@ -54,6 +55,7 @@ class Plan:
             env[ev.TF_CONFIG] = tf_config
         if not topo.per_process:
             env.update(topo.torch_env())
+        env.update(self.framework_env)
         return env
 
     def describe(self) -> dict[str, Any]:
@@ -71,6 +73,18 @@ class Plan:
             "tensorboard_dir": self.outputs.tensorboard_dir,
             "server_pool": self.server_pool,
         }
+
+
+def horovod_tuning_env(options: RunOptions, user_set: dict[str, str], job_dir: str) -> dict[str, str]:
+    """HOROVOD_FUSION_THRESHOLD / CYCLE_TIME (/ AUTOTUNE) for the workers; variables the user set always win."""
+    threshold = options.fusion_threshold if options.fusion_threshold is not None else HOROVOD_FUSION_THRESHOLD_DEFAULT
+    cycle = options.cycle_time_ms if options.cycle_time_ms is not None else HOROVOD_CYCLE_TIME_DEFAULT_MS
+    env = {ev.HOROVOD_FUSION_THRESHOLD: str(threshold), ev.HOROVOD_CYCLE_TIME: f"{cycle:g}"}
+    if options.autotune:
+        env[ev.HOROVOD_AUTOTUNE] = "1"
+        env[ev.HOROVOD_AUTOTUNE_LOG] = f"{job_dir.rstrip('/')}/horovod_autotune.csv"
+    env.update(user_set)
+    return env
 
 
 def choose_framework(requested: str | None, settings: PlatformSettings) -> str:
@@ -155,7 +169,11 @@ def make_plan(
     world = topo.process.world_size if topo.process is not None else topo.num_nodes * nproc
     if framework == "pytorch" and world == 1 and options.strategy is None:
         strategy, reason = "default", "a single process"
+    framework_env: dict[str, str] = {}
+    if framework == "horovod":
+        framework_env = horovod_tuning_env(options, dict(settings.horovod_tuning), outputs.job_dir)
     return Plan(
         framework=framework, strategy=strategy, reason=reason, nproc_per_node=nproc, gpus_per_node=gpus,
         world_size=world, outputs=outputs, server_pool=server_pool, topology=topo,
+        framework_env=tuple(sorted(framework_env.items())),
     )

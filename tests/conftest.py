@@ -13,7 +13,8 @@ from entrypoint import envvars
 ROOT = Path(__file__).resolve().parents[1]
 _PREFIXES = ("OMPI_", "PMI_", "PET_", "HOROVOD_", "AIP_", "CLOUD_ML_", "TORCHELASTIC_", "TRAINER_")
 CLUSTER_VARS = tuple(
-    sorted({getattr(envvars, n) for n in dir(envvars) if n.isupper()} | {"ROLE_RANK", "ROLE_WORLD_SIZE"})
+    sorted({v for n in dir(envvars) if n.isupper() and isinstance(v := getattr(envvars, n), str)}
+           | {"ROLE_RANK", "ROLE_WORLD_SIZE"})
 )
 
 

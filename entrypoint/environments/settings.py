@@ -24,6 +24,7 @@ class PlatformSettings:
     job_dir: str | None = None
     cuda_visible_devices: str | None = None
     metric_file: str | None = None
+    horovod_tuning: tuple[tuple[str, str], ...] = ()  # HOROVOD_FUSION_THRESHOLD & co. the user set
 
 
 def read_settings(environ: Mapping[str, str] | None = None) -> PlatformSettings:
@@ -43,6 +44,7 @@ def read_settings(environ: Mapping[str, str] | None = None) -> PlatformSettings:
         job_dir=get(ev.TRAINER_JOB_DIR),
         cuda_visible_devices=env.get(ev.CUDA_VISIBLE_DEVICES),
         metric_file=get(ev.CLOUD_ML_HP_METRIC_FILE),
+        horovod_tuning=tuple(sorted(user_overrides(ev.HOROVOD_TUNING, env).items())),
     )
 
 

@@ -16,9 +16,8 @@ import threading
 from typing import Any
 
 from entrypoint import envvars as ev
-from entrypoint.environments import read_settings, user_overrides
+from entrypoint.environments import read_settings
 from entrypoint.errors import ExitCode, RetryableError
-from entrypoint.horovod.tuning import TUNING_VARIABLES, fusion_env
 from entrypoint.options import RunOptions
 from entrypoint.plan import Plan
 from entrypoint.progress import setup_logging
@@ -104,8 +103,8 @@ def launch(plan: Plan, options: RunOptions) -> int:
     topo = plan.topology
     kind, target = require_code(options, read_settings().module)
     command = worker_command(options, kind, target, worker_module=WORKER)
-    tuning = fusion_env(options, user_overrides(TUNING_VARIABLES), plan.outputs.job_dir)
-    os.environ.update({**plan.emitted_env(), **tuning})
+    os.environ.update(plan.emitted_env())
+    tuning = dict(plan.framework_env)
     if topo.is_chief_node:
         log.info("horovod fusion threshold %s bytes, cycle time %s ms%s", tuning[ev.HOROVOD_FUSION_THRESHOLD],
                  tuning[ev.HOROVOD_CYCLE_TIME], ", autotune on" if ev.HOROVOD_AUTOTUNE in tuning else "")

@@ -11,7 +11,6 @@ import logging
 import os
 import sys
 
-from entrypoint import envvars as ev
 from entrypoint.environments import read_settings
 from entrypoint.errors import ExitCode, RetryableError
 from entrypoint.options import RunOptions
@@ -122,5 +121,4 @@ def launch(plan: Plan, options: RunOptions) -> int:
             return worker_main([command[2]])
         sys.stdout.flush()
         os.execv(sys.executable, [sys.executable, *command])
-    os.environ.setdefault(ev.TRAINER_REPLICA, f"node{plan.topology.node_rank}")
     return _elastic(plan, options, command)

@@ -143,3 +143,18 @@ def test_describe_imports_no_ml_framework() -> None:
 def test_unknown_framework_names_accepted_values(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRAINER_FRAMEWORK", "mxnet")
     assert cli.main(["describe"]) == 2
+
+
+def test_horovod_fusion_defaults_flags_and_user_override(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    env = run_describe(capsys, "--framework", "horovod")["env"]
+    assert (env["HOROVOD_FUSION_THRESHOLD"], env["HOROVOD_CYCLE_TIME"]) == ("134217728", "5")
+    env = run_describe(capsys, "--framework", "horovod", "--fusion-threshold", "64", "--cycle-time-ms", "3.5",
+                       "--autotune", "--job-dir", "/j")["env"]
+    assert (env["HOROVOD_FUSION_THRESHOLD"], env["HOROVOD_CYCLE_TIME"]) == ("64", "3.5")
+    assert env["HOROVOD_AUTOTUNE"] == "1" and env["HOROVOD_AUTOTUNE_LOG"] == "/j/horovod_autotune.csv"
+    monkeypatch.setenv("HOROVOD_FUSION_THRESHOLD", "1048576")
+    env = run_describe(capsys, "--framework", "horovod", "--fusion-threshold", "64")["env"]
+    assert env["HOROVOD_FUSION_THRESHOLD"] == "1048576"
+    assert "HOROVOD_FUSION_THRESHOLD" not in run_describe(capsys, "--framework", "pytorch")["env"]
