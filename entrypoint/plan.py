@@ -143,6 +143,10 @@ def make_plan(
         nproc = 1
         if topo.servers:
             server_pool = "parameter_servers" if strategy == "ParameterServerStrategy" else "reduction_server"
+        if topo.role == "ps" and server_pool == "reduction_server":
+            raise ConfigError(ev.CLUSTER_SPEC, f"this replica is in the server pool, which is a Reduction Server with "
+                              f"{strategy}: run Google's reductionserver image in workerpool2, not this one",
+                              "task.type")
     else:
         expected = "ddp" if framework == "pytorch" else "horovod"
         if options.strategy not in (None, expected, "default"):

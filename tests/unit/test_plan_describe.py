@@ -158,3 +158,9 @@ def test_horovod_fusion_defaults_flags_and_user_override(
     env = run_describe(capsys, "--framework", "horovod", "--fusion-threshold", "64")["env"]
     assert env["HOROVOD_FUSION_THRESHOLD"] == "1048576"
     assert "HOROVOD_FUSION_THRESHOLD" not in run_describe(capsys, "--framework", "pytorch")["env"]
+
+
+def test_tensorflow_ps_replica_with_reduction_server_reading_is_an_error() -> None:
+    with pytest.raises(ConfigError, match="Reduction Server"):
+        plan_for(vertex("workerpool2", 0), "tensorflow", strategy="MultiWorkerMirroredStrategy")
+    assert plan_for(vertex("workerpool2", 0), "tensorflow").strategy == "ParameterServerStrategy"

@@ -1,0 +1,104 @@
+"""Keras callbacks the entrypoint adds to fit: committed checkpoints, tuning metric, progress, step count."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import tensorflow as tf
+
+from entrypoint.checkpoints import prune
+from entrypoint.hypertune import MetricReporter
+from entrypoint.progress import Progress
+from entrypoint.tensorflow.export import save_checkpoint
+
+log = logging.getLogger("entrypoint.tensorflow")
+
+
+def fetched(value: Any) -> Any:
+    """The local value of a ParameterServerStrategy RemoteValue (anything else unchanged)."""
+    return value.fetch() if hasattr(value, "fetch") else value
+
+
+def to_float(value: Any) -> float:
+    """A Python float from a logged value (tensor, numpy, or RemoteValue)."""
+    value = fetched(value)
+    return float(tf.get_static_value(value) if tf.is_tensor(value) else value)
+
+
+def global_step(model: Any) -> int:
+    """The optimizer's step counter (restored with the weights, so it survives restarts)."""
+    return int(model.optimizer.iterations.numpy())
+
+
+class CommitCheckpoints(tf.keras.callbacks.Callback):
+    """At each epoch end every worker saves; the chief commits ``ckpt-<step>`` and prunes old ones."""
+
+    def __init__(self, checkpoint_dir: Path, is_chief: bool, keep: int, strategy: str) -> None:
+        super().__init__()
+        self.checkpoint_dir, self.is_chief, self.keep, self.strategy = checkpoint_dir, is_chief, keep, strategy
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        """Save, commit (chief), prune (chief)."""
+        step = global_step(self.model)
+        metrics = {k: to_float(v) for k, v in (logs or {}).items()}
+        meta = {"epoch": epoch + 1, "step": step, "framework": "tensorflow", "strategy": self.strategy,
+                "metrics": metrics}
+        path = save_checkpoint(self.model, self.checkpoint_dir, step, self.is_chief, meta)
+        if self.is_chief:
+            prune(self.checkpoint_dir, self.keep)
+            shown = " ".join(f"{k} {v:.4f}" for k, v in metrics.items())
+            log.info("epoch %d: %s; committed %s", epoch + 1, shown, path)
+
+
+class ReportTuningMetric(tf.keras.callbacks.Callback):
+    """Report the tuning metric after each epoch, at the global step, through the chief-only MetricReporter."""
+
+    def __init__(self, reporter: MetricReporter, metric: str) -> None:
+        super().__init__()
+        self.reporter, self.metric = reporter, metric
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        """Report ``logs[metric]`` (a warning when the epoch did not produce it)."""
+        logs = logs or {}
+        if self.metric not in logs:
+            log.warning("tuning metric %r is not among the epoch's metrics %s", self.metric, sorted(logs))
+            return
+        self.reporter.report(self.metric, to_float(logs[self.metric]), global_step(self.model))
+
+
+class ProgressAndSteps(tf.keras.callbacks.Callback):
+    """Count the batches this replica trained; the chief prints a progress line every ``log_every`` steps."""
+
+    def __init__(self, epochs: int, global_batch_size: int, replicas: int, log_every: int, verbose: bool) -> None:
+        super().__init__()
+        self.epochs, self.global_batch_size, self.replicas, self.log_every, self.verbose = (
+            epochs, global_batch_size, replicas, log_every, verbose)
+        self._supports_tf_logs = True  # convert the loss only when a line is printed
+        self.batches = 0
+        self.first_epoch: int | None = None
+        self.start_step = 0
+        self._epoch = 0
+        self._progress: Progress | None = None
+
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        """Record where training starts (after BackupAndRestore has restored, which runs first)."""
+        self.start_step = global_step(self.model)
+        per_epoch = self.params.get("steps") or 0
+        self._progress = Progress(per_epoch * self.epochs, self.global_batch_size, self.start_step)
+
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        """Remember the epoch (and the first one: > 0 after a resume)."""
+        self._epoch = epoch
+        if self.first_epoch is None:
+            self.first_epoch = epoch
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        """Count the batch; print a progress line on the chief every ``log_every`` steps."""
+        self.batches += 1
+        if self.verbose and self._progress is not None and self.batches % self.log_every == 0:
+            step = self.start_step + self.batches
+            # Keras sums the replicas' batch logs (its "auto" reduction off TPU): show their mean.
+            loss = to_float((fetched(logs) or {}).get("loss", float("nan"))) / self.replicas
+            log.info("%s", self._progress.line(self._epoch + 1, self.epochs, step, loss))

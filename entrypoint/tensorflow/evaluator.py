@@ -1,0 +1,94 @@
+"""The evaluator replica: a sidecar that evaluates each newly committed checkpoint until training is done.
+
+It never joins the training collectives (it runs under the default strategy and is outside
+TF_CONFIG's ``cluster``), reads only committed checkpoints, and writes its own metrics to
+``<tensorboard_dir>/eval``: ``metrics.jsonl`` (one line per checkpoint) and TensorBoard scalars.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from entrypoint.checkpoints import committed, read_marker
+from entrypoint.errors import ConfigError, ExitCode
+from entrypoint.options import RunOptions
+from entrypoint.plan import Plan
+from entrypoint.tensorflow.done import DoneWatcher
+from entrypoint.tensorflow.hooks import build_compiled_model, make_context, user_datasets
+from entrypoint.usercode import parse_user_args
+
+log = logging.getLogger("entrypoint.tensorflow")
+EVAL_SUBDIR = "eval"
+METRICS_FILE = "metrics.jsonl"
+POLL_SECONDS = 1.0
+
+
+def newest_unevaluated(checkpoint_dir: Path, evaluated: set[int]) -> tuple[int, Path] | None:
+    """The newest committed checkpoint not evaluated yet (older ones are skipped when behind)."""
+    found = committed(checkpoint_dir, warn=False)
+    if not found or found[-1][0] in evaluated:
+        return None
+    return found[-1]
+
+
+def evaluate_checkpoint(model: Any, data: Any, path: Path) -> dict[str, Any] | None:
+    """Load ``path`` into ``model`` and evaluate: its epoch and metrics; None when the chief pruned it meanwhile."""
+    import tensorflow as tf
+
+    try:
+        epoch = read_marker(path).get("epoch")
+        model.load_weights(str(path / "weights")).expect_partial()
+    except (tf.errors.OpError, OSError, ValueError) as exc:
+        log.warning("could not load %s (pruned while reading?): %s", path, exc)
+        return None
+    metrics = model.evaluate(data, verbose=0, return_dict=True)
+    return {"epoch": epoch, **{name: float(value) for name, value in metrics.items()}}
+
+
+def evaluate_forever(plan: Plan, options: RunOptions, module: ModuleType) -> int:
+    """Evaluate each new committed checkpoint; exit 0 after the last one once the chief is done."""
+    import tensorflow as tf
+
+    args = parse_user_args(module, options.user_args)
+    tf.keras.utils.set_random_seed(options.seed)
+    ctx = make_context(plan, options, module, tf.distribute.get_strategy())
+    model = build_compiled_model(module, args, ctx)
+    evaluation = user_datasets(module, args, ctx)[1]
+    if evaluation is None:
+        raise ConfigError("--module", f"{module.__name__}.build_datasets returned no eval dataset for the evaluator")
+    data = evaluation.batch(ctx.per_replica_batch_size).prefetch(tf.data.AUTOTUNE)
+    checkpoint_dir, out = Path(ctx.checkpoint_dir), Path(ctx.tensorboard_dir) / EVAL_SUBDIR
+    out.mkdir(parents=True, exist_ok=True)
+    writer = tf.summary.create_file_writer(str(out))
+    watcher = DoneWatcher(checkpoint_dir, plan.topology.chief_address, options.timeout)
+    evaluated: set[int] = set()
+    log.info("evaluator watching %s for committed checkpoints", checkpoint_dir)
+    while True:
+        done = watcher.done()  # read before listing: the final checkpoint is committed before the marker
+        newest = newest_unevaluated(checkpoint_dir, evaluated)
+        if newest is None:
+            if done:
+                break
+            watcher.check_chief()
+            time.sleep(POLL_SECONDS)
+            continue
+        step, path = newest
+        evaluated.add(step)
+        result = evaluate_checkpoint(model, data, path)
+        if result is None:
+            continue
+        with (out / METRICS_FILE).open("a") as f:
+            f.write(json.dumps({"step": step, "checkpoint": str(path), **result}, sort_keys=True) + "\n")
+        metrics = {k: v for k, v in result.items() if k != "epoch"}
+        with writer.as_default():
+            for name, value in metrics.items():
+                tf.summary.scalar(name, value, step=step)
+        writer.flush()
+        log.info("evaluated %s: %s", path.name, " ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+    log.info("training is done: evaluated %d checkpoint(s)", len(evaluated))
+    return ExitCode.OK

@@ -1,0 +1,31 @@
+"""ParameterServerStrategy's ps and worker replicas: serve tf.distribute.Server until the chief is done."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from entrypoint.errors import ExitCode
+from entrypoint.options import RunOptions
+from entrypoint.outputs import local_path
+from entrypoint.plan import Plan
+from entrypoint.tensorflow.done import DoneWatcher
+from entrypoint.tensorflow.strategy import cluster_resolver, default_sigterm
+
+log = logging.getLogger("entrypoint.tensorflow")
+
+
+def serve(plan: Plan, options: RunOptions) -> int:
+    """Start this replica's server, serve the chief's coordinator, exit 0 once it announces the end."""
+    import tensorflow as tf
+
+    watcher = DoneWatcher(Path(local_path(plan.outputs.checkpoint_dir)), plan.topology.chief_address,
+                          options.timeout)
+    resolver = cluster_resolver()
+    server = tf.distribute.Server(resolver.cluster_spec(), job_name=resolver.task_type, task_index=resolver.task_id,
+                                  protocol=resolver.rpc_layer or "grpc", start=True)
+    default_sigterm()
+    log.info("serving %s %d at %s until the chief is done", resolver.task_type, resolver.task_id, server.target)
+    watcher.wait()
+    log.info("the chief announced the end of training: stopping")
+    return ExitCode.OK

@@ -1,0 +1,139 @@
+"""Hooks mode on chief and workers: build in scope, fit with backup/checkpoints/metrics, export on the chief."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from entrypoint.checkpoints import read_marker, resolve_resume
+from entrypoint.errors import ConfigError, ExitCode
+from entrypoint.hypertune import MetricReporter
+from entrypoint.options import RunOptions
+from entrypoint.plan import Plan
+from entrypoint.tensorflow.done import announce_done, clear_done
+from entrypoint.tensorflow.export import export_model, write_json
+from entrypoint.tensorflow.hooks import (
+    TFContext,
+    batched,
+    build_compiled_model,
+    make_context,
+    parameter_server_input,
+    steps_per_epoch,
+    user_datasets,
+)
+from entrypoint.tensorflow.strategy import is_multi_worker, is_parameter_server, make_strategy
+from entrypoint.usercode import module_default, parse_user_args
+
+log = logging.getLogger("entrypoint.tensorflow")
+SUMMARY = "training_summary.json"  # written by the chief next to the export
+
+
+def fit_inputs(module: ModuleType, args: argparse.Namespace, ctx: TFContext) -> dict[str, Any]:
+    """``model.fit`` data arguments: batched/sharded datasets, or per-worker DatasetCreators under PS."""
+    train, evaluation = user_datasets(module, args, ctx)
+    if not is_parameter_server(ctx.strategy):
+        multi = is_multi_worker(ctx.strategy)
+        # Without DEFAULTS["steps_per_epoch"] an epoch is one pass over the (finite) training set.
+        inputs: dict[str, Any] = {"x": batched(train, ctx, multi),
+                                  "steps_per_epoch": module_default(module, "steps_per_epoch", None)}
+        if evaluation is not None:
+            inputs["validation_data"] = batched(evaluation, ctx, multi)
+        return inputs
+    steps = steps_per_epoch(train, ctx, module)
+    if steps is None:
+        raise ConfigError("--module", "ParameterServerStrategy repeats the data: the training set needs a known "
+                          "size, or DEFAULTS['steps_per_epoch'] in the module")
+    inputs = {"x": parameter_server_input(module, args, ctx, 0), "steps_per_epoch": steps}
+    if evaluation is not None:
+        inputs["validation_data"] = parameter_server_input(module, args, ctx, 1)
+        inputs["validation_steps"] = steps_per_epoch(evaluation, ctx, module) or 1
+    return inputs
+
+
+def resume(model: Any, ctx: TFContext, resume_from: str | None) -> int:
+    """Load ``--resume-from`` or the newest committed checkpoint; the epoch to start from (0 when none)."""
+    path = resolve_resume(ctx.checkpoint_dir, resume_from)
+    if path is None:
+        return 0
+    model.load_weights(str(path / "weights")).expect_partial()
+    epoch = int(read_marker(path).get("epoch", 0))
+    log.info("resuming from %s (epoch %d)", path, epoch)
+    return epoch
+
+
+def gather_steps(strategy: Any, batches: int) -> list[int]:
+    """Every training replica's batch count (a collective under MultiWorkerMirroredStrategy)."""
+    if not is_multi_worker(strategy):
+        return [batches] * strategy.num_replicas_in_sync  # one process drives them all, step by step
+    import tensorflow as tf
+
+    local = tf.constant([batches], dtype=tf.int64)
+
+    @tf.function
+    def gather() -> Any:
+        return strategy.run(lambda: tf.distribute.get_replica_context().all_gather(local, axis=0))
+
+    gathered = strategy.experimental_local_results(gather())[0]
+    return [int(v) for v in gathered.numpy()]
+
+
+def make_callbacks(plan: Plan, options: RunOptions, ctx: TFContext, reporter: MetricReporter,
+                   metric: str | None) -> tuple[list[Any], Any]:
+    """BackupAndRestore first (so it restores before the others look), then ours; TB and tuning on the chief."""
+    import tensorflow as tf
+
+    from entrypoint.tensorflow.callbacks import CommitCheckpoints, ProgressAndSteps, ReportTuningMetric
+
+    ckpt = Path(ctx.checkpoint_dir)
+    progress = ProgressAndSteps(ctx.epochs, ctx.global_batch_size, ctx.num_replicas_in_sync, options.log_every,
+                                ctx.is_chief)
+    callbacks: list[Any] = [
+        tf.keras.callbacks.BackupAndRestore(str(ckpt / "backup"), save_freq=options.checkpoint_every or "epoch"),
+        progress,
+        CommitCheckpoints(ckpt, ctx.is_chief, options.keep_checkpoints, plan.strategy),
+    ]
+    if ctx.is_chief:
+        callbacks.append(tf.keras.callbacks.TensorBoard(ctx.tensorboard_dir, update_freq="epoch", profile_batch=0))
+        if metric:
+            callbacks.append(ReportTuningMetric(reporter, metric))
+    return callbacks, progress
+
+
+def train(plan: Plan, options: RunOptions, module: ModuleType) -> int:
+    """Train with the module's hooks under the plan's strategy; the chief exports and announces the end."""
+    import tensorflow as tf
+
+    started = time.time()
+    args = parse_user_args(module, options.user_args)
+    tf.keras.utils.set_random_seed(options.seed)  # same pipelines on every worker: DATA sharding relies on it
+    strategy = make_strategy(plan, options)
+    ctx = make_context(plan, options, module, strategy)
+    if ctx.is_chief:
+        clear_done(Path(ctx.checkpoint_dir))
+    model = build_compiled_model(module, args, ctx)
+    inputs = fit_inputs(module, args, ctx)
+    initial_epoch = resume(model, ctx, options.resume_from)
+    metric = options.hypertune_metric or getattr(module, "HYPERTUNE_METRIC", None)
+    reporter = MetricReporter(ctx.is_chief, ctx.trial)
+    callbacks, progress = make_callbacks(plan, options, ctx, reporter, metric)
+    log.info("training %d epoch(s), global batch %d (%d per replica x %d)", ctx.epochs, ctx.global_batch_size,
+             ctx.per_replica_batch_size, ctx.num_replicas_in_sync)
+    history = model.fit(**inputs, epochs=ctx.epochs, initial_epoch=initial_epoch, callbacks=callbacks, verbose=0)
+    steps = gather_steps(strategy, progress.batches)
+    export_model(model, Path(ctx.model_dir), ctx.is_chief)
+    if ctx.is_chief:
+        write_json(Path(ctx.model_dir) / SUMMARY, {
+            "strategy": plan.strategy, "reason": plan.reason, "replicas_in_sync": ctx.num_replicas_in_sync,
+            "global_batch_size": ctx.global_batch_size, "epochs": ctx.epochs,
+            "initial_epoch": progress.first_epoch if progress.first_epoch is not None else ctx.epochs,
+            "initial_step": progress.start_step, "final_step": int(model.optimizer.iterations.numpy()),
+            "steps_per_replica": steps, "history": {k: [float(x) for x in v] for k, v in history.history.items()},
+            "hypertune_file": reporter.path, "seconds": round(time.time() - started, 3),
+        })
+        announce_done(Path(ctx.checkpoint_dir))
+        log.info("exported the model to %s", ctx.model_dir)
+    return ExitCode.OK

@@ -1,0 +1,72 @@
+"""Helpers for the TensorFlow tests: start real jobs, read their outputs, make a tiny image folder."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tests.conftest import PYTHON, ROOT, subprocess_env
+
+TOY = "tests.tensorflow.toy_hooks"
+JOB_TIMEOUT = 240  # seconds; each job takes 10-30 s on 2 idle cores
+LEFTOVER_PREFIXES = ("workertemp_", "tf-nonchief-save-")
+
+
+def run_args(*extra: str) -> list[str]:
+    """``run --framework tensorflow`` with a short collective timeout and quiet progress."""
+    return ["run", "--framework", "tensorflow", "--timeout", "120", "--log-every", "1000", *extra]
+
+
+def local_command(output: Path, *local_args: str, run: list[str]) -> list[str]:
+    """``python -m entrypoint local ... --output-dir OUTPUT -- run ...``."""
+    return [PYTHON, "-m", "entrypoint", "local", *local_args, "--output-dir", str(output), "--", *run]
+
+
+def run_job(command: list[str], cwd: Path, env: dict[str, str] | None = None,
+            timeout: float = JOB_TIMEOUT) -> subprocess.CompletedProcess[str]:
+    """Run a job to completion; its output is kept for the assertion message."""
+    return subprocess.run(command, cwd=cwd, env=subprocess_env(env), capture_output=True, text=True, timeout=timeout)
+
+
+def tail(proc: subprocess.CompletedProcess[str], lines: int = 60) -> str:
+    """The end of a job's output, for assertion messages."""
+    return "\n".join((proc.stdout + proc.stderr).splitlines()[-lines:])
+
+
+def summary(model_dir: Path) -> dict[str, Any]:
+    """The chief's training summary next to the export."""
+    data: dict[str, Any] = json.loads((model_dir / "training_summary.json").read_text())
+    return data
+
+
+def leftovers(root: Path) -> list[Path]:
+    """Every non-chief save location left anywhere under ``root``."""
+    return [p for p in root.rglob("*") if p.name.startswith(LEFTOVER_PREFIXES)]
+
+
+def assert_loadable(model_dir: Path, features: int) -> None:
+    """Load the export back with tf-keras in a fresh process and predict one row."""
+    code = ("import sys, numpy as np, tf_keras; m = tf_keras.models.load_model(sys.argv[1]); "
+            f"assert m.predict(np.zeros((1, {features}), 'float32'), verbose=0).shape[0] == 1")
+    proc = subprocess.run([PYTHON, "-c", code, str(model_dir)], cwd=ROOT, env=subprocess_env(),
+                          capture_output=True, text=True, timeout=JOB_TIMEOUT)
+    assert proc.returncode == 0, tail(proc)
+
+
+def make_image_folder(root: Path, classes: int = 3, per_class: int = 10, size: int = 32) -> Path:
+    """A tiny labelled image folder (class-coloured noise PNGs) without importing TensorFlow here."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for label in range(classes):
+        folder = root / f"class{label}"
+        folder.mkdir(parents=True, exist_ok=True)
+        for i in range(per_class):
+            image = rng.integers(0, 60, size=(size, size, 3), dtype=np.uint8)
+            image[:, :, label] += 150
+            Image.fromarray(image).save(folder / f"{i}.png")
+    return root

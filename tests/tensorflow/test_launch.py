@@ -1,0 +1,111 @@
+"""Fast checks of the TensorFlow launcher's plumbing (no TensorFlow job started)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+from unittest import mock
+
+import pytest
+
+from entrypoint.environments import resolve
+from entrypoint.environments.settings import PlatformSettings
+from entrypoint.errors import ExitCode, RetryableError
+from entrypoint.options import RunOptions
+from entrypoint.plan import Plan, make_plan
+from entrypoint.tensorflow.done import DoneWatcher, announce_done, clear_done
+from entrypoint.tensorflow.export import save_on_every_worker
+from entrypoint.tensorflow.launch import prepare_environment, retryable
+from entrypoint.tensorflow.script import run_script
+
+pytestmark = pytest.mark.tensorflow
+
+
+def plan_for(env: dict[str, str], strategy: str | None = None) -> Plan:
+    return make_plan(resolve(env), RunOptions(framework="tensorflow", strategy=strategy), PlatformSettings(), 0)
+
+
+def test_user_tf_config_with_master_is_exported_with_chief_and_legacy_keras() -> None:
+    user = {"TF_CONFIG": json.dumps({"cluster": {"master": ["m:1"], "worker": ["w:1"]},
+                                     "task": {"type": "master", "index": 0}})}
+    with mock.patch.dict(os.environ, user, clear=False):
+        prepare_environment(plan_for(user))
+        exported = json.loads(os.environ["TF_CONFIG"])
+        assert exported["cluster"] == {"chief": ["m:1"], "worker": ["w:1"]}
+        assert exported["task"]["type"] == "chief"
+        assert os.environ["TF_USE_LEGACY_KERAS"] == "1"
+
+
+def test_an_explicit_tf_use_legacy_keras_wins() -> None:
+    with mock.patch.dict(os.environ, {"TF_USE_LEGACY_KERAS": "0"}):
+        prepare_environment(plan_for({}))
+        assert os.environ["TF_USE_LEGACY_KERAS"] == "0"
+
+
+def test_peer_failures_are_retryable_and_others_are_not() -> None:
+    def tf_error(name: str) -> Exception:
+        cls = type(name, (Exception,), {"__module__": "tensorflow.python.framework.errors_impl"})
+        return cls()
+
+    assert retryable(tf_error("DeadlineExceededError")) and retryable(tf_error("UnavailableError"))
+    assert not retryable(tf_error("InvalidArgumentError")) and not retryable(ValueError())
+
+
+def test_done_marker_of_a_previous_run_is_ignored(tmp_path: Path) -> None:
+    announce_done(tmp_path)  # a previous run finished
+    watcher = DoneWatcher(tmp_path, None, timeout=1)
+    assert not watcher.done()
+    clear_done(tmp_path)
+    assert not watcher.done()
+    announce_done(tmp_path)
+    assert watcher.done()
+
+
+def test_a_chief_gone_silent_is_a_retryable_error(tmp_path: Path) -> None:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    watcher = DoneWatcher(tmp_path, f"127.0.0.1:{listener.getsockname()[1]}", timeout=0.0)
+    watcher.check_chief()  # seen listening
+    listener.close()
+    watcher.check_chief()  # silent from now on
+    with pytest.raises(RetryableError) as info:
+        watcher.check_chief()
+    assert info.value.exit_code == ExitCode.PEER_TIMEOUT
+
+
+def test_unseen_chief_never_times_out(tmp_path: Path) -> None:
+    watcher = DoneWatcher(tmp_path, "127.0.0.1:1", timeout=0.0)  # nothing ever listened there
+    watcher.check_chief()
+    watcher.check_chief()
+
+
+def test_non_chief_saves_leave_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr("tempfile.tempdir", str(scratch))
+    written: list[Path] = []
+
+    def save(target: Path) -> None:
+        target.mkdir(parents=True)
+        (target / "saved_model.pb").write_text("x")
+        written.append(target)
+
+    save_on_every_worker(save, tmp_path / "model", is_chief=False)
+    assert written and not written[0].exists() and list(scratch.iterdir()) == []
+    assert not (tmp_path / "model").exists()
+    save_on_every_worker(save, tmp_path / "model", is_chief=True)
+    assert (tmp_path / "model" / "saved_model.pb").is_file()
+
+
+@pytest.mark.parametrize(("body", "code"), [
+    ("pass", 0), ("import sys; sys.exit(3)", 3), ("import sys; sys.exit('bad input')", 1), ("raise SystemExit", 0),
+])
+def test_script_exit_codes(tmp_path: Path, body: str, code: int) -> None:
+    script = tmp_path / "task.py"
+    script.write_text(f"import sys, pathlib\npathlib.Path(sys.argv[2]).write_text(repr(sys.argv[1:]))\n{body}\n")
+    seen = tmp_path / "argv.txt"
+    assert run_script("script", str(script), ["--out", str(seen)]) == code
+    assert seen.read_text() == repr(["--out", str(seen)])
