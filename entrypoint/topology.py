@@ -85,6 +85,31 @@ class ClusterTopology:
             evaluators=evaluators,
         )
 
+    @classmethod
+    def for_node(
+        cls,
+        source: Source,
+        node_rank: int,
+        num_nodes: int,
+        chief_address: str | None,
+        trial: str | None,
+        *,
+        process: ProcessInfo | None = None,
+        nproc_per_node: int | None = None,
+    ) -> ClusterTopology:
+        """A topology known by node rank only (torch, torchrun, Kubeflow, MPI): node 0 is the chief."""
+        return cls(
+            source=source,
+            role="chief" if node_rank == 0 else "worker",
+            index=0 if node_rank == 0 else node_rank - 1,
+            node_rank=node_rank,
+            num_nodes=num_nodes,
+            chief_address=chief_address,
+            trial=trial,
+            process=process,
+            nproc_per_node=nproc_per_node,
+        )
+
     # ---- derived facts -------------------------------------------------------------------
     @property
     def is_training_node(self) -> bool:

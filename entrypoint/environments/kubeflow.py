@@ -58,13 +58,5 @@ class KubeflowEnvironment(ClusterEnvironment):
         nproc = get_int(env, ev.PET_NPROC_PER_NODE, minimum=1) if is_uint(nproc_raw) else None
         if nproc_raw and nproc is None and nproc_raw not in ("auto", "gpu", "cpu"):
             raise ConfigError(ev.PET_NPROC_PER_NODE, f"must be a count or auto/gpu/cpu, got {shown(nproc_raw)}")
-        return ClusterTopology(
-            source="kubeflow",
-            role="chief" if node_rank == 0 else "worker",
-            index=0 if node_rank == 0 else node_rank - 1,
-            node_rank=node_rank,
-            num_nodes=nnodes,
-            chief_address=address,
-            trial=self.platform_trial(),
-            nproc_per_node=nproc,
-        )
+        return ClusterTopology.for_node("kubeflow", node_rank, nnodes, address, self.platform_trial(),
+                                        nproc_per_node=nproc)

@@ -56,13 +56,5 @@ class MPIEnvironment(ClusterEnvironment):
         if ev.HOROVOD_GLOO_RENDEZVOUS_ADDR in env:
             address = host_port(env, ev.HOROVOD_GLOO_RENDEZVOUS_ADDR, ev.HOROVOD_GLOO_RENDEZVOUS_PORT,
                                 "HOROVOD_GLOO_RENDEZVOUS_ADDR is set")
-        return ClusterTopology(
-            source="mpi",
-            role="chief" if node_rank == 0 else "worker",
-            index=0 if node_rank == 0 else node_rank - 1,
-            node_rank=node_rank,
-            num_nodes=nnodes,
-            chief_address=address,
-            trial=self.platform_trial(),
-            process=ProcessInfo(rank, size, local_rank, local_size),
-        )
+        return ClusterTopology.for_node("mpi", node_rank, nnodes, address, self.platform_trial(),
+                                        process=ProcessInfo(rank, size, local_rank, local_size))

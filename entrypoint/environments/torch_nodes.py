@@ -49,12 +49,4 @@ class TorchEnvironment(ClusterEnvironment):
                        if ev.MASTER_ADDR in env else None)
         if rank >= world:
             raise ConfigError(ev.RANK, f"{rank} is out of range for WORLD_SIZE {world}")
-        return ClusterTopology(
-            source="torch",
-            role="chief" if rank == 0 else "worker",
-            index=0 if rank == 0 else rank - 1,
-            node_rank=rank,
-            num_nodes=world,
-            chief_address=address,
-            trial=self.platform_trial(),
-        )
+        return ClusterTopology.for_node("torch", rank, world, address, self.platform_trial())

@@ -50,13 +50,5 @@ class TorchElasticEnvironment(ClusterEnvironment):
         address = None
         if world > 1 or ev.MASTER_ADDR in env:
             address = host_port(env, ev.MASTER_ADDR, ev.MASTER_PORT, f"WORLD_SIZE is {world}")
-        return ClusterTopology(
-            source="torchrun",
-            role="chief" if node_rank == 0 else "worker",
-            index=0 if node_rank == 0 else node_rank - 1,
-            node_rank=node_rank,
-            num_nodes=nnodes,
-            chief_address=address,
-            trial=self.platform_trial(),
-            process=ProcessInfo(rank, world, local_rank, local_world),
-        )
+        return ClusterTopology.for_node("torchrun", node_rank, nnodes, address, self.platform_trial(),
+                                        process=ProcessInfo(rank, world, local_rank, local_world))
