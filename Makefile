@@ -14,7 +14,7 @@ DEMO_DIR ?= demo-outputs
 
 .DEFAULT_GOAL := help
 .PHONY: help venv venv-pytorch venv-tensorflow venv-horovod lint lint-python test test-pytorch test-tensorflow \
-	test-horovod demo demo-horovod clean
+	test-horovod demo demo-horovod bench clean
 
 help:
 	@echo "make demo   - 2-replica emulated Vertex AI cluster training the PyTorch digits example"
@@ -56,7 +56,7 @@ venv-horovod: $(HVD_VENV)/.ready
 venv: venv-pytorch venv-tensorflow venv-horovod
 
 lint-python: venv-pytorch
-	$(TOOLS_BIN)/ruff check entrypoint trainers tests
+	$(TOOLS_BIN)/ruff check entrypoint trainers tests bench
 	$(TOOLS_BIN)/mypy
 
 lint-docker: venv-pytorch
@@ -86,6 +86,11 @@ demo-horovod: venv-horovod
 	rm -rf $(DEMO_DIR)-horovod
 	$(HVD_VENV)/bin/python -m entrypoint local --workers 2 --output-dir $(DEMO_DIR)-horovod -- \
 		run --framework horovod --module trainers.digits_horovod --hypertune-metric accuracy
+
+# Side-by-side benchmarks (not part of `make test`): DDP bucket size, Horovod fusion threshold.
+bench: venv-pytorch venv-horovod
+	$(TORCH_VENV)/bin/python -m bench.compare
+	$(HVD_VENV)/bin/python -m bench.compare --horovod
 
 clean:
 	rm -rf $(VENV_DIR) $(DEMO_DIR) outputs .pytest_cache .mypy_cache .ruff_cache

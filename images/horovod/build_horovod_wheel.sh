@@ -86,6 +86,7 @@ EOF
 ) || die "cannot import torch with $PY (install the image lock into that venv first)"
 [[ -n ${TORCH_VERSION:-} ]] || die "could not read the torch version from $PY"
 PATCH_REV="cxx17-v1"
+[[ $TF_VERSION == none ]] || PATCH_REV="$PATCH_REV+tfxla-v1"
 FLAGS=$(env | grep -E '^HOROVOD_(WITH|WITHOUT|GPU|CPU_OPERATIONS|CUDA_HOME|NCCL_|ROCM|DEBUG|BUILD_CUDA_CC_LIST|BUILD_ARCH_FLAGS)' \
         | grep -vE '^HOROVOD_(WITH_TENSORFLOW|WITHOUT_TENSORFLOW)=' | LC_ALL=C sort | paste -sd' ' || true)
 KEY_MATERIAL="horovod=$HOROVOD_VERSION patch=$PATCH_REV torch=$TORCH_VERSION python=$PYTAG arch=$(uname -m) tensorflow=$TF_VERSION $FLAGS"
@@ -168,6 +169,31 @@ for f in CMakeLists.txt horovod/torch/CMakeLists.txt; do
 done
 log "patched CMAKE_CXX_STANDARD 14 -> 17"
 
+# TensorFlow ops only (HOROVOD_WITH_TENSORFLOW=1; verified with TF 2.21.0): TF >= 2.18 moved
+# xla_builder.h, dropped xla::StatusOr and ships highwayhash/farmhash headers under include/external,
+# which its compile flags do not add. Same minimal spirit: fix the include path and the type name.
+if [[ -n ${HOROVOD_WITH_TENSORFLOW:-} ]]; then
+    f=horovod/tensorflow/xla_mpi_ops.cc
+    sed -i 's#"tensorflow/compiler/xla/client/xla_builder.h"#"xla/hlo/builder/xla_builder.h"#; s/::xla::StatusOr</::absl::StatusOr</g' "$SRC/$f"
+    grep -q 'xla/hlo/builder/xla_builder.h' "$SRC/$f" || die "$f: include patch did not apply"
+    "$PY" - "$SRC/horovod/tensorflow/CMakeLists.txt" <<'PYEOF' || die "horovod/tensorflow/CMakeLists.txt: anchor not found"
+import sys
+path = sys.argv[1]
+text = open(path).read()
+anchor = "include_directories(SYSTEM ${Tensorflow_INCLUDE_DIRS})\n"
+if text.count(anchor) != 1:
+    sys.exit(1)
+extra = """foreach(_hvd_d external/highwayhash external/farmhash_archive/src)
+    if(EXISTS "${Tensorflow_INCLUDE_DIRS}/${_hvd_d}")
+        include_directories(SYSTEM "${Tensorflow_INCLUDE_DIRS}/${_hvd_d}")
+    endif()
+endforeach()
+"""
+open(path, "w").write(text.replace(anchor, anchor + extra))
+PYEOF
+    log "patched horovod/tensorflow for TF >= 2.18 headers (xla_builder.h path, absl::StatusOr, external includes)"
+fi
+
 log "building (MAKEFLAGS=$MAKEFLAGS $FLAGS tensorflow=$TF_VERSION); about 5 min on 2 cores (CPU/gloo)"
 extra=()
 [[ ${HOROVOD_BUILD_VERBOSE:-0} == 1 ]] && extra+=(-v)
@@ -182,6 +208,11 @@ WHEEL=$(compgen -G "$WORK/wheel/horovod-$HOROVOD_VERSION-*.whl" | head -n1) || d
 import sys, zipfile
 names = zipfile.ZipFile(sys.argv[1]).namelist()
 sys.exit(not any(n.startswith("horovod/torch/mpi_lib_v2") and n.endswith(".so") for n in names))
+EOF
+[[ -z ${HOROVOD_WITH_TENSORFLOW:-} ]] || "$PY" - "$WHEEL" <<'EOF' || die "built wheel lacks the tensorflow extension"
+import sys, zipfile
+names = zipfile.ZipFile(sys.argv[1]).namelist()
+sys.exit(not any(n.startswith("horovod/tensorflow/mpi_lib") and n.endswith(".so") for n in names))
 EOF
 
 # Atomic cache write: temp name in the same dir, then rename.

@@ -1,0 +1,1 @@
+"""Side-by-side benchmarks (not tests): run with `make bench`."""
