@@ -176,6 +176,10 @@ def make_plan(
     framework_env: dict[str, str] = {}
     if framework == "horovod":
         framework_env = horovod_tuning_env(options, dict(settings.horovod_tuning), outputs.job_dir)
+    if framework in ("tensorflow", "horovod"):
+        # tf-keras (Keras 2) ships with TensorFlow in our images: Keras 3's fit fails under
+        # MultiWorkerMirroredStrategy and horovod.tensorflow.keras needs Keras 2. The user's value wins.
+        framework_env[ev.TF_USE_LEGACY_KERAS] = settings.tf_use_legacy_keras or "1"
     return Plan(
         framework=framework, strategy=strategy, reason=reason, nproc_per_node=nproc, gpus_per_node=gpus,
         world_size=world, outputs=outputs, server_pool=server_pool, topology=topo,

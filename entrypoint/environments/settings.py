@@ -25,6 +25,7 @@ class PlatformSettings:
     cuda_visible_devices: str | None = None
     metric_file: str | None = None
     horovod_tuning: tuple[tuple[str, str], ...] = ()  # HOROVOD_FUSION_THRESHOLD & co. the user set
+    tf_use_legacy_keras: str | None = None  # the user's own choice, if any
 
 
 def read_settings(environ: Mapping[str, str] | None = None) -> PlatformSettings:
@@ -45,6 +46,7 @@ def read_settings(environ: Mapping[str, str] | None = None) -> PlatformSettings:
         cuda_visible_devices=env.get(ev.CUDA_VISIBLE_DEVICES),
         metric_file=get(ev.CLOUD_ML_HP_METRIC_FILE),
         horovod_tuning=tuple(sorted(user_overrides(ev.HOROVOD_TUNING, env).items())),
+        tf_use_legacy_keras=get(ev.TF_USE_LEGACY_KERAS),
     )
 
 

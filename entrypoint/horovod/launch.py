@@ -51,21 +51,32 @@ def _reachable(host: str, port: int) -> bool:
 
 
 def start_rendezvous(topo: ClusterTopology, nproc: int, port: int) -> Any:
-    """Horovod's own HTTP rendezvous server on the chief's port, initialised with the slot plan."""
+    """Horovod's own HTTP rendezvous server on the chief's port, initialised with the slot plan.
+
+    Its handler is Horovod's, plus a note of every key put into a scope: the server clears a scope
+    once every rank is through, so only this record tells, after a failure, who never came.
+    """
     from horovod.runner.common.util.hosts import HostInfo, get_host_assignments
     from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
 
+    class RecordingHandler(RendezvousHandler):  # type: ignore[misc]
+        def _put_value(self, scope: str, key: str, value: bytes) -> None:
+            super()._put_value(scope, key, value)
+            with self.server.cache_lock:
+                self.server.seen_keys.setdefault(scope, set()).add(key)
+
     hosts = [HostInfo(node_name(i), nproc) for i in range(topo.num_nodes)]
-    server = RendezvousHTTPServer(("", port), RendezvousHandler, 0)
+    server = RendezvousHTTPServer(("", port), RecordingHandler, 0)
+    server.seen_keys = {}
     server.init(get_host_assignments(hosts, topo.num_nodes * nproc))
     threading.Thread(target=server.serve_forever, name="horovod-rendezvous", daemon=True).start()
     return server
 
 
 def registered_ranks(server: Any) -> set[int]:
-    """Ranks that reached the global gloo rendezvous (their keys in the server's store)."""
+    """Ranks that reached the global gloo rendezvous (the keys they put, as recorded)."""
     with server.cache_lock:
-        keys = list(server.cache.get("global", {}))
+        keys = list(server.seen_keys.get("global", set()))
     ranks = set()
     for key in keys:
         digits = "".join(c for c in str(key) if c.isdigit())

@@ -10,8 +10,7 @@ import logging
 import os
 import traceback
 
-from entrypoint import envvars as ev
-from entrypoint.environments import read_settings, user_overrides
+from entrypoint.environments import read_settings
 from entrypoint.errors import ExitCode, RetryableError, TrainerError
 from entrypoint.options import RunOptions
 from entrypoint.plan import Plan
@@ -25,11 +24,7 @@ _RETRYABLE_TF_ERRORS = ("DeadlineExceededError", "UnavailableError", "AbortedErr
 
 def prepare_environment(plan: Plan) -> dict[str, str]:
     """Export TF_CONFIG (``chief``, never ``master``), AIP_* dirs and TF_USE_LEGACY_KERAS before TF loads."""
-    env = plan.emitted_env()
-    # tf-keras (Keras 2) ships in our image: Keras 3 fails in fit under MultiWorkerMirroredStrategy.
-    # The user's explicit value wins.
-    if not user_overrides((ev.TF_USE_LEGACY_KERAS,)):
-        env[ev.TF_USE_LEGACY_KERAS] = "1"
+    env = plan.emitted_env()  # includes TF_USE_LEGACY_KERAS=1 unless the user chose otherwise
     os.environ.update(env)
     return env
 

@@ -74,3 +74,22 @@ def test_horovod_example_script_learns_digits(tmp_path: Path) -> None:
     metrics = json.loads((tmp_path / "model" / "metrics.json").read_text())
     assert metrics["world_size"] == 2 and metrics["accuracy"] >= 0.90
     assert [f.parent.parent.name for f in hypertune_files(tmp_path)] == ["workerpool0-0"]
+
+
+def test_unmodified_horovod_keras_script_trains_across_two_replicas(tmp_path: Path) -> None:
+    pytest.importorskip("tensorflow")  # the Horovod CPU lock ships TF: there its ops must be built too
+    out = tmp_path / "keras"
+    proc = entrypoint("local", "--workers", "2", "--output-dir", str(tmp_path), "--", *RUN,
+                      "--script", "tests/horovod/hvd_keras_script.py", "--", "--out", str(out))
+    assert proc.returncode == 0, failure_text(proc)
+    result = json.loads((out / "keras.json").read_text())
+    assert result["size"] == 2 and result["digests"][0] == result["digests"][1]
+    assert result["losses"][-1] < result["losses"][0]
+    assert result["legacy_keras"] == "1" and result["keras"].startswith("tf_keras")
+
+
+def test_user_failure_after_rendezvous_is_not_reported_as_a_missing_peer(tmp_path: Path) -> None:
+    proc = entrypoint("local", "--workers", "2", "--output-dir", str(tmp_path), "--", *RUN,
+                      "--script", "tests/horovod/fail_after_init.py", timeout=200)
+    assert proc.returncode == 1, failure_text(proc)
+    assert "never came" not in proc.stdout + proc.stderr

@@ -10,8 +10,7 @@ from unittest import mock
 
 import pytest
 
-from entrypoint.environments import resolve
-from entrypoint.environments.settings import PlatformSettings
+from entrypoint.environments import read_settings, resolve
 from entrypoint.errors import ExitCode, RetryableError
 from entrypoint.options import RunOptions
 from entrypoint.plan import Plan, make_plan
@@ -24,7 +23,7 @@ pytestmark = pytest.mark.tensorflow
 
 
 def plan_for(env: dict[str, str], strategy: str | None = None) -> Plan:
-    return make_plan(resolve(env), RunOptions(framework="tensorflow", strategy=strategy), PlatformSettings(), 0)
+    return make_plan(resolve(env), RunOptions(framework="tensorflow", strategy=strategy), read_settings(), 0)
 
 
 def test_user_tf_config_with_master_is_exported_with_chief_and_legacy_keras() -> None:
