@@ -59,7 +59,7 @@ def start_rendezvous(topo: ClusterTopology, nproc: int, port: int) -> Any:
     from horovod.runner.common.util.hosts import HostInfo, get_host_assignments
     from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
 
-    class RecordingHandler(RendezvousHandler):  # type: ignore[misc]
+    class RecordingHandler(RendezvousHandler):
         def _put_value(self, scope: str, key: str, value: bytes) -> None:
             super()._put_value(scope, key, value)
             with self.server.cache_lock:
