@@ -163,3 +163,34 @@ def test_first_failing_replica_stops_the_others_and_sets_the_exit_code(tmp_path:
     assert proc.returncode == 3, failure_text(proc)
     assert time.monotonic() - started < 100  # the chief's 120 s sleep was cut short
     assert "[workerpool1-0]" in proc.stdout and "stopping the others" in proc.stdout
+
+
+def test_ctrl_c_reaches_every_replica_and_their_workers(tmp_path: Path) -> None:
+    marker = f"sleep-marker-{os.getpid()}"
+    args = [PYTHON, "-m", "entrypoint", "local", "--workers", "2", "--output-dir", str(tmp_path), "--", *RUN,
+            "--script", "tests/pytorch/sleep_script.py", "--", "120", marker]
+    job = subprocess.Popen(args, cwd=ROOT, env=subprocess_env(), stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, start_new_session=True)
+
+    def workers() -> list[int]:
+        """Processes (other than the emulator) whose command line carries the marker."""
+        found = []
+        for entry in Path("/proc").iterdir():
+            try:
+                if entry.name.isdigit() and marker.encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+        return [pid for pid in found if pid != job.pid]
+
+    try:
+        deadline = time.monotonic() + 120
+        while len(workers()) < 4 and time.monotonic() < deadline:  # 2 replicas x (agent + worker)
+            time.sleep(0.5)
+        job.send_signal(signal.SIGINT)
+        assert job.wait(timeout=60) == 130
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    time.sleep(1)
+    assert workers() == []
