@@ -46,13 +46,13 @@ def make_strategy(plan: Plan, options: RunOptions) -> Any:
     elif name == "MirroredStrategy":
         strategy = tf.distribute.MirroredStrategy()  # NCCL all-reduce across this node's GPUs
     elif name == "MultiWorkerMirroredStrategy":
-        with deadline(options.timeout, "joining the other workers"):
+        with deadline(options.timeout, f"joining the other workers ({peers(plan)})"):
             strategy = tf.distribute.MultiWorkerMirroredStrategy(
                 communication_options=communication_options(gpus, options.timeout))
     elif name == "ParameterServerStrategy":
         partitioner = tf.distribute.experimental.partitioners.MinSizePartitioner(
             min_shard_bytes=PS_MIN_SHARD_BYTES, max_shards=max(len(plan.topology.servers), 1))
-        with deadline(options.timeout, "connecting to the workers and parameter servers"):
+        with deadline(options.timeout, f"connecting to the workers and parameter servers ({peers(plan)})"):
             strategy = tf.distribute.ParameterServerStrategy(cluster_resolver(), variable_partitioner=partitioner)
     else:
         accepted = "default, OneDeviceStrategy, MirroredStrategy, MultiWorkerMirroredStrategy, ParameterServerStrategy"
@@ -63,6 +63,15 @@ def make_strategy(plan: Plan, options: RunOptions) -> Any:
     return strategy
 
 
+def peers(plan: Plan) -> str:
+    """The cluster members this replica waits for, by pool and address (for the log line before waiting)."""
+    topo = plan.topology
+    pools = {"chief": topo.chief, "worker": topo.workers}
+    if plan.strategy == "ParameterServerStrategy":
+        pools["ps"] = topo.servers
+    return ", ".join(f"{pool}[{i}] {addr}" for pool, members in pools.items() for i, addr in enumerate(members))
+
+
 @contextmanager
 def deadline(seconds: float, what: str) -> Iterator[None]:
     """End the process by SIGALRM (exit 142, retryable) when the block outlasts ``seconds``.
@@ -71,7 +80,7 @@ def deadline(seconds: float, what: str) -> Iterator[None]:
     and swallowing SIGTERM, so neither a Python timer nor a handler could stop it; the kernel's
     default action for SIGALRM can.
     """
-    log.info("%s (giving up after --timeout %.0f s)", what, seconds)
+    log.info("%s; if one never comes this replica ends after --timeout %.0f s with exit code 142", what, seconds)
     previous = signal.signal(signal.SIGALRM, signal.SIG_DFL)
     signal.alarm(max(1, math.ceil(seconds)))
     try:
