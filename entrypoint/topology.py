@@ -112,11 +112,6 @@ class ClusterTopology:
 
     # ---- derived facts -------------------------------------------------------------------
     @property
-    def is_training_node(self) -> bool:
-        """True for replicas that take part in the training collective (chief and workers)."""
-        return self.node_rank is not None
-
-    @property
     def is_chief_node(self) -> bool:
         """True on the node that hosts rank 0 (writes outputs, hosts the rendezvous)."""
         return self.node_rank == 0

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from entrypoint.supervisor import free_ports
-from tests.pytorch.helpers import entrypoint, failure_text, hypertune_files, summary
+from tests.jobs import entrypoint, failure_text, hypertune_files, summary
 
 pytest.importorskip("horovod.torch")
 pytestmark = [pytest.mark.horovod, pytest.mark.slow]

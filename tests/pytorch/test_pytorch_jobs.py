@@ -14,7 +14,7 @@ import pytest
 from entrypoint import checkpoints
 from entrypoint.supervisor import free_ports
 from tests.conftest import PYTHON, ROOT, subprocess_env
-from tests.pytorch.helpers import entrypoint, failure_text, hypertune_files, summary
+from tests.jobs import entrypoint, failure_text, hypertune_files, summary
 
 pytest.importorskip("torch")
 pytestmark = [pytest.mark.pytorch, pytest.mark.slow]

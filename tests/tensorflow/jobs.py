@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from tests.conftest import PYTHON, ROOT, subprocess_env
+from tests.jobs import summary
+
+__all__ = ["summary"]  # the chief's training summary, shared with the other frameworks' tests
 
 TOY = "tests.tensorflow.toy_hooks"
 JOB_TIMEOUT = 240  # seconds; each job takes 10-30 s on 2 idle cores
@@ -35,12 +36,6 @@ def run_job(command: list[str], cwd: Path, env: dict[str, str] | None = None,
 def tail(proc: subprocess.CompletedProcess[str], lines: int = 60) -> str:
     """The end of a job's output, for assertion messages."""
     return "\n".join((proc.stdout + proc.stderr).splitlines()[-lines:])
-
-
-def summary(model_dir: Path) -> dict[str, Any]:
-    """The chief's training summary next to the export."""
-    data: dict[str, Any] = json.loads((model_dir / "training_summary.json").read_text())
-    return data
 
 
 def leftovers(root: Path) -> list[Path]:

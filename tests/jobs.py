@@ -1,4 +1,4 @@
-"""Run the entrypoint as a real process and read what the job wrote."""
+"""Run the entrypoint as a real process and read what the job wrote (shared by every framework's tests)."""
 
 from __future__ import annotations
 
