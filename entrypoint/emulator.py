@@ -4,6 +4,9 @@ Each replica gets the CLUSTER_SPEC, TF_CONFIG and AIP_* variables Vertex would s
 pool1 workers, pool2 parameter servers, pool3 evaluators) on free 127.0.0.1 ports; its output is
 prefixed with the replica name; the first failure stops the rest and sets the exit code; Ctrl-C
 and SIGTERM reach every replica (each runs in its own process group, its children included).
+
+The cluster is a list of ``Pool``s, so a job spec whose pools run different arguments (or a pool on
+another image, listed in CLUSTER_SPEC but not started) is emulated the same way as ``--workers N``.
 """
 
 from __future__ import annotations
@@ -13,23 +16,48 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from entrypoint import envvars as ev
+from entrypoint.environments.vertex import VERTEX_POOLS
 from entrypoint.errors import ConfigError, ExitCode
 from entrypoint.supervisor import Replica, free_ports, run_replicas
 
+COMMANDS = ("run", "describe")
 
-def cluster_specs(workers: int, ps: int, evaluators: int, trial: str | None) -> list[tuple[str, int, dict[str, Any]]]:
-    """CLUSTER_SPEC per replica, as Vertex writes it (pools absent when empty)."""
-    sizes = {"workerpool0": 1, "workerpool1": workers - 1, "workerpool2": ps, "workerpool3": evaluators}
-    ports = iter(free_ports(sum(sizes.values())))
-    cluster = {pool: [f"127.0.0.1:{next(ports)}" for _ in range(n)] for pool, n in sizes.items() if n > 0}
+
+@dataclass(frozen=True)
+class Pool:
+    """One Vertex worker pool: its name (``workerpool0``..``3``), replica count and entrypoint command.
+
+    ``command`` is what follows ``python -m entrypoint`` (``run ...``). A pool with ``start=False``
+    is listed in every CLUSTER_SPEC, as Vertex lists it, but no process is started for it (a
+    Reduction Server runs Google's image, not ours); ``note`` says why.
+    """
+
+    name: str
+    replicas: int
+    command: tuple[str, ...] = ()
+    start: bool = True
+    note: str = ""
+
+
+def vertex_pools(workers: int, ps: int, evaluators: int, command: Sequence[str]) -> list[Pool]:
+    """``--workers N --ps P --evaluators E``: the chief, N-1 workers, P servers, E evaluators, one command."""
+    sizes = zip(VERTEX_POOLS, (1, workers - 1, ps, evaluators), strict=True)
+    return [Pool(name, count, tuple(command)) for name, count in sizes if count > 0]
+
+
+def cluster_specs(pools: Sequence[Pool], trial: str | None) -> list[tuple[Pool, int, dict[str, Any]]]:
+    """CLUSTER_SPEC per replica, as Vertex writes it (pools absent when empty), every pool on a free port."""
+    ports = iter(free_ports(sum(p.replicas for p in pools)))
+    cluster = {p.name: [f"127.0.0.1:{next(ports)}" for _ in range(p.replicas)] for p in pools if p.replicas > 0}
     out = []
-    for pool, members in cluster.items():
-        for index in range(len(members)):
-            task: dict[str, Any] = {"type": pool, "index": index}
+    for pool in pools:
+        for index in range(pool.replicas):
+            task: dict[str, Any] = {"type": pool.name, "index": index}
             if trial is not None:
                 task["trial"] = trial
             spec = {"cluster": cluster, "environment": "cloud", "task": task, "job": {"emulated": True}}
@@ -39,21 +67,23 @@ def cluster_specs(workers: int, ps: int, evaluators: int, trial: str | None) -> 
 
 def vertex_tf_config(spec: dict[str, Any]) -> dict[str, Any]:
     """The TF_CONFIG Vertex sets beside CLUSTER_SPEC: chief / worker / ps, evaluator outside ``cluster``."""
-    names = {"workerpool0": "chief", "workerpool1": "worker", "workerpool2": "ps", "workerpool3": "evaluator"}
-    cluster = {names[p]: m for p, m in spec["cluster"].items() if p != "workerpool3"}
-    task = {"type": names[spec["task"]["type"]], "index": spec["task"]["index"]}
+    cluster = {VERTEX_POOLS[p]: m for p, m in spec["cluster"].items() if VERTEX_POOLS[p] != "evaluator"}
+    task = {"type": VERTEX_POOLS[spec["task"]["type"]], "index": spec["task"]["index"]}
     if "trial" in spec["task"]:
         task["trial"] = spec["task"]["trial"]
     return {"cluster": cluster, "task": task, "environment": "cloud", "job": spec["job"]}
 
 
-def build_replicas(args: argparse.Namespace, base_env: dict[str, str]) -> list[Replica]:
-    """Every replica's environment, exactly as Vertex would set it, plus a private scratch dir."""
-    output = Path(args.output_dir).resolve()
-    base = output / args.trial if args.trial else output
+def build_replicas(pools: Sequence[Pool], output_dir: str, trial: str | None,
+                   base_env: dict[str, str]) -> list[Replica]:
+    """Every started replica's environment, exactly as Vertex would set it, plus a private scratch dir."""
+    output = Path(output_dir).resolve()
+    base = output / trial if trial else output
     replicas = []
-    for pool, index, spec in cluster_specs(args.workers, args.ps, args.evaluators, args.trial):
-        scratch = output / ".replicas" / f"{pool}-{index}"
+    for pool, index, spec in cluster_specs(pools, trial):
+        if not pool.start:
+            continue
+        scratch = output / ".replicas" / f"{pool.name}-{index}"
         (scratch / "tmp").mkdir(parents=True, exist_ok=True)
         env = {k: v for k, v in base_env.items() if k not in (ev.CLUSTER_SPEC, ev.TF_CONFIG)}
         env.update({
@@ -65,17 +95,39 @@ def build_replicas(args: argparse.Namespace, base_env: dict[str, str]) -> list[R
             # Each Vertex replica is its own machine: its /tmp (hypertune's file) is private.
             ev.CLOUD_ML_HP_METRIC_FILE: str(scratch / "hypertune" / "output.metrics"),
             "TMPDIR": str(scratch / "tmp"),
-            ev.TRAINER_REPLICA: f"{pool}-{index}",
+            ev.TRAINER_REPLICA: f"{pool.name}-{index}",
             "PYTHONUNBUFFERED": "1",
         })
-        if args.trial:
-            env[ev.CLOUD_ML_TRIAL_ID] = args.trial
-        replicas.append(Replica(pool, index, env, [sys.executable, "-m", "entrypoint", *args.command]))
+        if trial:
+            env[ev.CLOUD_ML_TRIAL_ID] = trial
+        replicas.append(Replica(pool.name, index, env, [sys.executable, "-m", "entrypoint", *pool.command]))
     return replicas
 
 
-def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
-    """``local`` options before ``--``; the replica command (``run ...``) after it."""
+def run_cluster(pools: Sequence[Pool], output_dir: str, trial: str | None = None) -> int:
+    """Start every pool's replicas, wait for the job, and say where its outputs went."""
+    for pool in pools:
+        if pool.start and (not pool.command or pool.command[0] not in COMMANDS):
+            raise ConfigError("local", f"{pool.name}: the replica command must start with 'run' or 'describe'")
+        if not pool.start:
+            print(f"[local] {pool.name}: {pool.replicas} replica(s) listed in CLUSTER_SPEC, not started: {pool.note}",
+                  flush=True)
+    replicas = build_replicas(pools, output_dir, trial, dict(os.environ))
+    output = Path(output_dir).resolve()
+    names = ", ".join(r.name for r in replicas)
+    print(f"[local] starting {len(replicas)} replicas ({names}); outputs under {output}", flush=True)
+    code = run_replicas(replicas)
+    chief = replicas[0].env
+    metrics = sorted(output.glob(".replicas/*/hypertune/output.metrics"))
+    print(f"[local] job finished with exit code {code}", flush=True)
+    print(f"[local] model:       {chief[ev.AIP_MODEL_DIR]}\n[local] checkpoints: {chief[ev.AIP_CHECKPOINT_DIR]}\n"
+          f"[local] tensorboard: {chief[ev.AIP_TENSORBOARD_LOG_DIR]}\n"
+          f"[local] hypertune:    {', '.join(map(str, metrics)) or 'none reported'}", flush=True)
+    return int(code) if code != 0 else ExitCode.OK
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    """``local`` options before ``--``; the replica command (``run ...``) after it, as ``args.command``."""
     argv = list(argv)
     if "--" not in argv:
         raise ConfigError("local", "expected '-- run ...' after the local options")
@@ -87,27 +139,16 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--trial", help="emulate a hyperparameter-tuning trial with this id")
     parser.add_argument("--output-dir", default="./outputs", help="the job's base output directory")
     args = parser.parse_args(argv[:i])
-    command = argv[i + 1:]
-    args.command = command
+    args.command = argv[i + 1:]
     if args.workers < 1 or args.ps < 0 or args.evaluators < 0:
         raise ConfigError("local", "--workers must be >= 1; --ps and --evaluators >= 0")
-    if not command or command[0] not in ("run", "describe"):
+    if not args.command or args.command[0] not in COMMANDS:
         raise ConfigError("local", "the replica command after '--' must start with 'run' or 'describe'")
-    return args, command
+    return args
 
 
 def main(argv: Sequence[str]) -> int:
     """Run the emulated cluster and return the job's exit code."""
-    args, _command = parse_args(argv)
-    replicas = build_replicas(args, dict(os.environ))
-    names = ", ".join(r.name for r in replicas)
-    print(f"[local] starting {len(replicas)} replicas ({names}); outputs under {Path(args.output_dir).resolve()}",
-          flush=True)
-    code = run_replicas(replicas)
-    chief = replicas[0].env
-    metrics = sorted(Path(args.output_dir).resolve().glob(".replicas/*/hypertune/output.metrics"))
-    print(f"[local] job finished with exit code {code}", flush=True)
-    print(f"[local] model:       {chief[ev.AIP_MODEL_DIR]}\n[local] checkpoints: {chief[ev.AIP_CHECKPOINT_DIR]}\n"
-          f"[local] tensorboard: {chief[ev.AIP_TENSORBOARD_LOG_DIR]}\n"
-          f"[local] hypertune:    {', '.join(map(str, metrics)) or 'none reported'}", flush=True)
-    return int(code) if code != 0 else ExitCode.OK
+    args = parse_args(argv)
+    pools = vertex_pools(args.workers, args.ps, args.evaluators, args.command)
+    return run_cluster(pools, args.output_dir, args.trial)
