@@ -1,24 +1,34 @@
-"""Framework-agnostic checkpoint bookkeeping: directories per step, a commit marker written last.
+"""Framework-agnostic checkpoint bookkeeping: a directory per step, a commit marker written last.
 
-A checkpoint counts only once its marker exists (rename is not atomic on GCS or /gcs FUSE paths),
-so a job killed mid-save leaves a torn directory that resume skips with a warning.
+A checkpoint counts only once its marker exists (rename is not atomic on GCS or /gcs FUSE paths), so a
+job killed mid-save leaves a torn directory that resume skips. The marker lists every file with its
+size and SHA-256; a committed checkpoint that fails to verify or load is named in a warning and the
+next older one is used, so a restarted job never crash-loops on one bad checkpoint.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import re
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from entrypoint.errors import ConfigError
 
 MARKER = "COMMITTED"
 _NAME = re.compile(r"^ckpt-(\d{8,})$")
+_CHUNK = 1 << 20
 log = logging.getLogger("entrypoint.checkpoints")
+T = TypeVar("T")
+
+
+class CheckpointError(Exception):
+    """A committed checkpoint whose files do not match its manifest."""
 
 
 def checkpoint_path(checkpoint_dir: str | Path, step: int) -> Path:
@@ -26,10 +36,26 @@ def checkpoint_path(checkpoint_dir: str | Path, step: int) -> Path:
     return Path(checkpoint_dir) / f"ckpt-{step:08d}"
 
 
-def commit(path: str | Path, meta: dict[str, Any]) -> None:
-    """Write the commit marker (last, after every file of the checkpoint is complete)."""
-    marker = Path(path) / MARKER
-    marker.write_text(json.dumps({**meta, "committed_at": time.time()}, sort_keys=True))
+def file_digest(path: Path) -> dict[str, Any]:
+    """A file's size and SHA-256."""
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+    return {"size": path.stat().st_size, "sha256": digest.hexdigest()}
+
+
+def commit(path: str | Path, meta: dict[str, Any], files: dict[str, dict[str, Any]] | None = None) -> None:
+    """Write the commit marker (last, after every file is complete) with each file's size and checksum.
+
+    ``files`` maps relative names to ``{"size", "sha256"}`` when the writer already knows them;
+    otherwise every file under ``path`` is read and hashed here.
+    """
+    root = Path(path)
+    if files is None:
+        files = {str(p.relative_to(root)): file_digest(p) for p in sorted(root.rglob("*"))
+                 if p.is_file() and p.name != MARKER}
+    (root / MARKER).write_text(json.dumps({**meta, "files": files, "committed_at": time.time()}, sort_keys=True))
 
 
 def is_committed(path: str | Path) -> bool:
@@ -41,6 +67,24 @@ def read_marker(path: str | Path) -> dict[str, Any]:
     """The metadata stored in a checkpoint's commit marker."""
     data: dict[str, Any] = json.loads((Path(path) / MARKER).read_text())
     return data
+
+
+def verify(path: str | Path) -> None:
+    """Check every file against the marker's manifest (markers without one, from older versions, pass)."""
+    root = Path(path)
+    try:
+        files = read_marker(root).get("files")
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"unreadable {MARKER} marker ({type(exc).__name__})") from None
+    for name, expected in (files or {}).items():
+        target = root / name
+        if not target.is_file():
+            raise CheckpointError(f"{name} is missing")
+        size = target.stat().st_size
+        if size != expected.get("size"):
+            raise CheckpointError(f"{name} is {size} bytes, the marker says {expected.get('size')} (truncated?)")
+        if file_digest(target)["sha256"] != expected.get("sha256"):
+            raise CheckpointError(f"{name} does not match its checksum")
 
 
 def committed(checkpoint_dir: str | Path, warn: bool = True) -> list[tuple[int, Path]]:
@@ -66,13 +110,11 @@ def latest(checkpoint_dir: str | Path) -> Path | None:
     return found[-1][1] if found else None
 
 
-def resolve_resume(checkpoint_dir: str | Path, resume_from: str | None) -> Path | None:
-    """``--resume-from`` (which must exist and be committed), else the newest committed checkpoint."""
-    if resume_from is None:
-        return latest(checkpoint_dir)
+def _explicit(resume_from: str) -> Path:
+    """``--resume-from``: a committed checkpoint, or a directory of them (its newest)."""
     path = Path(resume_from)
     if path.is_dir() and _NAME.match(path.name) is None:
-        newest = latest(path)  # a checkpoint directory was given: take its newest
+        newest = latest(path)
         if newest is not None:
             return newest
     if not path.exists():
@@ -80,6 +122,39 @@ def resolve_resume(checkpoint_dir: str | Path, resume_from: str | None) -> Path 
     if not is_committed(path):
         raise ConfigError("--resume-from", f"{resume_from} is not a committed checkpoint (no {MARKER} marker)")
     return path
+
+
+def load_newest(checkpoint_dir: str | Path, resume_from: str | None,
+                load: Callable[[Path], T]) -> tuple[Path, T] | None:
+    """Verify and ``load`` ``--resume-from`` (which must load), else the newest committed checkpoint that does.
+
+    A bad checkpoint met on the way back is named in a warning. When committed checkpoints exist and
+    none loads, the job cannot resume: a configuration error naming the directory (never a silent
+    fresh start over good work, never a crash loop on one torn file).
+    """
+    if resume_from is not None:
+        path = _explicit(resume_from)
+        try:
+            verify(path)
+            return path, load(path)
+        except Exception as exc:
+            raise ConfigError("--resume-from", f"{path} does not load: {_reason(exc)}") from None
+    found = committed(checkpoint_dir)
+    for _step, path in reversed(found):
+        try:
+            verify(path)
+            return path, load(path)
+        except Exception as exc:
+            log.warning("checkpoint %s does not load (%s): trying the next older one", path, _reason(exc))
+    if found:
+        raise ConfigError(str(checkpoint_dir), f"none of the {len(found)} committed checkpoints loads; move them "
+                          "away to start afresh or pass --resume-from")
+    return None
+
+
+def _reason(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text[:200]}" if text else type(exc).__name__
 
 
 def prune(checkpoint_dir: str | Path, keep: int) -> None:

@@ -1,27 +1,31 @@
-"""Run or describe a training job: the command line, and failures turned into exit codes (once, here)."""
+"""The command line: ``run``, ``describe`` and ``local``; failures become exit codes once, in the funnel."""
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import sys
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, NoReturn
 
+from entrypoint import failures
 from entrypoint.environments import read_settings, resolve, secret_like_names
-from entrypoint.errors import ExitCode, TrainerError
+from entrypoint.errors import ConfigError, ExitCode, TrainerError
 from entrypoint.gpus import detect_gpu_count
 from entrypoint.options import RunOptions, add_run_arguments, options_from_namespace
+from entrypoint.outputs import resolve_outputs
 from entrypoint.plan import Plan, make_plan
+from entrypoint.progress import setup_logging
 
-# Launchers load lazily: the PyTorch path never imports TensorFlow and ``describe`` imports neither.
-LAUNCHERS = {
-    "pytorch": "entrypoint.pytorch.launch:launch",
-    "tensorflow": "entrypoint.tensorflow.launch:launch",
-    "horovod": "entrypoint.horovod.launch:launch",
-}
 COMMANDS = ("run", "describe", "local")
+USAGE = "usage: python -m entrypoint {run,describe,local} ...  (python -m entrypoint COMMAND --help)"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a bad option as our one-line configuration error."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(self.prog.split()[-1], message)
 
 
 def _split(argv: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -33,63 +37,63 @@ def _split(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     return argv, []
 
 
-def _run_parser(prog: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=prog, description="run or describe a training job")
+def parse_options(command: str, argv: Sequence[str]) -> RunOptions:
+    """The options of ``run`` / ``describe``, and the user's arguments after ``--``."""
+    ours, user_args = _split(argv)
+    parser = _Parser(prog=f"python -m entrypoint {command}", description="run or describe a training job")
     add_run_arguments(parser)
-    return parser
+    return options_from_namespace(parser.parse_args(ours), user_args)
 
 
 def build_plan(options: RunOptions) -> Plan:
     """Resolve the environment and make the plan (the only place both meet)."""
-    topology = resolve()
     settings = read_settings()
-    return make_plan(topology, options, settings, detect_gpu_count(settings.cuda_visible_devices))
+    return make_plan(resolve(), options, settings, detect_gpu_count(settings.cuda_visible_devices))
 
 
 def describe(plan: Plan) -> dict[str, Any]:
     """The JSON ``describe`` prints: topology, plan, emitted variables, and secret-looking names only."""
-    return {
-        "topology": plan.topology.describe(),
-        "plan": plan.describe(),
-        "env": plan.emitted_env(),
-        "secret_like_variables": secret_like_names(),
-    }
+    return {"topology": plan.topology.describe(), "plan": plan.describe(), "env": plan.emitted_env(),
+            "secret_like_variables": secret_like_names()}
 
 
-def _load_launcher(framework: str) -> Callable[[Plan, RunOptions], int]:
-    module_name, _, attr = LAUNCHERS[framework].partition(":")
-    launcher: Callable[[Plan, RunOptions], int] = getattr(importlib.import_module(module_name), attr)
-    return launcher
+def _describe(argv: Sequence[str]) -> int:
+    try:
+        plan = build_plan(parse_options("describe", argv))
+    except TrainerError as exc:
+        print(f"entrypoint: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    print(json.dumps(describe(plan), indent=2, sort_keys=True))
+    return ExitCode.OK
 
 
-def _main(argv: Sequence[str]) -> int:
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
-        asked = bool(argv) and argv[0] in ("-h", "--help")
-        print("usage: python -m entrypoint {run,describe,local} ...  (python -m entrypoint COMMAND --help)",
-              file=sys.stdout if asked else sys.stderr)
-        return ExitCode.OK if asked else ExitCode.CONFIG
-    command, rest = argv[0], argv[1:]
-    if command == "local":
-        from entrypoint.emulator import main as local_main
+def _run(argv: Sequence[str], ctx: failures.Context) -> int:
+    from entrypoint.runner import describe_failures, run_node
 
-        return local_main(rest)
-    ours, user_args = _split(rest)
-    ns = _run_parser(f"python -m entrypoint {command}").parse_args(ours)
-    options = options_from_namespace(ns, user_args)
+    options = parse_options("run", argv)
+    settings = read_settings()
+    ctx.job_dir = resolve_outputs(job_dir=options.job_dir or settings.job_dir,
+                                  model_dir=options.model_dir or settings.model_dir, checkpoint_dir=None,
+                                  tensorboard_dir=None, trial=None).job_dir
     plan = build_plan(options)
-    if command == "describe":
-        print(json.dumps(describe(plan), indent=2, sort_keys=True))
-        return ExitCode.OK
-    return _load_launcher(plan.framework)(plan, options)
+    describe_failures(ctx, plan)
+    setup_logging()
+    return run_node(plan, ctx)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: returns the process exit code (see docs/EXIT_CODES.md)."""
-    try:
-        return _main(sys.argv[1:] if argv is None else argv)
-    except TrainerError as exc:
-        print(f"entrypoint: error: {exc}", file=sys.stderr)
-        return int(exc.exit_code)
-    except KeyboardInterrupt:
-        print("entrypoint: interrupted", file=sys.stderr)
-        return ExitCode.INTERRUPTED
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] not in COMMANDS:
+        asked = bool(args) and args[0] in ("-h", "--help")
+        print(USAGE, file=sys.stdout if asked else sys.stderr)
+        return ExitCode.OK if asked else ExitCode.CONFIG
+    command, rest = args[0], args[1:]
+    if command == "describe":
+        return _describe(rest)
+    if command == "local":
+        from entrypoint.emulator import main as local_main
+
+        return local_main(rest)
+    ctx = failures.Context()
+    return failures.guarded(lambda: _run(rest, ctx), ctx)

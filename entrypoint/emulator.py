@@ -15,12 +15,14 @@ import argparse
 import json
 import os
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from entrypoint import envvars as ev
+from entrypoint import failures
 from entrypoint.environments.vertex import VERTEX_POOLS
 from entrypoint.errors import ConfigError, ExitCode
 from entrypoint.supervisor import Replica, free_ports, run_replicas
@@ -114,6 +116,8 @@ def run_cluster(pools: Sequence[Pool], output_dir: str, trial: str | None = None
                   flush=True)
     replicas = build_replicas(pools, output_dir, trial, dict(os.environ))
     output = Path(output_dir).resolve()
+    job_dir = output / trial if trial else output
+    ctx = failures.Context(replica="local", job_dir=str(job_dir), started=time.time())
     names = ", ".join(r.name for r in replicas)
     print(f"[local] starting {len(replicas)} replicas ({names}); outputs under {output}", flush=True)
     code = run_replicas(replicas)
@@ -123,7 +127,10 @@ def run_cluster(pools: Sequence[Pool], output_dir: str, trial: str | None = None
     print(f"[local] model:       {chief[ev.AIP_MODEL_DIR]}\n[local] checkpoints: {chief[ev.AIP_CHECKPOINT_DIR]}\n"
           f"[local] tensorboard: {chief[ev.AIP_TENSORBOARD_LOG_DIR]}\n"
           f"[local] hypertune:    {', '.join(map(str, metrics)) or 'none reported'}", flush=True)
-    return int(code) if code != 0 else ExitCode.OK
+    if code == ExitCode.OK:
+        return ExitCode.OK
+    failed = next((r.name for r in replicas if r.exit_code not in (None, 0)), None)
+    return failures.conclude_exit(ctx, code, who=failed)
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -148,7 +155,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str]) -> int:
-    """Run the emulated cluster and return the job's exit code."""
-    args = parse_args(argv)
-    pools = vertex_pools(args.workers, args.ps, args.evaluators, args.command)
-    return run_cluster(pools, args.output_dir, args.trial)
+    """Run the emulated cluster and return the job's exit code (the root cause's, when it fails)."""
+    try:
+        args = parse_args(argv)
+        pools = vertex_pools(args.workers, args.ps, args.evaluators, args.command)
+        return run_cluster(pools, args.output_dir, args.trial)
+    except ConfigError as exc:
+        print(f"entrypoint: error: {exc}", file=sys.stderr)
+        return exc.exit_code

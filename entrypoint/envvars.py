@@ -66,6 +66,12 @@ TF_USE_LEGACY_KERAS = "TF_USE_LEGACY_KERAS"
 TRAINER_FRAMEWORK = "TRAINER_FRAMEWORK"
 TRAINER_MODULE = "TRAINER_MODULE"
 TRAINER_JOB_DIR = "TRAINER_JOB_DIR"
-TRAINER_GPU_COUNT = "TRAINER_GPU_COUNT"
 TRAINER_REPLICA = "TRAINER_REPLICA"
+TRAINER_PLAN_FILE = "TRAINER_PLAN_FILE"  # the plan the launcher hands its worker processes (a private file)
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
+
+# --- Platform facts read for failure reporting and logging ---------------------------------
+KUBERNETES_SERVICE_HOST = "KUBERNETES_SERVICE_HOST"  # set in every Kubernetes pod: /dev/termination-log applies
+TORCHELASTIC_ERROR_FILE = "TORCHELASTIC_ERROR_FILE"  # torch elastic's per-worker error file
+TORCH_CPP_LOG_LEVEL = "TORCH_CPP_LOG_LEVEL"
+TF_CPP_MIN_LOG_LEVEL = "TF_CPP_MIN_LOG_LEVEL"

@@ -1,49 +1,116 @@
-"""Error types and the one table of exit codes (see docs/EXIT_CODES.md)."""
+"""The one table of exit codes and failure classes, and the errors that carry them (docs/EXIT_CODES.md)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import IntEnum
 
 
 class ExitCode(IntEnum):
-    """Process exit codes: permanent below 128, retryable at 128 and above (Kubeflow ExitCode policy)."""
+    """Process exit codes: permanent below 128, retryable at 128 and above (Kubeflow's ExitCode policy)."""
 
     OK = 0
-    USER_CODE = 1  # the user's code raised or exited non-zero
+    USER_CODE = 1  # the user's code raised, exited early, or a script exited non-zero
     CONFIG = 2  # configuration or usage error: fix the job, do not retry
-    PEER_TIMEOUT = 129  # a peer never joined / rendezvous or collective timed out: retry
+    OUTPUT_NOT_WRITABLE = 73  # an output directory is read-only or not ours to write (sysexits EX_CANTCREAT)
+    DISK_FULL = 74  # no space left where outputs go (sysexits EX_IOERR)
+    PEER_LOST = 129  # a peer never came, died or froze; a rendezvous, collective or training step timed out
     INTERRUPTED = 130  # SIGINT (Ctrl-C)
-    PREEMPTED = 143  # SIGTERM, e.g. preemption or the job being stopped
+    START_DEADLINE = 142  # SIGALRM: TensorFlow's cluster start outlived --timeout (it cannot be interrupted otherwise)
+    PREEMPTED = 143  # SIGTERM: preemption or the job being stopped
+    HOST_UNRESOLVABLE = 196  # a peer's host name never resolved (128 + sysexits EX_NOHOST, made retryable)
+
+
+def is_retryable(code: int) -> bool:
+    """Whether a restart can help (Kubeflow's ExitCode restart policy reads codes the same way)."""
+    return code >= 128
+
+
+@dataclass(frozen=True)
+class FailureClass:
+    """A row of the failure table: the class name users read, its exit code and why it is (not) retried."""
+
+    name: str
+    exit_code: int
+    meaning: str
+
+
+USER_CODE = FailureClass("user_code", ExitCode.USER_CODE, "the user's code failed")
+CONFIG = FailureClass("config", ExitCode.CONFIG, "configuration or usage error")
+OUTPUT_NOT_WRITABLE = FailureClass("output_not_writable", ExitCode.OUTPUT_NOT_WRITABLE,
+                                   "an output directory is read-only or not writable")
+DISK_FULL = FailureClass("disk_full", ExitCode.DISK_FULL, "no space left on the output volume")
+PEER_LOST = FailureClass("peer_lost", ExitCode.PEER_LOST, "a peer is missing, died, froze or timed out")
+HANG = FailureClass("hang", ExitCode.PEER_LOST, "no training step completed within --hang-timeout")
+HOST_UNRESOLVABLE = FailureClass("host_unresolvable", ExitCode.HOST_UNRESOLVABLE, "a peer's host name never resolved")
+START_DEADLINE = FailureClass("peer_lost", ExitCode.START_DEADLINE, "TensorFlow's cluster start outlived --timeout")
+# Classes a failure of another replica can cause: the root cause is looked for elsewhere first.
+CONSEQUENCES = frozenset({PEER_LOST.name, HANG.name, "signal"})
+
+
+def signal_class(signum: int) -> FailureClass:
+    """The class of a process ended by (or stopping for) signal ``signum``: 128 + its number."""
+    import signal
+
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        name = f"signal {signum}"
+    kind = "preempted" if signum == signal.SIGTERM else "signal"
+    return FailureClass(kind, 128 + signum, f"stopped by {name}")
 
 
 class TrainerError(Exception):
-    """Base of errors the CLI turns into an exit code and a one-line message."""
+    """Base of the errors the entrypoint raises itself: each knows its failure class."""
 
-    exit_code: int = ExitCode.USER_CODE
+    failure: FailureClass = USER_CODE
+
+    @property
+    def exit_code(self) -> int:
+        """The process exit code for this error."""
+        return int(self.failure.exit_code)
 
 
 class ConfigError(TrainerError):
-    """A partial, contradictory or malformed configuration: one line naming the variable and path."""
+    """A partial, contradictory or malformed configuration: one line naming the variable (or flag) and path."""
 
-    exit_code = ExitCode.CONFIG
+    failure = CONFIG
 
     def __init__(self, source: str, problem: str, path: str | None = None) -> None:
-        self.source = source
-        self.path = path
+        self.source = f"{source}: {path}" if path else source  # the variable or flag (and JSON path) at fault
         self.problem = problem
-        where = f"{source}: {path}" if path else source
-        super().__init__(f"{where}: {problem}")
+        super().__init__(f"{self.source}: {problem}")
 
 
 class UserCodeError(TrainerError):
-    """The user's module or script failed."""
+    """The user's code did something the entrypoint cannot go on from (e.g. a hook exited before training ended)."""
 
-    exit_code = ExitCode.USER_CODE
+    failure = USER_CODE
 
 
-class RetryableError(TrainerError):
-    """Something outside the user's control failed (peer missing, timeout, preemption)."""
+class PeerError(TrainerError):
+    """A peer never came, died or froze, or a rendezvous / collective timed out: retry the job."""
 
-    def __init__(self, message: str, exit_code: int = ExitCode.PEER_TIMEOUT) -> None:
+    failure = PEER_LOST
+
+
+class HostUnresolvableError(TrainerError):
+    """A peer's host name did not resolve within --timeout (a new pod's DNS record can lag): retry."""
+
+    failure = HOST_UNRESOLVABLE
+
+
+class OutputError(TrainerError):
+    """An output could not be written: a read-only or foreign directory, or a full disk."""
+
+    def __init__(self, failure: FailureClass, message: str) -> None:
+        self.failure = failure
         super().__init__(message)
-        self.exit_code = exit_code
+
+
+class StopRequested(TrainerError):
+    """Every rank agreed to stop on a signal; the newest state is committed. Exit 128 + the signal number."""
+
+    def __init__(self, signum: int, message: str) -> None:
+        self.failure = signal_class(signum)
+        super().__init__(message)

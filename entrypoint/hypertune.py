@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 from typing import Any
 
@@ -22,6 +23,9 @@ class MetricReporter:
     def report(self, name: str, value: float, step: int) -> None:
         """Append ``name=value`` at ``step`` to the hypertune metrics file (chief only)."""
         if not self.enabled:
+            return
+        if not math.isfinite(value):
+            log.warning("tuning metric %r is %s at step %d: not reported", name, value, step)
             return
         if self._client is None:
             if self.trial is not None:

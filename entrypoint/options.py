@@ -1,15 +1,21 @@
-"""The ``run`` command line (fixed by DESIGN.md) and the typed options it produces."""
+"""The ``run`` command line (fixed by the design) and the typed options it produces, with their defaults."""
 
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
 
-FRAMEWORKS = ("pytorch", "tensorflow", "horovod")
-STRATEGIES = (
-    "default", "OneDeviceStrategy", "MirroredStrategy", "MultiWorkerMirroredStrategy",
-    "ParameterServerStrategy", "ddp", "horovod",
-)
+from entrypoint import registry
+
+# Defaults shared by every framework's loop (a module's DEFAULTS dict overrides them; flags override both).
+DEFAULT_EPOCHS = 1
+DEFAULT_BATCH_SIZE = 32
+DEFAULT_TIMEOUT = 300.0
+# How long a stopping process gets before SIGKILL: longer than a checkpoint save, shorter than the
+# platform's own grace (Kubernetes' default terminationGracePeriodSeconds is 30 s).
+DEFAULT_GRACE_PERIOD = 25.0
+DEFAULT_HANG_TIMEOUT = 1800.0
 
 
 @dataclass(frozen=True)
@@ -25,12 +31,15 @@ class RunOptions:
     job_dir: str | None = None
     nproc_per_node: int | None = None
     strategy: str | None = None
-    timeout: float = 300.0
+    timeout: float = DEFAULT_TIMEOUT
+    grace_period: float = DEFAULT_GRACE_PERIOD
+    hang_timeout: float = DEFAULT_HANG_TIMEOUT
     epochs: int | None = None
     batch_size: int | None = None
     log_every: int = 20
     checkpoint_every: int = 0
     keep_checkpoints: int = 3
+    checkpoint_mode: str = "async"
     resume_from: str | None = None
     hypertune_metric: str | None = None
     bf16: bool = False
@@ -42,6 +51,15 @@ class RunOptions:
     cycle_time_ms: float | None = None
     autotune: bool = False
     user_args: tuple[str, ...] = field(default=())
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every option, for the plan file."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunOptions:
+        """Inverse of ``to_dict``."""
+        return cls(**{**data, "user_args": tuple(data.get("user_args", ()))})
 
 
 def _positive_int(text: str) -> int:
@@ -65,28 +83,43 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``run`` (``describe`` accepts the same ones to show the plan they give)."""
     code = parser.add_mutually_exclusive_group()
     code.add_argument("--module", help="user module: hooks (build_model, ...) or a script run as python -m")
     code.add_argument("--script", help="a training script file run unchanged")
-    parser.add_argument("--framework", choices=FRAMEWORKS, help="default: $TRAINER_FRAMEWORK, else the one installed")
-    parser.add_argument("--strategy", choices=STRATEGIES, help="force a distribution strategy")
+    parser.add_argument("--framework", choices=registry.names(), help="default: $TRAINER_FRAMEWORK, else the one "
+                        "installed")
+    parser.add_argument("--strategy", choices=registry.all_strategies(), help="force a distribution strategy")
     parser.add_argument("--job-dir", help="base of all outputs (default ./outputs)")
     parser.add_argument("--model-dir", help="exported model (default $AIP_MODEL_DIR, else <job-dir>/model)")
     parser.add_argument("--checkpoint-dir", help="default $AIP_CHECKPOINT_DIR, else <job-dir>/checkpoints")
     parser.add_argument("--tensorboard-dir", help="default $AIP_TENSORBOARD_LOG_DIR, else <job-dir>/logs")
     parser.add_argument("--nproc-per-node", type=_positive_int, help="processes per node (default: GPUs, 1 on CPU)")
-    parser.add_argument("--timeout", type=_positive_float, default=300.0,
-                        help="seconds to wait for peers at rendezvous and in collectives (default 300)")
+    parser.add_argument("--timeout", type=_positive_float, default=DEFAULT_TIMEOUT,
+                        help="seconds to wait for peers at start-up, rendezvous and in collectives (default 300)")
+    parser.add_argument("--grace-period", type=_positive_float, default=DEFAULT_GRACE_PERIOD,
+                        help="seconds a stopping process gets to save before SIGKILL (default 25)")
+    parser.add_argument("--hang-timeout", type=_non_negative_float, default=DEFAULT_HANG_TIMEOUT,
+                        help="fail (retryable) when no training step completes for this long; 0: off (default 1800)")
     loop = parser.add_argument_group("training loop (hooks mode)")
-    loop.add_argument("--epochs", type=_positive_int)
-    loop.add_argument("--batch-size", type=_positive_int, help="per-replica batch size")
+    loop.add_argument("--epochs", type=_positive_int, help=f"default: the module's DEFAULTS, else {DEFAULT_EPOCHS}")
+    loop.add_argument("--batch-size", type=_positive_int,
+                      help=f"per-replica batch size (default: the module's DEFAULTS, else {DEFAULT_BATCH_SIZE})")
     loop.add_argument("--log-every", type=_positive_int, default=20, help="progress line every N steps")
     loop.add_argument("--checkpoint-every", type=_non_negative_int, default=0,
                       help="also checkpoint every N steps (0: only at epoch ends)")
     loop.add_argument("--keep-checkpoints", type=_positive_int, default=3, help="committed checkpoints kept")
-    loop.add_argument("--resume-from", help="checkpoint to resume from (must exist)")
+    loop.add_argument("--checkpoint-mode", choices=("async", "sync"), default="async",
+                      help="async: training waits only for a CPU copy of the state (PyTorch/Horovod hooks)")
+    loop.add_argument("--resume-from", help="checkpoint to resume from (must exist and load)")
     loop.add_argument("--hypertune-metric", help="evaluation metric reported to Vertex hyperparameter tuning")
     loop.add_argument("--bf16", action="store_true", help="bf16 autocast on GPU")
     loop.add_argument("--clip-grad-norm", type=_positive_float)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 DEFAULT_JOB_DIR = "./outputs"
 
@@ -27,6 +30,14 @@ def _has_trial(path: str, trial: str) -> bool:
     return any(p in (trial, f"trial{trial}", f"trial-{trial}", f"trial_{trial}") for p in parts)
 
 
+def _vertex_base(model_dir: str | None) -> str | None:
+    """``<base>`` of a Vertex-style ``<base>/model`` directory, else None."""
+    if model_dir is None:
+        return None
+    head, _, leaf = model_dir.rstrip("/").rpartition("/")
+    return head if leaf == "model" and head else None
+
+
 def resolve_outputs(
     *,
     job_dir: str | None,
@@ -35,8 +46,12 @@ def resolve_outputs(
     tensorboard_dir: str | None,
     trial: str | None,
 ) -> OutputDirs:
-    """Explicit directories win; the rest derive from the job dir; a trial gets its own subdirectory."""
-    base = job_dir or DEFAULT_JOB_DIR
+    """Explicit directories win; the rest derive from the job dir; a trial gets its own subdirectory.
+
+    Without a job dir, Vertex's layout (``<base>/model``, ``<base>/checkpoints``) makes ``<base>`` the job
+    dir, so what the job writes besides (failure records) lands beside the model, not in the container.
+    """
+    base = job_dir or _vertex_base(model_dir) or DEFAULT_JOB_DIR
     if trial is not None and not _has_trial(base, trial):
         base = _join(base, trial)
 
@@ -60,3 +75,19 @@ def local_path(uri: str) -> str:
     if uri.startswith("gs://"):
         return "/gcs/" + uri[len("gs://"):]
     return uri
+
+
+def ensure_writable(directories: Iterable[str | Path]) -> None:
+    """Create each output directory and prove it takes a file (before any training time is spent).
+
+    Fails with the file system's own error (read-only, permission denied, no space), which the
+    failure funnel classifies; nothing is left behind.
+    """
+    for directory in directories:
+        path = Path(local_path(str(directory)))
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".write-probe-{os.getpid()}"
+        try:
+            probe.write_bytes(b"ok")
+        finally:
+            probe.unlink(missing_ok=True)

@@ -1,28 +1,29 @@
-"""The plan: framework x topology x GPUs -> strategy, processes per node, outputs, emitted variables."""
+"""The plan: framework x topology x GPUs -> strategy, processes, outputs, user code, emitted variables.
+
+The plan is made once per node (``make_plan``) and is the one thing every process of the node receives:
+the launcher writes it to a private file (``handoff``) and each worker reads it back, placing itself
+with ``for_process``. Nothing downstream re-reads the platform's variables.
+"""
 
 from __future__ import annotations
 
-import importlib.util
-from dataclasses import dataclass
-from typing import Any, Literal
+from dataclasses import asdict, dataclass, replace
+from typing import Any
 
 from entrypoint import envvars as ev
+from entrypoint import registry
 from entrypoint.environments.settings import PlatformSettings
 from entrypoint.errors import ConfigError
-from entrypoint.options import FRAMEWORKS, RunOptions
+from entrypoint.options import RunOptions
 from entrypoint.outputs import OutputDirs, resolve_outputs
+from entrypoint.registry import ServerPool
 from entrypoint.topology import ClusterTopology
-
-ServerPool = Literal["parameter_servers", "reduction_server", "unused"]
-# Importable module that proves a framework is installed (checked with find_spec: nothing imported).
-_FRAMEWORK_PROBES = {"pytorch": "torch", "tensorflow": "tensorflow"}
-HOROVOD_FUSION_THRESHOLD_DEFAULT = 134217728  # 128 MiB, Vertex's Reduction Server recommendation
-HOROVOD_CYCLE_TIME_DEFAULT_MS = 5.0
+from entrypoint.usercode import UserCode, find_code
 
 
 @dataclass(frozen=True)
 class Plan:
-    """What ``run`` will do on this replica."""
+    """What ``run`` does on this node (and, once placed with ``for_process``, in this process)."""
 
     framework: str
     strategy: str
@@ -31,14 +32,23 @@ class Plan:
     gpus_per_node: int
     world_size: int
     outputs: OutputDirs
-    server_pool: ServerPool | None
     topology: ClusterTopology
+    options: RunOptions
+    code: UserCode | None = None
+    server_pool: ServerPool | None = None
     framework_env: tuple[tuple[str, str], ...] = ()
+    barrier_includes_servers: bool = False
 
-    @property
-    def tf_includes_servers(self) -> bool:
-        """Whether TF_CONFIG lists the ps pool (only when it is read as parameter servers)."""
-        return self.server_pool == "parameter_servers"
+    def for_process(self, local_rank: int) -> Plan:
+        """This node's plan as seen by its ``local_rank``-th process (ranks set on the topology)."""
+        return replace(self, topology=self.topology.with_process(local_rank, self.nproc_per_node))
+
+    def require_code(self) -> UserCode:
+        """The user's code, which ``run`` needs (``describe`` does not)."""
+        if self.code is None:
+            raise ConfigError("--module", f"no user code: pass --module MOD or --script FILE (or set "
+                              f"{ev.TRAINER_MODULE})")
+        return self.code
 
     def emitted_env(self) -> dict[str, str]:
         """Variables the entrypoint sets for the processes it starts (shown by ``describe``)."""
@@ -50,7 +60,7 @@ class Plan:
         }
         if topo.trial is not None:
             env[ev.CLOUD_ML_TRIAL_ID] = topo.trial
-        tf_config = topo.tf_config_json(include_servers=self.tf_includes_servers)
+        tf_config = topo.tf_config_json(include_servers=self.server_pool == "parameter_servers")
         if tf_config is not None:
             env[ev.TF_CONFIG] = tf_config
         if not topo.per_process:
@@ -59,75 +69,60 @@ class Plan:
         return env
 
     def describe(self) -> dict[str, Any]:
-        """JSON-ready view (DESIGN.md's ``plan`` keys plus a few more)."""
+        """JSON-ready view (the design's ``plan`` keys plus a few more)."""
         return {
-            "framework": self.framework,
-            "strategy": self.strategy,
-            "reason": self.reason,
-            "nproc_per_node": self.nproc_per_node,
-            "gpus_per_node": self.gpus_per_node,
-            "world_size": self.world_size,
-            "job_dir": self.outputs.job_dir,
-            "model_dir": self.outputs.model_dir,
-            "checkpoint_dir": self.outputs.checkpoint_dir,
-            "tensorboard_dir": self.outputs.tensorboard_dir,
-            "server_pool": self.server_pool,
+            "framework": self.framework, "strategy": self.strategy, "reason": self.reason,
+            "nproc_per_node": self.nproc_per_node, "gpus_per_node": self.gpus_per_node,
+            "world_size": self.world_size, "job_dir": self.outputs.job_dir, "model_dir": self.outputs.model_dir,
+            "checkpoint_dir": self.outputs.checkpoint_dir, "tensorboard_dir": self.outputs.tensorboard_dir,
+            "server_pool": self.server_pool, "code": asdict(self.code) if self.code else None,
+            "timeout": self.options.timeout, "grace_period": self.options.grace_period,
+            "hang_timeout": self.options.hang_timeout,
         }
 
+    def to_dict(self) -> dict[str, Any]:
+        """Everything, for the plan file."""
+        data = {f: getattr(self, f) for f in self.__dataclass_fields__}
+        data.update(topology=self.topology.to_dict(), options=self.options.to_dict(), outputs=asdict(self.outputs),
+                    code=asdict(self.code) if self.code else None)
+        return data
 
-def horovod_tuning_env(options: RunOptions, user_set: dict[str, str], job_dir: str) -> dict[str, str]:
-    """HOROVOD_FUSION_THRESHOLD / CYCLE_TIME (/ AUTOTUNE) for the workers; variables the user set always win."""
-    threshold = options.fusion_threshold if options.fusion_threshold is not None else HOROVOD_FUSION_THRESHOLD_DEFAULT
-    cycle = options.cycle_time_ms if options.cycle_time_ms is not None else HOROVOD_CYCLE_TIME_DEFAULT_MS
-    env = {ev.HOROVOD_FUSION_THRESHOLD: str(threshold), ev.HOROVOD_CYCLE_TIME: f"{cycle:g}"}
-    if options.autotune:
-        env[ev.HOROVOD_AUTOTUNE] = "1"
-        env[ev.HOROVOD_AUTOTUNE_LOG] = f"{job_dir.rstrip('/')}/horovod_autotune.csv"
-    env.update(user_set)
-    return env
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Plan:
+        """Inverse of ``to_dict``."""
+        return cls(**{
+            **data,
+            "topology": ClusterTopology.from_dict(data["topology"]),
+            "options": RunOptions.from_dict(data["options"]),
+            "outputs": OutputDirs(**data["outputs"]),
+            "code": UserCode(**data["code"]) if data.get("code") else None,
+            "framework_env": tuple(tuple(pair) for pair in data.get("framework_env", ())),
+        })
 
 
 def choose_framework(requested: str | None, settings: PlatformSettings) -> str:
     """--framework, else $TRAINER_FRAMEWORK, else the one framework installed."""
     name = requested or settings.framework
+    accepted = ", ".join(registry.names())
     if name is not None:
-        if name not in FRAMEWORKS:
-            accepted = ", ".join(FRAMEWORKS)
+        if name not in registry.names():
             raise ConfigError(ev.TRAINER_FRAMEWORK, f"unknown framework {name!r}; expected one of {accepted}")
         return name
-    installed = [fw for fw, probe in _FRAMEWORK_PROBES.items() if importlib.util.find_spec(probe) is not None]
+    # Horovod rides on torch/TensorFlow, so it is never "the one installed": name it explicitly.
+    candidates = [n for n in registry.names() if n != "horovod"]
+    installed = [n for n in candidates if registry.get(n).installed()]
     if len(installed) == 1:
         return installed[0]
-    what = "both torch and tensorflow are installed" if installed else "neither torch nor tensorflow is installed"
-    raise ConfigError("--framework", f"not given and {what}; pass one of {', '.join(FRAMEWORKS)}")
+    what = f"{' and '.join(installed)} are all installed" if installed else "no framework is installed"
+    raise ConfigError("--framework", f"not given and {what}; pass one of {accepted}")
 
 
-def _tensorflow_strategy(topo: ClusterTopology, forced: str | None, gpus: int) -> tuple[str, str]:
-    if forced is not None:
-        allowed = ("default", "OneDeviceStrategy", "MirroredStrategy", "MultiWorkerMirroredStrategy",
-                   "ParameterServerStrategy")
-        if forced not in allowed:
-            accepted = ", ".join(allowed)
-            raise ConfigError("--strategy", f"{forced} is not a TensorFlow strategy; expected one of {accepted}")
-        if forced == "ParameterServerStrategy" and not topo.servers:
-            raise ConfigError("--strategy", "ParameterServerStrategy needs a ps pool (Vertex workerpool2)")
-        if forced in ("default", "OneDeviceStrategy", "MirroredStrategy") and topo.num_nodes > 1:
-            raise ConfigError("--strategy", f"{forced} is single-node but there are {topo.num_nodes} training nodes")
-        return forced, "forced by --strategy"
-    if topo.servers:
-        return "ParameterServerStrategy", f"a parameter-server pool of {len(topo.servers)} is present"
-    if topo.num_nodes > 1:
-        return "MultiWorkerMirroredStrategy", f"{topo.num_nodes} training nodes"
-    if gpus > 1:
-        return "MirroredStrategy", f"one node with {gpus} GPUs"
-    return "default", "one node with at most one GPU"
-
-
-def make_plan(
-    topo: ClusterTopology, options: RunOptions, settings: PlatformSettings, gpus: int
-) -> Plan:
-    """Decide strategy, processes per node and outputs; raise ConfigError for impossible combinations."""
-    framework = choose_framework(options.framework, settings)
+def make_plan(topo: ClusterTopology, options: RunOptions, settings: PlatformSettings, gpus: int) -> Plan:
+    """Decide strategy, processes per node, outputs and user code; ConfigError for impossible combinations."""
+    framework = registry.get(choose_framework(options.framework, settings))
+    if options.strategy is not None and options.strategy not in framework.strategies:
+        raise ConfigError("--strategy", f"{options.strategy} is not available with {framework.name}; expected one "
+                          f"of {', '.join(framework.strategies)}")
     outputs = resolve_outputs(
         job_dir=options.job_dir or settings.job_dir,
         model_dir=options.model_dir or settings.model_dir,
@@ -135,53 +130,11 @@ def make_plan(
         tensorboard_dir=options.tensorboard_dir or settings.tensorboard_dir,
         trial=topo.trial,
     )
-    server_pool: ServerPool | None = None
-    if framework == "tensorflow":
-        strategy, reason = _tensorflow_strategy(topo, options.strategy, gpus)
-        if options.nproc_per_node not in (None, 1):
-            raise ConfigError("--nproc-per-node", "TensorFlow runs one process per node (it drives every GPU itself)")
-        nproc = 1
-        if topo.servers:
-            server_pool = "parameter_servers" if strategy == "ParameterServerStrategy" else "reduction_server"
-        if topo.role == "ps" and server_pool == "reduction_server":
-            raise ConfigError(ev.CLUSTER_SPEC, f"this replica is in the server pool, which is a Reduction Server with "
-                              f"{strategy}: run Google's reductionserver image in workerpool2, not this one",
-                              "task.type")
-    else:
-        expected = "ddp" if framework == "pytorch" else "horovod"
-        if options.strategy not in (None, expected, "default"):
-            raise ConfigError("--strategy", f"{options.strategy} is not available with {framework}; use {expected}")
-        if topo.servers:
-            server_pool = "reduction_server" if topo.source == "vertex" else "unused"
-        variable = ev.TF_CONFIG if topo.source == "tf_config" else ev.CLUSTER_SPEC
-        if topo.role == "ps":
-            raise ConfigError(
-                variable, f"this replica is in the server pool, which is a Reduction Server for {framework}: "
-                "run Google's reductionserver image in workerpool2, not this one", "task.type")
-        if topo.role == "evaluator":
-            raise ConfigError(variable, f"evaluator replicas are supported with tensorflow, not {framework}",
-                              "task.type")
-        if topo.per_process:
-            assert topo.process is not None
-            nproc = topo.process.local_world_size
-        else:
-            nproc = options.nproc_per_node or topo.nproc_per_node or max(gpus, 1)
-        strategy = expected
-        reason = "one process per GPU" if gpus else "one process per node on CPU (gloo)"
-        if options.nproc_per_node:
-            reason = "--nproc-per-node"
-    world = topo.process.world_size if topo.process is not None else topo.num_nodes * nproc
-    if framework == "pytorch" and world == 1 and options.strategy is None:
-        strategy, reason = "default", "a single process"
-    framework_env: dict[str, str] = {}
-    if framework == "horovod":
-        framework_env = horovod_tuning_env(options, dict(settings.horovod_tuning), outputs.job_dir)
-    if framework in ("tensorflow", "horovod"):
-        # tf-keras (Keras 2) ships with TensorFlow in our images: Keras 3's fit fails under
-        # MultiWorkerMirroredStrategy and horovod.tensorflow.keras needs Keras 2. The user's value wins.
-        framework_env[ev.TF_USE_LEGACY_KERAS] = settings.tf_use_legacy_keras or "1"
+    node = framework.plan(topo, options, settings, gpus, outputs)
+    world = topo.process.world_size if topo.per_process and topo.process else topo.num_nodes * node.nproc_per_node
     return Plan(
-        framework=framework, strategy=strategy, reason=reason, nproc_per_node=nproc, gpus_per_node=gpus,
-        world_size=world, outputs=outputs, server_pool=server_pool, topology=topo,
-        framework_env=tuple(sorted(framework_env.items())),
+        framework=framework.name, strategy=node.strategy, reason=node.reason, nproc_per_node=node.nproc_per_node,
+        gpus_per_node=gpus, world_size=world, outputs=outputs, topology=topo, options=options,
+        code=find_code(options.module or settings.module, options.script), server_pool=node.server_pool,
+        framework_env=tuple(sorted(node.env.items())), barrier_includes_servers=node.barrier_includes_servers,
     )

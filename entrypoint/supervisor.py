@@ -1,13 +1,12 @@
 """Supervise a set of local processes: prefixed output, first failure stops the rest, signals forwarded.
 
 Used by ``local`` (one process per emulated replica) and by the Horovod launcher (one per GPU). Each
-process runs in its own process group, so a signal reaches its children too.
+child runs in its own process group and dies with its supervisor (``signals.child_preexec``); a stop
+reaches every group, and whatever still runs after the grace period is killed.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
 import signal
 import socket
 import subprocess
@@ -18,7 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import IO
 
-GRACE_SECONDS = 15.0
+from entrypoint.options import DEFAULT_GRACE_PERIOD
+from entrypoint.signals import Forwarder, child_preexec, exit_code_of, terminate
 
 
 @dataclass
@@ -36,6 +36,12 @@ class Replica:
     def name(self) -> str:
         """The replica name used as log prefix, e.g. ``workerpool1-0``."""
         return f"{self.pool}-{self.index}"
+
+    @property
+    def exit_code(self) -> int | None:
+        """Its exit status as the shell reports it (None while running)."""
+        returncode = self.proc.poll() if self.proc is not None else None
+        return None if returncode is None else exit_code_of(returncode)
 
 
 def free_ports(count: int) -> list[int]:
@@ -60,71 +66,49 @@ def _pump(prefix: str, stream: IO[bytes], lock: threading.Lock) -> None:
             sys.stdout.flush()
 
 
-def _signal_group(replica: Replica, sig: int) -> None:
-    if replica.proc is not None and replica.proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(replica.proc.pid, sig)
+def _start(replica: Replica, lock: threading.Lock) -> None:
+    replica.proc = subprocess.Popen(replica.argv, env=replica.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    start_new_session=True, preexec_fn=child_preexec)
+    assert replica.proc.stdout is not None
+    replica.pump = threading.Thread(target=_pump, args=(replica.name, replica.proc.stdout, lock), daemon=True)
+    replica.pump.start()
 
 
-def stop_all(replicas: Sequence[Replica], sig: int = signal.SIGTERM, grace: float = GRACE_SECONDS) -> None:
-    """Send ``sig`` to every replica's process group; SIGKILL whatever is left after ``grace`` seconds."""
-    for r in replicas:
-        _signal_group(r, sig)
-    deadline = time.monotonic() + grace
-    for r in replicas:
-        if r.proc is not None:
-            try:
-                r.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                _signal_group(r, signal.SIGKILL)
-                r.proc.wait()
-
-
-def run_replicas(replicas: list[Replica], label: str = "local") -> int:
-    """Start every replica, wait; the first failure stops the others and gives the exit code."""
+def run_replicas(replicas: list[Replica], label: str = "local", grace: float = DEFAULT_GRACE_PERIOD) -> int:
+    """Start every replica and wait; a signal or the first failure stops the others. Returns the exit code."""
     lock = threading.Lock()
-    received: list[int] = []
-
-    def forward(signum: int, _frame: object) -> None:
-        received.append(signum)
-
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        for r in replicas:
-            r.proc = subprocess.Popen(
-                r.argv, env=r.env, stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT, start_new_session=True,
-            )
-            assert r.proc.stdout is not None
-            r.pump = threading.Thread(target=_pump, args=(r.name, r.proc.stdout, lock), daemon=True)
-            r.pump.start()
-        code = 0
-        while True:
-            if received:
-                sig = received[0]
-                print(f"[{label}] received {signal.Signals(sig).name}: stopping every process", flush=True)
-                stop_all(replicas, sig)
-                code = 128 + sig
-                break
-            running = [r for r in replicas if r.proc is not None and r.proc.poll() is None]
-            failed = [r for r in replicas if r.proc is not None and r.proc.returncode not in (None, 0)]
-            if failed:
-                first = failed[0]
-                assert first.proc is not None
-                rc = first.proc.returncode
-                code = rc if rc > 0 else 128 - rc  # killed by a signal: 128 + signal number
-                print(f"[{label}] {first.name} exited with {code}: stopping the others", flush=True)
-                stop_all(running)
-                break
-            if not running:
-                break
-            time.sleep(0.1)
-        for r in replicas:
-            if r.pump is not None:
-                r.pump.join(timeout=5)
-        return code
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+    procs = []
+    with Forwarder() as forwarder:
+        try:
+            for r in replicas:
+                _start(r, lock)
+                assert r.proc is not None
+                procs.append(r.proc)
+            code = _wait(replicas, procs, forwarder, label, grace)
+        except BaseException:
+            terminate(procs, signal.SIGKILL, 0)
+            raise
+    for r in replicas:
+        if r.pump is not None:
+            r.pump.join(timeout=5)
+    return code
 
 
+def _wait(replicas: Sequence[Replica], procs: list[subprocess.Popen[bytes]], forwarder: Forwarder, label: str,
+          grace: float) -> int:
+    while True:
+        if forwarder.received:
+            sig = forwarder.received[0]
+            print(f"[{label}] received {signal.Signals(sig).name}: forwarding it to every process (grace {grace:g} s)",
+                  flush=True)
+            terminate(procs, sig, grace)
+            return 128 + sig
+        failed = [r for r in replicas if r.exit_code not in (None, 0)]
+        if failed:
+            first = failed[0]
+            print(f"[{label}] {first.name} exited with {first.exit_code}: stopping the others", flush=True)
+            terminate([p for p in procs if p.poll() is None], signal.SIGTERM, grace)
+            return int(first.exit_code or 1)
+        if all(r.exit_code is not None for r in replicas):
+            return 0
+        time.sleep(0.1)

@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
 Source = Literal["vertex", "aiplatform", "tf_config", "torch", "torchrun", "kubeflow", "mpi", "local"]
 Role = Literal["chief", "worker", "ps", "evaluator"]
-TRAINING_ROLES: tuple[Role, ...] = ("chief", "worker")
 
 
 @dataclass(frozen=True)
 class ProcessInfo:
-    """Per-process ranks for environments whose processes are already spawned (torchrun, MPI)."""
+    """Per-process ranks: given by the platform (torchrun, MPI) or by our launcher (one process per GPU)."""
 
     rank: int
     world_size: int
@@ -22,13 +21,26 @@ class ProcessInfo:
 
 
 @dataclass(frozen=True)
+class Peer:
+    """A member of the job as users know it (``workerpool1[0]``, ``node rank 2``) and its address, if known."""
+
+    name: str
+    address: str | None
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.address})" if self.address else self.name
+
+
+@dataclass(frozen=True)
 class ClusterTopology:
     """Where this replica sits: role, index, node rank, every pool's addresses, chief address, trial.
 
     ``chief``/``workers``/``servers``/``evaluators`` are the address pools when the format names
-    them (Vertex, AI Platform, TF_CONFIG); torch-style formats only know the chief's address and
-    the node count. ``servers`` is Vertex workerpool2 / the ``ps`` pool: parameter servers for
-    TensorFlow, a Reduction Server for NCCL-based frameworks (see ``plan``).
+    them (Vertex, AI Platform, TF_CONFIG), and ``pool_names`` the names the format gave them
+    (``workerpool1``, ``master``); torch-style formats only know the chief's address and the node
+    count. ``servers`` is Vertex workerpool2 / the ``ps`` pool: parameter servers for TensorFlow, a
+    Reduction Server for NCCL-based frameworks (see ``plan``). ``process`` is set once this is one
+    process of the node (``with_process``) or when the platform started processes itself.
     """
 
     source: Source
@@ -42,6 +54,7 @@ class ClusterTopology:
     workers: tuple[str, ...] = ()
     servers: tuple[str, ...] = ()
     evaluators: tuple[str, ...] = ()
+    pool_names: tuple[tuple[str, str], ...] = ()  # (role, the format's name for its pool)
     process: ProcessInfo | None = None
     nproc_per_node: int | None = None  # what the platform asked for (PET_NPROC_PER_NODE), if anything
 
@@ -57,6 +70,7 @@ class ClusterTopology:
         servers: tuple[str, ...] = (),
         evaluators: tuple[str, ...] = (),
         trial: str | None = None,
+        pool_names: tuple[tuple[str, str], ...] = (),
     ) -> ClusterTopology:
         """Derive node rank, node count and chief address from address pools.
 
@@ -64,26 +78,11 @@ class ClusterTopology:
         of workers only) worker 0 plays chief, as TensorFlow's MultiWorkerMirroredStrategy does.
         """
         offset = 1 if chief else 0
-        if role == "chief":
-            node_rank: int | None = 0
-        elif role == "worker":
-            node_rank = index + offset
-        else:
-            node_rank = None
+        node_rank = 0 if role == "chief" else index + offset if role == "worker" else None
         leader = chief[0] if chief else (workers[0] if workers else None)
-        return cls(
-            source=source,
-            role=role,
-            index=index,
-            node_rank=node_rank,
-            num_nodes=len(chief) + len(workers),
-            chief_address=leader,
-            trial=trial,
-            chief=chief,
-            workers=workers,
-            servers=servers,
-            evaluators=evaluators,
-        )
+        return cls(source=source, role=role, index=index, node_rank=node_rank, num_nodes=len(chief) + len(workers),
+                   chief_address=leader, trial=trial, chief=chief, workers=workers, servers=servers,
+                   evaluators=evaluators, pool_names=pool_names)
 
     @classmethod
     def for_node(
@@ -98,19 +97,35 @@ class ClusterTopology:
         nproc_per_node: int | None = None,
     ) -> ClusterTopology:
         """A topology known by node rank only (torch, torchrun, Kubeflow, MPI): node 0 is the chief."""
-        return cls(
-            source=source,
-            role="chief" if node_rank == 0 else "worker",
-            index=0 if node_rank == 0 else node_rank - 1,
-            node_rank=node_rank,
-            num_nodes=num_nodes,
-            chief_address=chief_address,
-            trial=trial,
-            process=process,
-            nproc_per_node=nproc_per_node,
-        )
+        return cls(source=source, role="chief" if node_rank == 0 else "worker", index=max(node_rank - 1, 0),
+                   node_rank=node_rank, num_nodes=num_nodes, chief_address=chief_address, trial=trial,
+                   process=process, nproc_per_node=nproc_per_node)
 
-    # ---- derived facts -------------------------------------------------------------------
+    # ---- process-level facts (one process of the node once ``process`` is set) -----------------
+    @property
+    def rank(self) -> int:
+        """Global process rank (the node rank while no process is placed)."""
+        return self.process.rank if self.process is not None else (self.node_rank or 0)
+
+    @property
+    def world_size(self) -> int:
+        """Number of training processes (of nodes while no process is placed)."""
+        return self.process.world_size if self.process is not None else max(self.num_nodes, 1)
+
+    @property
+    def local_rank(self) -> int:
+        """Rank on this node (selects the GPU)."""
+        return self.process.local_rank if self.process is not None else 0
+
+    def with_process(self, local_rank: int, nproc_per_node: int) -> ClusterTopology:
+        """This node's ``local_rank``-th process of ``nproc_per_node`` (unchanged if the platform placed it)."""
+        if self.process is not None:
+            return self
+        node = self.node_rank or 0
+        info = ProcessInfo(node * nproc_per_node + local_rank, self.world_size * nproc_per_node, local_rank,
+                           nproc_per_node)
+        return replace(self, process=info)
+
     @property
     def is_chief_node(self) -> bool:
         """True on the node that hosts rank 0 (writes outputs, hosts the rendezvous)."""
@@ -119,26 +134,45 @@ class ClusterTopology:
     @property
     def is_chief(self) -> bool:
         """True only in the process that writes models, checkpoints and tuning metrics."""
-        if self.process is not None:
-            return self.process.rank == 0
-        return self.is_chief_node
+        return self.process.rank == 0 if self.process is not None else self.node_rank == 0
 
     @property
     def per_process(self) -> bool:
-        """True when processes are already one per GPU (torchrun, mpirun): never spawn again."""
-        return self.process is not None
+        """True when the platform started one process per GPU itself (torchrun, mpirun): never spawn again."""
+        return self.source in ("torchrun", "mpi")
 
     @property
     def distributed(self) -> bool:
         """True when more than one replica takes part in the job."""
-        return self.num_nodes > 1 or bool(self.servers) or bool(self.evaluators) or (
-            self.process is not None and self.process.world_size > 1
-        )
+        return self.num_nodes > 1 or bool(self.servers) or bool(self.evaluators) or self.world_size > 1
 
-    def chief_host_port(self, default_port: int = 29500) -> tuple[str, int]:
-        """The chief's host and port; falls back to loopback for a single node."""
+    # ---- names ------------------------------------------------------------------------------
+    def pool_name(self, role: str) -> str:
+        """The format's own name for a role's pool (``workerpool1``, ``master``), else the role."""
+        return dict(self.pool_names).get(role, role)
+
+    @property
+    def replica_name(self) -> str:
+        """This replica as the platform names it: ``workerpool1-0``, ``chief-0``, ``node-2``."""
+        if self.pool_names or self.source == "tf_config":
+            return f"{self.pool_name(self.role)}-{self.index}"
+        return f"node-{self.node_rank or 0}"
+
+    def training_peers(self, include_servers: bool = False) -> tuple[Peer, ...]:
+        """Every training node (and the servers, if asked), in node order, named as the platform names them."""
+        if not (self.chief or self.workers):
+            return tuple(Peer(f"node rank {r}", self.chief_address if r == 0 else None)
+                         for r in range(self.num_nodes))
+        pools = [("chief", self.chief), ("worker", self.workers)]
+        if include_servers:
+            pools.append(("ps", self.servers))
+        return tuple(Peer(f"{self.pool_name(role)}[{i}]", address)
+                     for role, members in pools for i, address in enumerate(members))
+
+    def chief_host_port(self) -> tuple[str, int] | None:
+        """The chief's host and port, when the format gives an address."""
         if not self.chief_address:
-            return "127.0.0.1", default_port
+            return None
         host, _, port = self.chief_address.rpartition(":")
         return host, int(port)
 
@@ -165,41 +199,40 @@ class ClusterTopology:
         return None if config is None else json.dumps(config, sort_keys=True)
 
     def torch_env(self) -> dict[str, str]:
-        """Node-level rendezvous variables for torch (MASTER_ADDR/PORT, NODE_RANK, NNODES)."""
+        """Node-level rendezvous variables for torch (MASTER_ADDR/PORT when known, NODE_RANK, NNODES)."""
         if self.node_rank is None:
             return {}
-        host, port = self.chief_host_port()
-        return {
-            "MASTER_ADDR": host,
-            "MASTER_PORT": str(port),
-            "NODE_RANK": str(self.node_rank),
-            "NNODES": str(self.num_nodes),
-        }
+        env = {"NODE_RANK": str(self.node_rank), "NNODES": str(self.num_nodes)}
+        address = self.chief_host_port()
+        if address is not None:
+            env.update({"MASTER_ADDR": address[0], "MASTER_PORT": str(address[1])})
+        return env
 
+    # ---- views ------------------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:
         """JSON-ready view for ``python -m entrypoint describe``."""
         out: dict[str, Any] = {
-            "source": self.source,
-            "role": self.role,
-            "index": self.index,
-            "node_rank": self.node_rank,
-            "num_nodes": self.num_nodes,
-            "chief_address": self.chief_address,
-            "trial": self.trial,
-            "is_chief": self.is_chief,
-            "per_process": self.per_process,
-            "pools": {
-                "chief": list(self.chief),
-                "worker": list(self.workers),
-                "ps": list(self.servers),
-                "evaluator": list(self.evaluators),
-            },
+            "source": self.source, "role": self.role, "index": self.index, "node_rank": self.node_rank,
+            "num_nodes": self.num_nodes, "chief_address": self.chief_address, "trial": self.trial,
+            "replica": self.replica_name, "is_chief": self.is_chief, "per_process": self.per_process,
+            "pools": {"chief": list(self.chief), "worker": list(self.workers), "ps": list(self.servers),
+                      "evaluator": list(self.evaluators)},
         }
         if self.process is not None:
-            out["process"] = {
-                "rank": self.process.rank,
-                "world_size": self.process.world_size,
-                "local_rank": self.process.local_rank,
-                "local_world_size": self.process.local_world_size,
-            }
+            out["process"] = asdict(self.process)
         return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """Everything, for the plan file."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ClusterTopology:
+        """Inverse of ``to_dict``."""
+        fields = dict(data)
+        for name in ("chief", "workers", "servers", "evaluators"):
+            fields[name] = tuple(fields.get(name) or ())
+        fields["pool_names"] = tuple(tuple(p) for p in fields.get("pool_names") or ())
+        process = fields.get("process")
+        fields["process"] = ProcessInfo(**process) if process else None
+        return cls(**fields)

@@ -1,4 +1,8 @@
-"""User code: tell a hooks module from a script without importing it, load hooks, parse user args."""
+"""User code: find it (hooks module, module, or script) without importing it; load hooks; run scripts.
+
+A module is in hooks mode when it binds ``build_model`` at top level (read with ``ast``, never imported).
+Scripts and plain modules run unchanged in the calling process, as ``python`` would run them.
+"""
 
 from __future__ import annotations
 
@@ -6,16 +10,27 @@ import argparse
 import ast
 import importlib
 import importlib.util
+import logging
+import runpy
+import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, Literal
 
-from entrypoint import envvars as ev
-from entrypoint.errors import ConfigError
-from entrypoint.options import RunOptions
+from entrypoint.errors import ConfigError, ExitCode
 
 REQUIRED_HOOKS = ("build_model", "build_datasets")
+log = logging.getLogger("entrypoint")
+
+
+@dataclass(frozen=True)
+class UserCode:
+    """The user's code: a hooks module (our loop), a module run as ``python -m``, or a script file."""
+
+    kind: Literal["hooks", "module", "script"]
+    target: str
 
 
 def module_source(name: str) -> Path:
@@ -53,17 +68,15 @@ def is_hooks_module(name: str) -> bool:
     return False
 
 
-def require_code(options: RunOptions, default_module: str | None) -> tuple[str, str]:
-    """('module', name) or ('script', path): --module, --script, else $TRAINER_MODULE."""
-    if options.script:
-        if not Path(options.script).is_file():
-            raise ConfigError("--script", f"{options.script} does not exist")
-        return "script", options.script
-    name = options.module or default_module
-    if not name:
-        raise ConfigError("--module", f"no user code: pass --module MOD or --script FILE (or set {ev.TRAINER_MODULE})")
-    module_source(name)
-    return "module", name
+def find_code(module: str | None, script: str | None) -> UserCode | None:
+    """--script (must exist), else --module / $TRAINER_MODULE (hooks or plain), else None."""
+    if script:
+        if not Path(script).is_file():
+            raise ConfigError("--script", f"{script} does not exist")
+        return UserCode("script", script)
+    if not module:
+        return None
+    return UserCode("hooks" if is_hooks_module(module) else "module", module)
 
 
 def load_hooks(name: str) -> ModuleType:
@@ -75,21 +88,69 @@ def load_hooks(name: str) -> ModuleType:
     return module
 
 
+class _ArgumentError(Exception):
+    """argparse's complaint about the user's arguments, kept instead of exiting."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # argparse would print usage and exit 2
+        raise _ArgumentError(message)
+
+
 def parse_user_args(module: ModuleType, user_args: Sequence[str]) -> argparse.Namespace:
-    """The module's own arguments (its ``add_arguments(parser)`` hook) from what followed ``--``."""
-    parser = argparse.ArgumentParser(prog=f"{module.__name__} (after --)", add_help=True)
+    """The module's own arguments (its ``add_arguments(parser)`` hook) from what followed ``--``.
+
+    A rejected argument is named by its flag only: its value may be a secret.
+    """
+    parser = _Parser(prog=f"{module.__name__} (after --)", add_help=True)
     add_arguments = getattr(module, "add_arguments", None)
     if callable(add_arguments):
         add_arguments(parser)
     try:
         return parser.parse_args(list(user_args))
-    except SystemExit as exc:
-        if exc.code == 0:
-            raise
-        raise ConfigError("user arguments", f"{module.__name__} rejected {' '.join(user_args)!r}") from None
+    except _ArgumentError as exc:
+        raise ConfigError("user arguments", f"{module.__name__} rejected {_flags_only(str(exc), user_args)}") from None
+
+
+def _flags_only(message: str, user_args: Sequence[str]) -> str:
+    """argparse's complaint reduced to the flags it names (``argument --lr``, ``unrecognized --foo``)."""
+    flags = [a.split("=", 1)[0] for a in user_args if a.startswith("-")]
+    named = [f for f in flags if f in message]
+    if message.startswith("argument ") and ":" in message:
+        return f"{message.split(':', 1)[0]} (an invalid value)"
+    if "unrecognized arguments" in message:
+        return "unrecognized arguments " + (" ".join(named) if named else "(values not shown)")
+    return message.split(":", 1)[0] + (f" ({' '.join(named)})" if named else "")
 
 
 def module_default(module: ModuleType, key: str, fallback: Any) -> Any:
     """A value from the module's ``DEFAULTS`` dict, else ``fallback``."""
     defaults = getattr(module, "DEFAULTS", {}) or {}
     return defaults.get(key, fallback)
+
+
+def script_exit_code(exc: SystemExit) -> int:
+    """``sys.exit(x)`` as the shell would see it: None/0 success, an int itself, anything else 1."""
+    if exc.code is None:
+        return ExitCode.OK
+    return exc.code if isinstance(exc.code, int) else ExitCode.USER_CODE
+
+
+def run_script(code: UserCode, user_args: Sequence[str]) -> int:
+    """Run a script or ``python -m`` module as ``__main__`` with ``sys.argv = [target, *user_args]``."""
+    argv0 = str(Path(code.target).resolve()) if code.kind == "script" else str(module_source(code.target))
+    saved_argv, saved_path = sys.argv[:], sys.path[:]
+    sys.argv = [argv0, *user_args]
+    if code.kind == "script":
+        sys.path.insert(0, str(Path(argv0).parent))  # as `python script.py` does
+    log.info("running %s %s unchanged", code.kind, code.target)
+    try:
+        if code.kind == "script":
+            runpy.run_path(argv0, run_name="__main__")
+        else:
+            runpy.run_module(code.target, run_name="__main__", alter_sys=True)
+    except SystemExit as exc:
+        return script_exit_code(exc)
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+    return ExitCode.OK

@@ -64,6 +64,7 @@ def topology_from_spec(
         raise ConfigError(variable, f"{index} is out of range for {task_type} ({len(members)} replicas)",
                           "task.index")
     trial = get_trial(variable, task, "task.trial") or fallback_trial
+    names.setdefault(role, task_type)  # an evaluator outside ``cluster`` is still named by its task type
     return ClusterTopology.from_pools(
         source,
         role,
@@ -73,4 +74,5 @@ def topology_from_spec(
         servers=pools.get("ps", ()),
         evaluators=pools.get("evaluator", ()),
         trial=trial,
+        pool_names=tuple(sorted(names.items())),
     )

@@ -1,15 +1,18 @@
-"""Platform settings that are not cluster layout: image defaults, output dirs, GPUs, secrets' names."""
+"""Platform settings that are not cluster layout: image defaults, output dirs, GPUs, the worker handoff, secrets."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from entrypoint import envvars as ev
 
 _SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSW(OR)?D|CREDENTIAL|PRIVATE|AUTH)", re.IGNORECASE)
+_MIN_SECRET_LENGTH = 4  # shorter values ("1", "yes") would blank out ordinary text
 
 
 @dataclass(frozen=True)
@@ -23,9 +26,10 @@ class PlatformSettings:
     tensorboard_dir: str | None = None
     job_dir: str | None = None
     cuda_visible_devices: str | None = None
-    metric_file: str | None = None
     horovod_tuning: tuple[tuple[str, str], ...] = ()  # HOROVOD_FUSION_THRESHOLD & co. the user set
     tf_use_legacy_keras: str | None = None  # the user's own choice, if any
+    tf_cpp_min_log_level: str | None = None  # likewise
+    kubernetes: bool = False  # running in a Kubernetes pod (its termination log applies)
 
 
 def read_settings(environ: Mapping[str, str] | None = None) -> PlatformSettings:
@@ -44,10 +48,29 @@ def read_settings(environ: Mapping[str, str] | None = None) -> PlatformSettings:
         tensorboard_dir=get(ev.AIP_TENSORBOARD_LOG_DIR),
         job_dir=get(ev.TRAINER_JOB_DIR),
         cuda_visible_devices=env.get(ev.CUDA_VISIBLE_DEVICES),
-        metric_file=get(ev.CLOUD_ML_HP_METRIC_FILE),
         horovod_tuning=tuple(sorted(user_overrides(ev.HOROVOD_TUNING, env).items())),
         tf_use_legacy_keras=get(ev.TF_USE_LEGACY_KERAS),
+        tf_cpp_min_log_level=get(ev.TF_CPP_MIN_LOG_LEVEL),
+        kubernetes=bool(get(ev.KUBERNETES_SERVICE_HOST)),
     )
+
+
+@dataclass(frozen=True)
+class Handoff:
+    """What a worker process learns from its launcher: the plan file, its local rank, torch's error file."""
+
+    plan_file: str | None
+    local_rank: int
+    error_file: str | None
+
+
+def read_handoff(environ: Mapping[str, str] | None = None) -> Handoff:
+    """TRAINER_PLAN_FILE, and LOCAL_RANK (torch elastic) or HOROVOD_LOCAL_RANK (our Horovod launcher)."""
+    env = os.environ if environ is None else environ
+    raw = env.get(ev.LOCAL_RANK) or env.get(ev.HOROVOD_LOCAL_RANK) or "0"
+    return Handoff(plan_file=env.get(ev.TRAINER_PLAN_FILE) or None,
+                   local_rank=int(raw) if raw.isdigit() else 0,
+                   error_file=env.get(ev.TORCHELASTIC_ERROR_FILE) or None)
 
 
 def user_overrides(names: tuple[str, ...], environ: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -56,7 +79,62 @@ def user_overrides(names: tuple[str, ...], environ: Mapping[str, str] | None = N
     return {name: env[name] for name in names if env.get(name, "").strip()}
 
 
+def is_secret_name(name: str) -> bool:
+    """Whether a variable or flag name looks like it holds a key, token, password or credential."""
+    return bool(_SECRET_NAME.search(name))
+
+
 def secret_like_names(environ: Mapping[str, str] | None = None) -> list[str]:
     """Names (never values) of variables that look like keys, tokens, passwords or credentials."""
     env = os.environ if environ is None else environ
-    return sorted(name for name in env if _SECRET_NAME.search(name))
+    return sorted(name for name in env if is_secret_name(name))
+
+
+def secret_values(environ: Mapping[str, str] | None = None) -> frozenset[str]:
+    """Values never to print: secret-looking variables, and secrets inside CLUSTER_SPEC / TF_CONFIG's ``job``."""
+    env = os.environ if environ is None else environ
+    found = {value for name, value in env.items() if is_secret_name(name)}
+    for variable in (ev.CLUSTER_SPEC, ev.TF_CONFIG):
+        try:
+            spec = json.loads(env.get(variable) or "{}")
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(spec, dict) and "job" in spec:
+            found.update(_secrets_in(spec["job"]))
+    return frozenset(v for v in found if len(v) >= _MIN_SECRET_LENGTH)
+
+
+def secrets_in_args(args: list[str] | tuple[str, ...]) -> set[str]:
+    """Values of secret-looking flags in an argument list (``--token X`` and ``--token=X``)."""
+    found: set[str] = set()
+    for i, arg in enumerate(args):
+        flag, eq, value = arg.partition("=")
+        if flag.startswith("-") and is_secret_name(flag):
+            if eq:
+                found.add(value)
+            elif i + 1 < len(args):
+                found.add(args[i + 1])
+    return found
+
+
+def _secrets_in(value: Any, depth: int = 0) -> Iterator[str]:
+    """Secret-looking values in a job description: secret keys' values, secret flags' values, env entries."""
+    if depth > 20:
+        return
+    if isinstance(value, dict):
+        name = value.get("name")
+        if isinstance(name, str) and is_secret_name(name) and isinstance(value.get("value"), str):
+            yield value["value"]
+        for key, item in value.items():
+            if isinstance(item, str) and is_secret_name(str(key)):
+                yield item
+            else:
+                yield from _secrets_in(item, depth + 1)
+    elif isinstance(value, list):
+        strings = [v for v in value if isinstance(v, str)]
+        yield from secrets_in_args(strings)
+        for item in value:
+            if not isinstance(item, str):
+                yield from _secrets_in(item, depth + 1)
+    elif isinstance(value, str):
+        yield from secrets_in_args(value.split())

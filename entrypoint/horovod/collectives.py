@@ -8,6 +8,8 @@ import horovod.torch as hvd
 import torch
 from torch import nn
 
+from entrypoint.pytorch.collectives import Vote
+
 
 class HorovodCollectives:
     """horovod.torch after ``hvd.init()``."""
@@ -29,6 +31,11 @@ class HorovodCollectives:
         """Sum over ranks."""
         result: torch.Tensor = hvd.allreduce(tensor, op=hvd.Sum)
         return result
+
+    def start_vote(self, value: int) -> Vote:
+        """An asynchronous allreduce of one integer (one in flight at a time, so one name)."""
+        handle = hvd.allreduce_async(torch.tensor([value], dtype=torch.int64), op=hvd.Sum, name="trainer.stop_vote")
+        return Vote(lambda: int(hvd.synchronize(handle).item()))
 
     def prepare(
         self, model: nn.Module, optimizer: Any, device: torch.device, bucket_cap_mb: int

@@ -1,43 +1,31 @@
-"""One Horovod training process of the hooks loop: ``python -m entrypoint.horovod.worker '<options json>'``."""
+"""One Horovod training process: ``hvd.init()`` (gloo rendezvous with the chief), then the shared hooks loop."""
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Sequence
-
-from entrypoint.environments import resolve
-from entrypoint.errors import RetryableError
-from entrypoint.options import RunOptions
-from entrypoint.progress import setup_logging
-from entrypoint.pytorch.worker import main as worker_main
+from entrypoint.errors import PeerError
+from entrypoint.plan import Plan
+from entrypoint.usercode import run_script
 
 
-def run(options: RunOptions, module: str) -> None:
-    """hvd.init() (gloo rendezvous with the chief), pin the GPU, run the shared loop."""
+def run(plan: Plan) -> int:
+    """This process's part of the job: the user's Horovod script unchanged, or hvd.init() and our loop."""
+    code = plan.require_code()
+    if code.kind != "hooks":
+        return run_script(code, plan.options.user_args)
     import horovod.torch as hvd
     import torch
 
     from entrypoint.horovod.collectives import HorovodCollectives
     from entrypoint.pytorch.loop import Trainer
 
-    topo = resolve()
     try:
         hvd.init()
-    except Exception as exc:  # gloo rendezvous failed: a peer never came or the chief is unreachable
-        raise RetryableError(f"Horovod rendezvous failed within {int(options.timeout)}s: {exc}") from None
-    setup_logging(f"[rank {hvd.rank()}/{hvd.size()}] ")
+    except Exception as exc:  # gloo rendezvous failed: a peer vanished after the start-up barrier
+        raise PeerError(f"Horovod rendezvous failed within {plan.options.timeout:g} s: {exc}") from None
     if torch.cuda.is_available():
         torch.cuda.set_device(hvd.local_rank())
     try:
-        Trainer(options, module, topo, HorovodCollectives()).fit()
+        Trainer(plan, HorovodCollectives()).fit()
     finally:
         hvd.shutdown()
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run one Horovod worker with the PyTorch worker's option decoding and exit-code mapping."""
-    return worker_main(sys.argv[1:] if argv is None else argv, runner=run)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return 0

@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
+
+
+class Vote:
+    """A small all-reduce in flight; ``result()`` waits for it and returns the sum over ranks."""
+
+    def __init__(self, wait: Callable[[], int]) -> None:
+        self._wait = wait
+
+    def result(self) -> int:
+        """The sum of every rank's vote."""
+        return self._wait()
 
 
 class Collectives(Protocol):
@@ -26,6 +38,9 @@ class Collectives(Protocol):
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         """Element-wise sum over ranks."""
 
+    def start_vote(self, value: int) -> Vote:
+        """Start summing ``value`` over ranks without waiting (overlapped with the next training step)."""
+
     def prepare(
         self, model: nn.Module, optimizer: Any, device: torch.device, bucket_cap_mb: int
     ) -> tuple[nn.Module, Any]:
@@ -38,6 +53,7 @@ class TorchDistributed:
     def __init__(self, backend: str) -> None:
         self.active = dist.is_available() and dist.is_initialized()
         self.name = backend
+        self.device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
         self.rank = dist.get_rank() if self.active else 0
         self.world_size = dist.get_world_size() if self.active else 1
 
@@ -62,6 +78,19 @@ class TorchDistributed:
         if self.active:
             dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
         return tensor
+
+    def start_vote(self, value: int) -> Vote:
+        """An asynchronous all-reduce of one integer."""
+        if not self.active:
+            return Vote(lambda: value)
+        tensor = torch.tensor([value], dtype=torch.int64, device=self.device)
+        work = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, async_op=True)
+
+        def wait() -> int:
+            work.wait()
+            return int(tensor.item())
+
+        return Vote(wait)
 
     def prepare(
         self, model: nn.Module, optimizer: Any, device: torch.device, bucket_cap_mb: int

@@ -1,33 +1,43 @@
-"""The hooks-mode training loop the entrypoint owns: DDP, sampling, logging, checkpoints, export, tuning."""
+"""The hooks-mode training loop the entrypoint owns: DDP, sampling, logging, checkpoints, export, tuning.
+
+Shared by PyTorch (torch.distributed) and Horovod through ``Collectives``. At every step boundary the
+ranks vote on stopping (a SIGTERM on any node stops every node at the same step, after the chief
+commits a checkpoint of that step); checkpoints go through the checkpoint I/O seam (asynchronous by
+default); resume takes the newest committed checkpoint that loads and continues the same data order
+and random streams; a hang watchdog fails a stalled job.
+"""
 
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
-import math
+import signal
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
+from torch.utils.data import Dataset, DistributedSampler, Subset
 
-from entrypoint import checkpoints
-from entrypoint.environments import read_settings
-from entrypoint.errors import ConfigError
+from entrypoint import checkpoints, failures
+from entrypoint.errors import ConfigError, StopRequested
 from entrypoint.hypertune import MetricReporter
-from entrypoint.options import RunOptions
-from entrypoint.outputs import local_path, resolve_outputs
+from entrypoint.options import DEFAULT_BATCH_SIZE, DEFAULT_EPOCHS
+from entrypoint.outputs import ensure_writable, local_path
+from entrypoint.plan import Plan
 from entrypoint.progress import Progress
-from entrypoint.pytorch import state as tstate
-from entrypoint.pytorch.collectives import Collectives
-from entrypoint.topology import ClusterTopology
+from entrypoint.pytorch import state as rng
+from entrypoint.pytorch.checkpoint_io import LOAD_WITH, export_model, make_io
+from entrypoint.pytorch.collectives import Collectives, Vote
+from entrypoint.pytorch.data import EpochSampler, make_loader, seed_loader, to_device
+from entrypoint.signals import StopRequest
+from entrypoint.summary import TrainingSummary, write_summary
 from entrypoint.usercode import load_hooks, module_default, parse_user_args
+from entrypoint.watchdog import HangWatchdog
 
 log = logging.getLogger("entrypoint.pytorch")
 
@@ -47,14 +57,20 @@ class Context:
     trial: str | None
 
 
-def _to_device(batch: Any, device: torch.device) -> Any:
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(_to_device(b, device) for b in batch)
-    if isinstance(batch, dict):
-        return {k: _to_device(v, device) for k, v in batch.items()}
-    return batch
+@dataclass
+class _State:
+    """The training state the loop carries: the model (and its DDP wrapper), optimizer, position, metrics."""
+
+    model: nn.Module
+    optimizer: Any
+    scheduler: Any
+    ddp: nn.Module | None = None
+    step: int = 0
+    epoch: int = 0
+    batch: int = 0  # position inside ``epoch`` (batches done)
+    saved_step: int = -1
+    metrics: dict[str, float] = field(default_factory=dict)
+    history: dict[str, list[float]] = field(default_factory=dict)
 
 
 def default_loss(model: nn.Module, batch: Any, ctx: Context) -> torch.Tensor:
@@ -82,62 +98,197 @@ def param_digest(model: nn.Module) -> str:
     return h.hexdigest()[:16]
 
 
-class Trainer:
-    """Runs the user's hooks under DDP with chief-only outputs."""
+class StopVote:
+    """Every rank decides at the same step whether to stop: one small all-reduce per step, overlapped.
 
-    def __init__(self, options: RunOptions, module_name: str, topo: ClusterTopology, comm: Collectives) -> None:
-        self.options = options
-        self.module = load_hooks(module_name)
+    The vote started after step k is read after step k+1, so it costs no wait, and every rank reads
+    the same sum at the same step: a signal that reached any node stops them all together.
+    """
+
+    def __init__(self, comm: Collectives, request: StopRequest) -> None:
+        self.comm, self.request = comm, request
+        self._pending: Vote | None = None
+
+    def poll(self) -> bool:
+        """True once the ranks agreed to stop (at this step, on every rank)."""
+        agreed = self._pending is not None and self._pending.result() > 0
+        self._pending = None if agreed else self.comm.start_vote(int(self.request.requested))
+        return agreed
+
+    def drain(self) -> None:
+        """Finish the vote in flight (before the final collectives)."""
+        if self._pending is not None:
+            self._pending.result()
+            self._pending = None
+
+
+class Trainer:
+    """Runs the user's hooks under data parallelism with chief-only outputs."""
+
+    def __init__(self, plan: Plan, comm: Collectives) -> None:
+        options, code, topo = plan.options, plan.require_code(), plan.topology
+        self.plan, self.options, self.comm = plan, options, comm
+        self.module = load_hooks(code.target)
         self.args = parse_user_args(self.module, options.user_args)
-        self.topo = topo
-        self.comm = comm
-        rank, world = comm.rank, comm.world_size
-        local_rank = topo.process.local_rank if topo.process else 0
-        device = torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
-        settings = read_settings()
-        outputs = resolve_outputs(job_dir=options.job_dir or settings.job_dir, model_dir=settings.model_dir,
-                                  checkpoint_dir=settings.checkpoint_dir, tensorboard_dir=settings.tensorboard_dir,
-                                  trial=topo.trial)
-        self.ctx = Context(
-            rank=rank, world_size=world, local_rank=local_rank, device=device, is_chief=rank == 0,
-            model_dir=Path(local_path(outputs.model_dir)), checkpoint_dir=Path(local_path(outputs.checkpoint_dir)),
-            tensorboard_dir=Path(local_path(outputs.tensorboard_dir)), trial=topo.trial,
-        )
-        self.epochs = int(options.epochs or module_default(self.module, "epochs", 1))
-        self.batch_size = int(options.batch_size or module_default(self.module, "batch_size", 32))
+        device = torch.device("cuda", topo.local_rank) if torch.cuda.is_available() else torch.device("cpu")
+        out = plan.outputs
+        self.ctx = Context(rank=comm.rank, world_size=comm.world_size, local_rank=topo.local_rank, device=device,
+                           is_chief=comm.rank == 0, model_dir=Path(local_path(out.model_dir)),
+                           checkpoint_dir=Path(local_path(out.checkpoint_dir)),
+                           tensorboard_dir=Path(local_path(out.tensorboard_dir)), trial=topo.trial)
+        self.epochs = int(options.epochs or module_default(self.module, "epochs", DEFAULT_EPOCHS))
+        self.batch_size = int(options.batch_size or module_default(self.module, "batch_size", DEFAULT_BATCH_SIZE))
         self.metric_name = options.hypertune_metric or getattr(self.module, "HYPERTUNE_METRIC", None)
         self.reporter = MetricReporter(self.ctx.is_chief, topo.trial)
+        self.io = make_io(options.checkpoint_mode, options.keep_checkpoints)
+        self.request = StopRequest()
+        self.vote = StopVote(comm, self.request)
+        self.watchdog = HangWatchdog(options.hang_timeout, failures.active())
         self.writer: Any = None
-        self.start_digests: tuple[list[Any], list[Any]] = ([], [])
+        self.digests: dict[str, list[Any]] = {}
+
+    # ---- the loop ----------------------------------------------------------------------------
+    def fit(self) -> None:
+        """Train for the configured epochs, resuming from the newest committed checkpoint that loads."""
+        self.request.install()
+        try:
+            self._fit()
+        finally:
+            self.request.uninstall()
+            self.watchdog.stop()
+
+    def _fit(self) -> None:
+        ctx, opts = self.ctx, self.options
+        if ctx.is_chief:
+            ensure_writable([ctx.model_dir, ctx.checkpoint_dir, ctx.tensorboard_dir])
+        torch.manual_seed(opts.seed)
+        train_set, eval_set = self.module.build_datasets(self.args, ctx)
+        model = self.module.build_model(self.args, ctx).to(ctx.device)
+        state = _State(model, *self._optimizer(model))
+        self._resume(state)
+        start_step, start_epoch = state.step, state.epoch
+        self.digests["init"] = self.comm.gather_object(param_digest(model))
+        state.ddp, state.optimizer = self.comm.prepare(model, state.optimizer, ctx.device, opts.bucket_cap_mb)
+        self.digests["start"] = self.comm.gather_object(param_digest(model))
+        sampler = EpochSampler(DistributedSampler(train_set, num_replicas=ctx.world_size, rank=ctx.rank,
+                                                  shuffle=True, seed=opts.seed, drop_last=True))
+        loader = make_loader(train_set, self.batch_size, sampler, self._workers(), ctx.device.type == "cuda", True)
+        steps_per_epoch = len(sampler.inner) // self.batch_size
+        if steps_per_epoch == 0:
+            raise ConfigError("--batch-size", f"{self.batch_size} x {ctx.world_size} replicas exceeds the training set")
+        self._announce(steps_per_epoch)
+        progress = Progress(self.epochs * steps_per_epoch, self.batch_size * ctx.world_size, start_step=state.step)
+        started = time.time()
+        self.watchdog.start()
+        for epoch in range(state.epoch, self.epochs):
+            sampler.start(epoch, state.batch * self.batch_size)
+            seed_loader(loader, opts.seed, epoch)
+            self._train_epoch(state, loader, epoch, steps_per_epoch, progress)
+            self._end_epoch(state, eval_set, epoch)
+        self._finish(state, start_step, start_epoch, self.epochs * steps_per_epoch, time.time() - started)
+
+    def _train_epoch(self, state: _State, loader: Any, epoch: int, steps_per_epoch: int, progress: Progress) -> None:
+        ctx, opts, ddp = self.ctx, self.options, state.ddp
+        assert ddp is not None
+        loss_fn = getattr(self.module, "compute_loss", default_loss)
+        for i, batch in enumerate(loader, start=state.batch):
+            self.watchdog.phase = "in a training step"
+            with self._autocast():
+                loss = loss_fn(ddp, to_device(batch, ctx.device), ctx)
+            state.optimizer.zero_grad()  # set_to_none is the default (Horovod's optimizer takes no argument)
+            loss.backward()
+            if opts.clip_grad_norm:
+                torch.nn.utils.clip_grad_norm_(ddp.parameters(), opts.clip_grad_norm)
+            state.optimizer.step()
+            state.step, state.batch = state.step + 1, i + 1
+            self.watchdog.beat(state.step, "waiting for the next batch")
+            self.io.check()
+            if ctx.is_chief and state.step % opts.log_every == 0:
+                value = float(loss.detach())
+                log.info(progress.line(epoch + 1, self.epochs, state.step, value))
+                self._scalars("train", {"loss": value}, state.step)
+            if self.vote.poll():
+                self._stop(state)
+            if opts.checkpoint_every and state.step % opts.checkpoint_every == 0 and i + 1 < steps_per_epoch:
+                self._save(state)
+
+    def _end_epoch(self, state: _State, eval_set: Dataset[Any], epoch: int) -> None:
+        ctx = self.ctx
+        if state.scheduler is not None:
+            state.scheduler.step()
+        self.watchdog.phase = "evaluating"
+        state.metrics = self.evaluate(state.model, eval_set)
+        for key, value in state.metrics.items():
+            state.history.setdefault(key, []).append(value)
+        state.epoch, state.batch = epoch + 1, 0
+        if ctx.is_chief:
+            log.info("epoch %d/%d eval %s", epoch + 1, self.epochs,
+                     " ".join(f"{k}={v:.4f}" for k, v in sorted(state.metrics.items())))
+            self._scalars("eval", state.metrics, state.step)
+            if self.metric_name in state.metrics:
+                self.reporter.report(str(self.metric_name), state.metrics[str(self.metric_name)], state.step)
+        self._save(state)
+        self.watchdog.beat(state.step, "waiting for the next batch")
+
+    def _stop(self, state: _State) -> None:
+        """Every rank agreed to stop: commit this exact step (chief), wait for the write, exit 128 + signal."""
+        signum = self.request.signum or signal.SIGTERM
+        name = signal.Signals(signum).name
+        self.watchdog.phase = "saving before stopping"
+        if state.saved_step != state.step:
+            self._save(state)
+        self.io.wait()
+        path = checkpoints.checkpoint_path(self.ctx.checkpoint_dir, state.step)
+        if self.ctx.is_chief:
+            log.info("stopped by %s at step %d: checkpoint %s committed", name, state.step, path)
+        raise StopRequested(signum, f"stopped by {name} at step {state.step}; the restart resumes from {path}")
 
     # ---- checkpoints -------------------------------------------------------------------------
-    def _resume_path(self) -> Path | None:
-        """The chief picks the checkpoint (so every rank agrees) and broadcasts it, or the error."""
-        choice: tuple[str | None, str | None] = (None, None)
-        if self.ctx.is_chief:
-            try:
-                path = checkpoints.resolve_resume(self.ctx.checkpoint_dir, self.options.resume_from)
-                choice = (str(path) if path else None, None)
-            except ConfigError as exc:
-                choice = (None, str(exc.problem))
-        path_text, error = self.comm.broadcast_object(choice)
-        if error is not None:
-            raise ConfigError("--resume-from", error)
-        return Path(path_text) if path_text else None
-
-    def _save(self, model: nn.Module, optimizer: Any, scheduler: Any, step: int, epoch: int, batch: int) -> None:
-        rngs = self.comm.gather_object(tstate.rng_state())  # every rank takes part; only the chief writes
+    def _save(self, state: _State) -> None:
+        """Every rank gives its RNG state; the chief hands the full state to the checkpoint I/O."""
+        self.watchdog.phase = "checkpointing"
+        rngs = self.comm.gather_object(rng.rng_state())
+        state.saved_step = state.step
         if not self.ctx.is_chief:
             return
-        path = checkpoints.checkpoint_path(self.ctx.checkpoint_dir, step)
         payload = {
-            "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict() if scheduler is not None else None,
-            "step": step, "epoch": epoch, "batch": batch, "rng": rngs, "world_size": self.ctx.world_size,
+            "model": state.model.state_dict(), "optimizer": state.optimizer.state_dict(),
+            "scheduler": state.scheduler.state_dict() if state.scheduler is not None else None,
+            "step": state.step, "epoch": state.epoch, "batch": state.batch, "rng": rngs,
+            "world_size": self.ctx.world_size, "history": state.history,
         }
-        tstate.save(path, payload, {"step": step, "epoch": epoch, "batch": batch})
-        checkpoints.prune(self.ctx.checkpoint_dir, self.options.keep_checkpoints)
-        log.info("checkpoint committed: %s", path)
+        meta = {"step": state.step, "epoch": state.epoch, "batch": state.batch, "framework": self.plan.framework}
+        self.io.save(checkpoints.checkpoint_path(self.ctx.checkpoint_dir, state.step), payload, meta)
+
+    def _resume(self, state: _State) -> None:
+        """The chief picks the checkpoint (the newest that verifies and loads) and tells every rank."""
+        choice: tuple[str | None, tuple[str, str] | None] = (None, None)
+        if self.ctx.is_chief:
+            try:
+                found = checkpoints.load_newest(self.ctx.checkpoint_dir, self.options.resume_from,
+                                                lambda path: self._load(path, state))
+                choice = (str(found[0]) if found else None, None)
+            except ConfigError as exc:
+                choice = (None, (exc.source, exc.problem))
+        path_text, error = self.comm.broadcast_object(choice)
+        if error is not None:
+            raise ConfigError(*error)
+        if path_text is None:
+            return
+        if not self.ctx.is_chief:
+            self._load(Path(path_text), state)
+        log.info("resumed from %s at step %d (epoch %d, batch %d)", path_text, state.step, state.epoch, state.batch)
+
+    def _load(self, path: Path, state: _State) -> None:
+        saved = self.io.load(path, self.ctx.device)
+        state.model.load_state_dict(saved["model"])
+        state.optimizer.load_state_dict(saved["optimizer"])
+        if state.scheduler is not None and saved.get("scheduler") is not None:
+            state.scheduler.load_state_dict(saved["scheduler"])
+        state.step, state.epoch, state.batch = saved["step"], saved["epoch"], saved["batch"]
+        state.saved_step, state.history = state.step, dict(saved.get("history") or {})
+        if saved.get("world_size") == self.ctx.world_size:
+            rng.set_rng_state(saved["rng"][self.ctx.rank])
 
     # ---- pieces ------------------------------------------------------------------------------
     def _optimizer(self, model: nn.Module) -> tuple[Any, Any]:
@@ -145,33 +296,42 @@ class Trainer:
         result = hook(model, self.args, self.ctx) if callable(hook) else torch.optim.Adam(model.parameters(), 1e-3)
         return result if isinstance(result, tuple) else (result, None)
 
-    def _loader(self, dataset: Dataset[Any], sampler: DistributedSampler[Any] | None) -> DataLoader[Any]:
-        """Training batches drop the ragged end (equal steps on every rank); evaluation keeps it."""
+    def _workers(self) -> int:
         cuda = self.ctx.device.type == "cuda"
-        workers = self.options.data_workers if self.options.data_workers is not None else (2 if cuda else 0)
-        return DataLoader(dataset, batch_size=self.batch_size, sampler=sampler, num_workers=workers,
-                          pin_memory=cuda, drop_last=sampler is not None, persistent_workers=workers > 0)
+        return self.options.data_workers if self.options.data_workers is not None else (2 if cuda else 0)
 
     def _autocast(self) -> Any:
         if self.options.bf16 and self.ctx.device.type == "cuda":
             return torch.autocast("cuda", dtype=torch.bfloat16)
         return nullcontext()
 
+    def _announce(self, steps_per_epoch: int) -> None:
+        ctx = self.ctx
+        if not ctx.is_chief:
+            return
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(str(ctx.tensorboard_dir))
+        log.info("training %d epochs x %d steps, global batch %d (%d x %d replicas, %s, %s checkpoints)",
+                 self.epochs, steps_per_epoch, self.batch_size * ctx.world_size, self.batch_size, ctx.world_size,
+                 self.comm.name, self.options.checkpoint_mode)
+
     def evaluate(self, model: nn.Module, dataset: Dataset[Any]) -> dict[str, float]:
         """Metrics over this rank's shard (no padding), summed across ranks."""
-        shard = Subset(dataset, range(self.ctx.rank, len(dataset), self.ctx.world_size))  # type: ignore[arg-type]
+        ctx = self.ctx
+        shard = Subset(dataset, range(ctx.rank, len(dataset), ctx.world_size))  # type: ignore[arg-type]
         step_fn = getattr(self.module, "eval_step", default_eval_step)
         sums: dict[str, torch.Tensor] = {}
         model.eval()
+        loader = make_loader(shard, self.batch_size, None, self._workers(), ctx.device.type == "cuda", False)
         with torch.no_grad(), self._autocast():
-            for batch in self._loader(shard, None):
-                for key, value in step_fn(model, _to_device(batch, self.ctx.device), self.ctx).items():
-                    sums[key] = sums.get(key, torch.zeros((), device=self.ctx.device)) + value.detach().float()
+            for batch in loader:
+                for key, value in step_fn(model, to_device(batch, ctx.device), ctx).items():
+                    sums[key] = sums.get(key, torch.zeros((), device=ctx.device)) + value.detach().float()
         model.train()
         keys = sorted(sums)
-        vector = torch.stack([sums[k] for k in keys]) if keys else torch.zeros(0, device=self.ctx.device)
-        vector = self.comm.all_reduce_sum(vector)
-        totals = dict(zip(keys, vector.tolist(), strict=True))
+        vector = torch.stack([sums[k] for k in keys]) if keys else torch.zeros(0, device=ctx.device)
+        totals = dict(zip(keys, self.comm.all_reduce_sum(vector).tolist(), strict=True))
         count = totals.pop("count", 1.0) or 1.0
         return {k: v / count for k, v in totals.items()}
 
@@ -180,108 +340,33 @@ class Trainer:
             for key, value in values.items():
                 self.writer.add_scalar(f"{prefix}/{key}", value, step)
 
-    # ---- the loop ----------------------------------------------------------------------------
-    def fit(self) -> None:
-        """Train for the configured epochs, resuming from the newest committed checkpoint."""
-        ctx, opts = self.ctx, self.options
-        torch.manual_seed(opts.seed)
-        train_set, eval_set = self.module.build_datasets(self.args, ctx)
-        model = self.module.build_model(self.args, ctx).to(ctx.device)
-        optimizer, scheduler = self._optimizer(model)
-        step, start_epoch, skip = 0, 0, 0
-        resume = self._resume_path()
-        if resume is not None:
-            saved = tstate.load(resume, ctx.device)
-            model.load_state_dict(saved["model"])
-            optimizer.load_state_dict(saved["optimizer"])
-            if scheduler is not None and saved.get("scheduler") is not None:
-                scheduler.load_state_dict(saved["scheduler"])
-            step, start_epoch, skip = saved["step"], saved["epoch"], saved["batch"]
-            if saved.get("world_size") == ctx.world_size:
-                tstate.set_rng_state(saved["rng"][ctx.rank])
-            log.info("resumed from %s at step %d (epoch %d, batch %d)", resume, step, start_epoch, skip)
-        start_step = step
-        init_digests = self.comm.gather_object(param_digest(model))
-        ddp, optimizer = self.comm.prepare(model, optimizer, ctx.device, opts.bucket_cap_mb)
-        self.start_digests = (init_digests, self.comm.gather_object(param_digest(model)))
-        sampler: DistributedSampler[Any] = DistributedSampler(
-            train_set, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=opts.seed, drop_last=True)
-        loader = self._loader(train_set, sampler)
-        steps_per_epoch = len(loader)
-        if steps_per_epoch == 0:
-            raise ConfigError("--batch-size", f"{self.batch_size} x {ctx.world_size} replicas exceeds the training set")
-        total = self.epochs * steps_per_epoch
-        loss_fn = getattr(self.module, "compute_loss", default_loss)
-        if ctx.is_chief:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.writer = SummaryWriter(str(ctx.tensorboard_dir))
-            log.info("training %d epochs x %d steps, global batch %d (%d x %d replicas, %s)", self.epochs,
-                     steps_per_epoch, self.batch_size * ctx.world_size, self.batch_size, ctx.world_size, self.comm.name)
-        progress = Progress(total, self.batch_size * ctx.world_size, start_step=step)
-        metrics: dict[str, float] = {}
-        started = time.time()
-        for epoch in range(start_epoch, self.epochs):
-            sampler.set_epoch(epoch)
-            for i, batch in enumerate(loader):
-                if epoch == start_epoch and i < skip:
-                    continue
-                with self._autocast():
-                    loss = loss_fn(ddp, _to_device(batch, ctx.device), ctx)
-                optimizer.zero_grad()  # set_to_none is the default (and Horovod's optimizer takes no argument)
-                loss.backward()
-                if opts.clip_grad_norm:
-                    torch.nn.utils.clip_grad_norm_(ddp.parameters(), opts.clip_grad_norm)
-                optimizer.step()
-                step += 1
-                if ctx.is_chief and step % opts.log_every == 0:
-                    value = float(loss.detach())
-                    log.info(progress.line(epoch + 1, self.epochs, step, value))
-                    self._scalars("train", {"loss": value}, step)
-                if opts.checkpoint_every and step % opts.checkpoint_every == 0 and i + 1 < steps_per_epoch:
-                    self._save(model, optimizer, scheduler, step, epoch, i + 1)
-            if scheduler is not None:
-                scheduler.step()
-            metrics = self.evaluate(model, eval_set)
-            if ctx.is_chief:
-                log.info("epoch %d/%d eval %s", epoch + 1, self.epochs,
-                         " ".join(f"{k}={v:.4f}" for k, v in sorted(metrics.items())))
-                self._scalars("eval", metrics, step)
-                if self.metric_name in metrics:
-                    self.reporter.report(str(self.metric_name), metrics[str(self.metric_name)], step)
-            self._save(model, optimizer, scheduler, step, epoch + 1, 0)
-        self._finish(model, metrics, start_step, step, total, time.time() - started)
-
-    def _finish(self, model: nn.Module, metrics: dict[str, float], start: int, step: int, total: int,
-                seconds: float) -> None:
-        digests = self.comm.gather_object(param_digest(model))
+    def _finish(self, state: _State, start_step: int, start_epoch: int, total: int, seconds: float) -> None:
+        self.vote.drain()
+        self.io.wait()
+        digests = self.comm.gather_object(param_digest(state.model))
         ranks = self.comm.gather_object(self.ctx.rank)
+        steps = self.comm.gather_object(state.step - start_step)
         if not self.ctx.is_chief:
             return
+        ctx = self.ctx
         if self.writer is not None:
             self.writer.close()
-        export = getattr(self.module, "export", None)
-        ctx = self.ctx
-        ctx.model_dir.mkdir(parents=True, exist_ok=True)
-        model_cpu = model.to("cpu").eval()
-        if callable(export):
-            export(model_cpu, ctx.model_dir, ctx)
-        else:
-            torch.save(model_cpu.state_dict(), ctx.model_dir / "state_dict.pt")
-            torch.save(model_cpu, ctx.model_dir / "model.pt")
-        summary = {
-            "start_step": start, "final_step": step, "expected_steps": total, "epochs": self.epochs,
-            "world_size": ctx.world_size, "ranks": ranks, "backend": self.comm.name, "device": str(ctx.device),
-            "param_digests": digests, "metrics": metrics, "init_param_digests": self.start_digests[0],
-            "start_param_digests": self.start_digests[1],
-            "trial": ctx.trial, "seconds": round(seconds, 2),
-            "samples_per_second": round((step - start) * self.batch_size * ctx.world_size / max(seconds, 1e-9), 1),
-            "load_with": "torch.load('model.pt', weights_only=False)  # or state_dict.pt into build_model()",
-            "hypertune_file": self.reporter.path,
-        }
-        (ctx.model_dir / "training_summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
+        export_model(state.model.to("cpu").eval(), ctx.model_dir, getattr(self.module, "export", None), ctx)
+        global_batch = self.batch_size * ctx.world_size
+        write_summary(ctx.model_dir, TrainingSummary(
+            framework=self.plan.framework, strategy=self.plan.strategy, backend=self.comm.name,
+            device=str(ctx.device), world_size=ctx.world_size, replicas_in_sync=ctx.world_size,
+            global_batch_size=global_batch, epochs=self.epochs, start_epoch=start_epoch, start_step=start_step,
+            final_step=state.step, expected_steps=total, steps_per_replica=steps, metrics=state.metrics,
+            history=state.history, seconds=round(seconds, 2),
+            samples_per_second=round((state.step - start_step) * global_batch / max(seconds, 1e-9), 1),
+            checkpoint_blocked_seconds=round(self.io.blocked_seconds, 3),
+            checkpoint_write_seconds=round(self.io.write_seconds, 3), trial=ctx.trial,
+            hypertune_file=self.reporter.path, ranks=ranks, param_digests=digests,
+            load_with="torch.load('model.pt', weights_only=False)  # or state_dict.pt into build_model(); "
+                      f"a checkpoint: {LOAD_WITH}",
+            details={"init_param_digests": self.digests["init"], "start_param_digests": self.digests["start"]},
+        ))
         tuning = f"'{self.metric_name}' in {self.reporter.path}" if self.reporter.path else "not reported"
         log.info("model exported to %s; checkpoints in %s; TensorBoard logs in %s; tuning metric %s",
                  ctx.model_dir, ctx.checkpoint_dir, ctx.tensorboard_dir, tuning)
-        if not math.isfinite(metrics.get("loss", 0.0)):
-            log.warning("final evaluation loss is not finite")

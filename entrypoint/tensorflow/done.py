@@ -15,7 +15,7 @@ import time
 import uuid
 from pathlib import Path
 
-from entrypoint.errors import ExitCode, RetryableError
+from entrypoint.errors import PeerError
 
 MARKER = "TRAINING_DONE"
 
@@ -53,7 +53,7 @@ def _listening(address: str) -> bool:
 
 
 class DoneWatcher:
-    """Polls for the chief's done marker; raises RetryableError once the chief has been gone too long."""
+    """Polls for the chief's done marker; raises PeerError once the chief has been gone too long."""
 
     def __init__(self, checkpoint_dir: Path, chief_address: str | None, timeout: float) -> None:
         self.path = marker_path(checkpoint_dir)
@@ -68,7 +68,7 @@ class DoneWatcher:
         return content is not None and content != self.stale
 
     def check_chief(self) -> None:
-        """Raise RetryableError when the chief, once listening, has been unreachable for ``timeout`` seconds."""
+        """Raise PeerError when the chief, once listening, has been unreachable for ``timeout`` seconds."""
         if self.chief_address is None:
             return
         if _listening(self.chief_address):
@@ -79,11 +79,10 @@ class DoneWatcher:
         now = time.monotonic()
         self._silent_since = self._silent_since or now
         if now - self._silent_since > self.timeout:
-            raise RetryableError(f"the chief at {self.chief_address} is gone and never announced the end of training",
-                                 ExitCode.PEER_TIMEOUT)
+            raise PeerError(f"the chief at {self.chief_address} is gone and never announced the end of training")
 
     def wait(self, poll: float = 1.0) -> None:
-        """Block until training is done (or the chief is gone: RetryableError)."""
+        """Block until training is done (or the chief is gone: PeerError)."""
         while not self.done():
             self.check_chief()
             time.sleep(poll)

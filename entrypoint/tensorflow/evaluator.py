@@ -16,7 +16,6 @@ from typing import Any
 
 from entrypoint.checkpoints import committed, read_marker
 from entrypoint.errors import ConfigError, ExitCode
-from entrypoint.options import RunOptions
 from entrypoint.plan import Plan
 from entrypoint.tensorflow.done import DoneWatcher
 from entrypoint.tensorflow.hooks import build_compiled_model, make_context, user_datasets
@@ -50,13 +49,14 @@ def evaluate_checkpoint(model: Any, data: Any, path: Path) -> dict[str, Any] | N
     return {"epoch": epoch, **{name: float(value) for name, value in metrics.items()}}
 
 
-def evaluate_forever(plan: Plan, options: RunOptions, module: ModuleType) -> int:
+def evaluate_forever(plan: Plan, module: ModuleType) -> int:
     """Evaluate each new committed checkpoint; exit 0 after the last one once the chief is done."""
     import tensorflow as tf
 
+    options = plan.options
     args = parse_user_args(module, options.user_args)
     tf.keras.utils.set_random_seed(options.seed)
-    ctx = make_context(plan, options, module, tf.distribute.get_strategy())
+    ctx = make_context(plan, module, tf.distribute.get_strategy())
     model = build_compiled_model(module, args, ctx)
     evaluation = user_datasets(module, args, ctx)[1]
     if evaluation is None:

@@ -14,19 +14,20 @@ from types import ModuleType
 from typing import Any
 
 from entrypoint.errors import ConfigError
-from entrypoint.options import RunOptions
+from entrypoint.options import DEFAULT_BATCH_SIZE, DEFAULT_EPOCHS
 from entrypoint.outputs import local_path
 from entrypoint.plan import Plan
 from entrypoint.usercode import module_default
 
 log = logging.getLogger("entrypoint.tensorflow")
-DEFAULT_EPOCHS = 10
-DEFAULT_BATCH_SIZE = 32
 
 
 @dataclass(frozen=True)
 class TFContext:
-    """What the hooks receive: this replica's place, batch sizes, output dirs and the strategy."""
+    """What the hooks receive: this replica's place, batch sizes, output dirs and the strategy.
+
+    ``rank`` and ``world_size`` count training processes (one per node under TensorFlow), as in PyTorch.
+    """
 
     role: str
     index: int
@@ -45,12 +46,13 @@ class TFContext:
     strategy: Any = field(repr=False)
 
 
-def make_context(plan: Plan, options: RunOptions, module: ModuleType, strategy: Any) -> TFContext:
+def make_context(plan: Plan, module: ModuleType, strategy: Any) -> TFContext:
     """The context for this replica; the global batch is per-replica batch x replicas in sync."""
+    options = plan.options
     per_replica = int(options.batch_size or module_default(module, "batch_size", DEFAULT_BATCH_SIZE))
     topo, out = plan.topology, plan.outputs
     return TFContext(
-        role=topo.role, index=topo.index, rank=topo.node_rank or 0, world_size=max(topo.num_nodes, 1),
+        role=topo.role, index=topo.index, rank=topo.rank, world_size=topo.world_size,
         is_chief=topo.is_chief, trial=topo.trial,
         num_replicas_in_sync=strategy.num_replicas_in_sync, per_replica_batch_size=per_replica,
         global_batch_size=per_replica * strategy.num_replicas_in_sync,

@@ -6,7 +6,6 @@ import logging
 from pathlib import Path
 
 from entrypoint.errors import ExitCode
-from entrypoint.options import RunOptions
 from entrypoint.outputs import local_path
 from entrypoint.plan import Plan
 from entrypoint.tensorflow.done import DoneWatcher
@@ -15,12 +14,12 @@ from entrypoint.tensorflow.strategy import cluster_resolver, default_sigterm
 log = logging.getLogger("entrypoint.tensorflow")
 
 
-def serve(plan: Plan, options: RunOptions) -> int:
+def serve(plan: Plan) -> int:
     """Start this replica's server, serve the chief's coordinator, exit 0 once it announces the end."""
     import tensorflow as tf
 
     watcher = DoneWatcher(Path(local_path(plan.outputs.checkpoint_dir)), plan.topology.chief_address,
-                          options.timeout)
+                          plan.options.timeout)
     resolver = cluster_resolver()
     server = tf.distribute.Server(resolver.cluster_spec(), job_name=resolver.task_type, task_index=resolver.task_id,
                                   protocol=resolver.rpc_layer or "grpc", start=True)

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import logging
-import math
 import signal
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from entrypoint.errors import ConfigError
-from entrypoint.options import RunOptions
 from entrypoint.plan import Plan
+from entrypoint.signals import deadline
+from entrypoint.tensorflow.framework import STRATEGIES
 
 log = logging.getLogger("entrypoint.tensorflow")
 # Shard variables into pieces of at least this size across the parameter servers.
@@ -34,11 +32,11 @@ def cluster_resolver() -> Any:
     return tf.distribute.cluster_resolver.TFConfigClusterResolver()
 
 
-def make_strategy(plan: Plan, options: RunOptions) -> Any:
+def make_strategy(plan: Plan) -> Any:
     """The strategy named by ``plan.strategy``, logged with the plan's reason."""
     import tensorflow as tf
 
-    name, gpus = plan.strategy, plan.gpus_per_node
+    name, gpus, options = plan.strategy, plan.gpus_per_node, plan.options
     if name == "default":
         strategy = tf.distribute.get_strategy()
     elif name == "OneDeviceStrategy":
@@ -46,17 +44,16 @@ def make_strategy(plan: Plan, options: RunOptions) -> Any:
     elif name == "MirroredStrategy":
         strategy = tf.distribute.MirroredStrategy()  # NCCL all-reduce across this node's GPUs
     elif name == "MultiWorkerMirroredStrategy":
-        with deadline(options.timeout, f"joining the other workers ({peers(plan)})"):
+        with start_deadline(options.timeout, f"joining the other workers ({peers(plan)})"):
             strategy = tf.distribute.MultiWorkerMirroredStrategy(
                 communication_options=communication_options(gpus, options.timeout))
     elif name == "ParameterServerStrategy":
         partitioner = tf.distribute.experimental.partitioners.MinSizePartitioner(
             min_shard_bytes=PS_MIN_SHARD_BYTES, max_shards=max(len(plan.topology.servers), 1))
-        with deadline(options.timeout, f"connecting to the workers and parameter servers ({peers(plan)})"):
+        with start_deadline(options.timeout, f"connecting to the workers and parameter servers ({peers(plan)})"):
             strategy = tf.distribute.ParameterServerStrategy(cluster_resolver(), variable_partitioner=partitioner)
     else:
-        accepted = "default, OneDeviceStrategy, MirroredStrategy, MultiWorkerMirroredStrategy, ParameterServerStrategy"
-        raise ConfigError("--strategy", f"{name} is not a TensorFlow strategy; expected one of {accepted}")
+        raise ConfigError("--strategy", f"{name} is not a TensorFlow strategy; expected one of {', '.join(STRATEGIES)}")
     if name in ("MultiWorkerMirroredStrategy", "ParameterServerStrategy"):
         default_sigterm()
     log.info("strategy %s with %d replica(s) in sync (%s)", name, strategy.num_replicas_in_sync, plan.reason)
@@ -65,29 +62,14 @@ def make_strategy(plan: Plan, options: RunOptions) -> Any:
 
 def peers(plan: Plan) -> str:
     """The cluster members this replica waits for, by pool and address (for the log line before waiting)."""
-    topo = plan.topology
-    pools = {"chief": topo.chief, "worker": topo.workers}
-    if plan.strategy == "ParameterServerStrategy":
-        pools["ps"] = topo.servers
-    return ", ".join(f"{pool}[{i}] {addr}" for pool, members in pools.items() for i, addr in enumerate(members))
+    peers = plan.topology.training_peers(include_servers=plan.strategy == "ParameterServerStrategy")
+    return ", ".join(str(p) for p in peers)
 
 
-@contextmanager
-def deadline(seconds: float, what: str) -> Iterator[None]:
-    """End the process by SIGALRM (exit 142, retryable) when the block outlasts ``seconds``.
-
-    TensorFlow's cluster start waits for every peer with no deadline of its own, holding the GIL
-    and swallowing SIGTERM, so neither a Python timer nor a handler could stop it; the kernel's
-    default action for SIGALRM can.
-    """
-    log.info("%s; if one never comes this replica ends after --timeout %.0f s with exit code 142", what, seconds)
-    previous = signal.signal(signal.SIGALRM, signal.SIG_DFL)
-    signal.alarm(max(1, math.ceil(seconds)))
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
+def start_deadline(seconds: float, what: str) -> Any:
+    """A backstop for TensorFlow's cluster start (the peers already met at the start-up barrier)."""
+    log.info("%s; if one is lost meanwhile this replica ends after --timeout %.0f s with exit code 142", what, seconds)
+    return deadline(seconds)
 
 
 def default_sigterm() -> None:

@@ -9,13 +9,14 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from entrypoint.checkpoints import read_marker, resolve_resume
+from entrypoint.checkpoints import load_newest, read_marker
 from entrypoint.errors import ConfigError, ExitCode
 from entrypoint.hypertune import MetricReporter
-from entrypoint.options import RunOptions
+from entrypoint.outputs import ensure_writable
 from entrypoint.plan import Plan
+from entrypoint.summary import TrainingSummary, write_summary
 from entrypoint.tensorflow.done import announce_done, clear_done
-from entrypoint.tensorflow.export import export_model, write_json
+from entrypoint.tensorflow.export import export_model
 from entrypoint.tensorflow.hooks import (
     TFContext,
     batched,
@@ -29,7 +30,7 @@ from entrypoint.tensorflow.strategy import is_multi_worker, is_parameter_server,
 from entrypoint.usercode import module_default, parse_user_args
 
 log = logging.getLogger("entrypoint.tensorflow")
-SUMMARY = "training_summary.json"  # written by the chief next to the export
+LOAD_WITH = "tf_keras.models.load_model('<model_dir>')  # a SavedModel"
 
 
 def fit_inputs(module: ModuleType, args: argparse.Namespace, ctx: TFContext) -> dict[str, Any]:
@@ -55,13 +56,17 @@ def fit_inputs(module: ModuleType, args: argparse.Namespace, ctx: TFContext) -> 
 
 
 def resume(model: Any, ctx: TFContext, resume_from: str | None) -> int:
-    """Load ``--resume-from`` or the newest committed checkpoint; the epoch to start from (0 when none)."""
-    path = resolve_resume(ctx.checkpoint_dir, resume_from)
-    if path is None:
+    """Load ``--resume-from`` or the newest committed checkpoint that loads; the epoch to start from (0: none)."""
+
+    def load(path: Path) -> int:
+        model.load_weights(str(path / "weights")).expect_partial()
+        return int(read_marker(path).get("epoch", 0))
+
+    found = load_newest(ctx.checkpoint_dir, resume_from, load)
+    if found is None:
         return 0
-    model.load_weights(str(path / "weights")).expect_partial()
-    epoch = int(read_marker(path).get("epoch", 0))
-    log.info("resuming from %s (epoch %d)", path, epoch)
+    path, epoch = found
+    log.info("resumed from %s at step %d (epoch %d)", path, int(read_marker(path).get("step", 0)), epoch)
     return epoch
 
 
@@ -81,14 +86,14 @@ def gather_steps(strategy: Any, batches: int) -> list[int]:
     return [int(v) for v in gathered.numpy()]
 
 
-def make_callbacks(plan: Plan, options: RunOptions, ctx: TFContext, reporter: MetricReporter,
+def make_callbacks(plan: Plan, ctx: TFContext, reporter: MetricReporter,
                    metric: str | None) -> tuple[list[Any], Any]:
     """BackupAndRestore first (so it restores before the others look), then ours; TB and tuning on the chief."""
     import tensorflow as tf
 
     from entrypoint.tensorflow.callbacks import CommitCheckpoints, ProgressAndSteps, ReportTuningMetric
 
-    ckpt = Path(ctx.checkpoint_dir)
+    options, ckpt = plan.options, Path(ctx.checkpoint_dir)
     progress = ProgressAndSteps(ctx.epochs, ctx.global_batch_size, ctx.num_replicas_in_sync, options.log_every,
                                 ctx.is_chief)
     callbacks: list[Any] = [
@@ -103,37 +108,54 @@ def make_callbacks(plan: Plan, options: RunOptions, ctx: TFContext, reporter: Me
     return callbacks, progress
 
 
-def train(plan: Plan, options: RunOptions, module: ModuleType) -> int:
+def train(plan: Plan, module: ModuleType) -> int:
     """Train with the module's hooks under the plan's strategy; the chief exports and announces the end."""
     import tensorflow as tf
 
-    started = time.time()
+    started, options = time.time(), plan.options
     args = parse_user_args(module, options.user_args)
     tf.keras.utils.set_random_seed(options.seed)  # same pipelines on every worker: DATA sharding relies on it
-    strategy = make_strategy(plan, options)
-    ctx = make_context(plan, options, module, strategy)
+    strategy = make_strategy(plan)
+    ctx = make_context(plan, module, strategy)
     if ctx.is_chief:
+        ensure_writable([ctx.model_dir, ctx.checkpoint_dir, ctx.tensorboard_dir])
         clear_done(Path(ctx.checkpoint_dir))
     model = build_compiled_model(module, args, ctx)
     inputs = fit_inputs(module, args, ctx)
     initial_epoch = resume(model, ctx, options.resume_from)
     metric = options.hypertune_metric or getattr(module, "HYPERTUNE_METRIC", None)
     reporter = MetricReporter(ctx.is_chief, ctx.trial)
-    callbacks, progress = make_callbacks(plan, options, ctx, reporter, metric)
+    callbacks, progress = make_callbacks(plan, ctx, reporter, metric)
     log.info("training %d epoch(s), global batch %d (%d per replica x %d)", ctx.epochs, ctx.global_batch_size,
              ctx.per_replica_batch_size, ctx.num_replicas_in_sync)
     history = model.fit(**inputs, epochs=ctx.epochs, initial_epoch=initial_epoch, callbacks=callbacks, verbose=0)
     steps = gather_steps(strategy, progress.batches)
     export_model(model, Path(ctx.model_dir), ctx.is_chief)
     if ctx.is_chief:
-        write_json(Path(ctx.model_dir) / SUMMARY, {
-            "strategy": plan.strategy, "reason": plan.reason, "replicas_in_sync": ctx.num_replicas_in_sync,
-            "global_batch_size": ctx.global_batch_size, "epochs": ctx.epochs,
-            "initial_epoch": progress.first_epoch if progress.first_epoch is not None else ctx.epochs,
-            "initial_step": progress.start_step, "final_step": int(model.optimizer.iterations.numpy()),
-            "steps_per_replica": steps, "history": {k: [float(x) for x in v] for k, v in history.history.items()},
-            "hypertune_file": reporter.path, "seconds": round(time.time() - started, 3),
-        })
+        write_summary(Path(ctx.model_dir), summarize(plan, ctx, model, history, progress, steps,
+                                                     reporter, time.time() - started))
         announce_done(Path(ctx.checkpoint_dir))
         log.info("exported the model to %s", ctx.model_dir)
     return ExitCode.OK
+
+
+def summarize(plan: Plan, ctx: TFContext, model: Any, history: Any, progress: Any, steps: list[int],
+              reporter: MetricReporter, seconds: float) -> TrainingSummary:
+    """The run in the shared training-summary schema."""
+    per_epoch = {k: [float(x) for x in v] for k, v in history.history.items()}
+    final = {k[len("val_"):]: v[-1] for k, v in per_epoch.items() if k.startswith("val_") and v}
+    final_step = int(model.optimizer.iterations.numpy())
+    backend = {"MultiWorkerMirroredStrategy": "nccl" if plan.gpus_per_node else "ring",
+               "ParameterServerStrategy": "parameter_servers", "MirroredStrategy": "nccl"}.get(plan.strategy, "local")
+    return TrainingSummary(
+        framework="tensorflow", strategy=plan.strategy, backend=backend,
+        device="gpu" if plan.gpus_per_node else "cpu", world_size=ctx.world_size,
+        replicas_in_sync=ctx.num_replicas_in_sync, global_batch_size=ctx.global_batch_size, epochs=ctx.epochs,
+        start_epoch=progress.first_epoch if progress.first_epoch is not None else ctx.epochs,
+        start_step=progress.start_step, final_step=final_step, expected_steps=None, steps_per_replica=steps,
+        metrics=final, history=per_epoch, seconds=round(seconds, 3),
+        samples_per_second=round((final_step - progress.start_step) * ctx.global_batch_size / max(seconds, 1e-9), 1),
+        checkpoint_blocked_seconds=0.0, checkpoint_write_seconds=0.0, trial=ctx.trial,
+        hypertune_file=reporter.path, load_with=LOAD_WITH, ranks=list(range(ctx.world_size)),
+        details={"reason": plan.reason},
+    )

@@ -22,7 +22,8 @@ def test_two_replicas_allreduce_in_step_and_only_rank0_writes(tmp_path: Path) ->
     assert proc.returncode == 0, failure_text(proc)
     result = summary(tmp_path / "2" / "model")
     assert result["backend"] == "horovod" and result["world_size"] == 2
-    init, start, final = result["init_param_digests"], result["start_param_digests"], result["param_digests"]
+    init, start, final = (result["details"]["init_param_digests"], result["details"]["start_param_digests"],
+                          result["param_digests"])
     assert init[0] != init[1]  # the ranks built different models...
     assert start == [init[0], init[0]]  # ...and rank 0's parameters reached rank 1 before training
     assert final[0] == final[1]

@@ -11,13 +11,13 @@ from unittest import mock
 import pytest
 
 from entrypoint.environments import read_settings, resolve
-from entrypoint.errors import ExitCode, RetryableError
+from entrypoint.errors import ExitCode, PeerError
+from entrypoint.failures import classify
 from entrypoint.options import RunOptions
 from entrypoint.plan import Plan, make_plan
 from entrypoint.tensorflow.done import DoneWatcher, announce_done, clear_done
 from entrypoint.tensorflow.export import save_on_every_worker
-from entrypoint.tensorflow.launch import prepare_environment, retryable
-from entrypoint.tensorflow.script import run_script
+from entrypoint.usercode import UserCode, run_script
 
 pytestmark = pytest.mark.tensorflow
 
@@ -29,18 +29,17 @@ def plan_for(env: dict[str, str], strategy: str | None = None) -> Plan:
 def test_user_tf_config_with_master_is_exported_with_chief_and_legacy_keras() -> None:
     user = {"TF_CONFIG": json.dumps({"cluster": {"master": ["m:1"], "worker": ["w:1"]},
                                      "task": {"type": "master", "index": 0}})}
-    with mock.patch.dict(os.environ, user, clear=False):
-        prepare_environment(plan_for(user))
-        exported = json.loads(os.environ["TF_CONFIG"])
-        assert exported["cluster"] == {"chief": ["m:1"], "worker": ["w:1"]}
-        assert exported["task"]["type"] == "chief"
-        assert os.environ["TF_USE_LEGACY_KERAS"] == "1"
+    env = plan_for(user).emitted_env()
+    exported = json.loads(env["TF_CONFIG"])
+    assert exported["cluster"] == {"chief": ["m:1"], "worker": ["w:1"]}
+    assert exported["task"]["type"] == "chief"
+    assert env["TF_USE_LEGACY_KERAS"] == "1" and env["TF_CPP_MIN_LOG_LEVEL"] == "1"
 
 
-def test_an_explicit_tf_use_legacy_keras_wins() -> None:
-    with mock.patch.dict(os.environ, {"TF_USE_LEGACY_KERAS": "0"}):
-        prepare_environment(plan_for({}))
-        assert os.environ["TF_USE_LEGACY_KERAS"] == "0"
+def test_the_users_own_tf_settings_win() -> None:
+    with mock.patch.dict(os.environ, {"TF_USE_LEGACY_KERAS": "0", "TF_CPP_MIN_LOG_LEVEL": "0"}):
+        env = plan_for({}).emitted_env()
+    assert env["TF_USE_LEGACY_KERAS"] == "0" and env["TF_CPP_MIN_LOG_LEVEL"] == "0"
 
 
 def test_peer_failures_are_retryable_and_others_are_not() -> None:
@@ -48,8 +47,11 @@ def test_peer_failures_are_retryable_and_others_are_not() -> None:
         cls = type(name, (Exception,), {"__module__": "tensorflow.python.framework.errors_impl"})
         return cls()
 
-    assert retryable(tf_error("DeadlineExceededError")) and retryable(tf_error("UnavailableError"))
-    assert not retryable(tf_error("InvalidArgumentError")) and not retryable(ValueError())
+    def code(exc: Exception) -> int:
+        return classify(exc).exit_code
+
+    assert code(tf_error("DeadlineExceededError")) == code(tf_error("UnavailableError")) == ExitCode.PEER_LOST
+    assert code(tf_error("InvalidArgumentError")) == code(ValueError()) == ExitCode.USER_CODE
 
 
 def test_done_marker_of_a_previous_run_is_ignored(tmp_path: Path) -> None:
@@ -70,9 +72,9 @@ def test_a_chief_gone_silent_is_a_retryable_error(tmp_path: Path) -> None:
     watcher.check_chief()  # seen listening
     listener.close()
     watcher.check_chief()  # silent from now on
-    with pytest.raises(RetryableError) as info:
+    with pytest.raises(PeerError) as info:
         watcher.check_chief()
-    assert info.value.exit_code == ExitCode.PEER_TIMEOUT
+    assert info.value.exit_code == ExitCode.PEER_LOST
 
 
 def test_unseen_chief_never_times_out(tmp_path: Path) -> None:
@@ -106,5 +108,5 @@ def test_script_exit_codes(tmp_path: Path, body: str, code: int) -> None:
     script = tmp_path / "task.py"
     script.write_text(f"import sys, pathlib\npathlib.Path(sys.argv[2]).write_text(repr(sys.argv[1:]))\n{body}\n")
     seen = tmp_path / "argv.txt"
-    assert run_script("script", str(script), ["--out", str(seen)]) == code
+    assert run_script(UserCode("script", str(script)), ["--out", str(seen)]) == code
     assert seen.read_text() == repr(["--out", str(seen)])

@@ -90,9 +90,9 @@ def test_restart_after_a_kill_resumes_from_the_backup(tmp_path: Path) -> None:
     proc = run_job(command, tmp_path)
     assert proc.returncode == 0, tail(proc)
     result = summary(out / "model")
-    assert result["initial_epoch"] > 0 and result["initial_step"] > 0
+    assert result["start_epoch"] > 0 and result["start_step"] > 0
     assert result["final_step"] == 6 * 8
-    assert result["steps_per_replica"][0] == result["steps_per_replica"][1] == 48 - result["initial_step"]
+    assert result["steps_per_replica"][0] == result["steps_per_replica"][1] == 48 - result["start_step"]
     assert leftovers(tmp_path) == []
 
 
@@ -104,6 +104,7 @@ def test_a_worker_that_never_comes_ends_the_chief_after_the_timeout(tmp_path: Pa
     proc = run_job([PYTHON, "-m", "entrypoint", *run_args("--module", TOY, "--job-dir", str(tmp_path / "job"),
                                                           "--timeout", "5")],
                    tmp_path, env={"TF_CONFIG": json.dumps(tf_config)}, timeout=120)
-    assert proc.returncode == -signal.SIGALRM, tail(proc)  # the shell and `local` report 142: retryable, no hang
-    assert time.monotonic() - started < 90
+    assert proc.returncode == 129, tail(proc)  # retryable, no hang: the start-up barrier names who never came
+    assert f"worker[0] (127.0.0.1:{worker})" in proc.stderr.splitlines()[-1]
+    assert time.monotonic() - started < 60
     assert not (tmp_path / "job" / "model").exists()

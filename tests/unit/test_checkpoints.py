@@ -1,7 +1,9 @@
-"""Commit markers: a checkpoint counts only once its marker is written; torn ones are skipped."""
+"""Commit markers and manifests: a checkpoint counts once committed, loads only if intact, else the next older."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -10,13 +12,17 @@ from entrypoint import checkpoints
 from entrypoint.errors import ConfigError
 
 
-def make(root: Path, step: int, commit: bool = True) -> Path:
+def make(root: Path, step: int, commit: bool = True, payload: bytes = b"state") -> Path:
     path = checkpoints.checkpoint_path(root, step)
     path.mkdir(parents=True)
-    (path / "state.pt").write_bytes(b"x")
+    (path / "state.pt").write_bytes(payload)
     if commit:
         checkpoints.commit(path, {"step": step})
     return path
+
+
+def read(path: Path) -> bytes:
+    return (path / "state.pt").read_bytes()
 
 
 def test_latest_skips_torn_checkpoints(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -28,6 +34,75 @@ def test_latest_skips_torn_checkpoints(tmp_path: Path, caplog: pytest.LogCapture
     assert checkpoints.read_marker(good)["step"] == 20
 
 
+def test_marker_lists_every_file_with_size_and_checksum(tmp_path: Path) -> None:
+    path = make(tmp_path, 5, payload=b"12345")
+    files = checkpoints.read_marker(path)["files"]
+    assert files["state.pt"]["size"] == 5 and len(files["state.pt"]["sha256"]) == 64
+    checkpoints.verify(path)
+
+
+@pytest.mark.parametrize(("damage", "reason"), [
+    (lambda p: (p / "state.pt").write_bytes(b"stat"), "truncated"),
+    (lambda p: (p / "state.pt").write_bytes(b"STATE"), "checksum"),
+    (lambda p: (p / "state.pt").unlink(), "missing"),
+])
+def test_verify_names_what_is_wrong(tmp_path: Path, damage: Callable[[Path], object], reason: str) -> None:
+    path = make(tmp_path, 5)
+    damage(path)
+    with pytest.raises(checkpoints.CheckpointError, match=reason):
+        checkpoints.verify(path)
+
+
+def test_markers_without_a_manifest_still_load(tmp_path: Path) -> None:
+    path = make(tmp_path, 5, commit=False)
+    (path / checkpoints.MARKER).write_text(json.dumps({"step": 5}))  # written by an older version
+    assert checkpoints.load_newest(tmp_path, None, read) == (path, b"state")
+
+
+def test_a_bad_newest_checkpoint_falls_back_to_the_next_older(tmp_path: Path,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    good = make(tmp_path, 10, payload=b"good")
+    bad = make(tmp_path, 20)
+    (bad / "state.pt").write_bytes(b"st")  # truncated after its commit
+    assert checkpoints.load_newest(tmp_path, None, read) == (good, b"good")
+    assert f"checkpoint {bad} does not load" in caplog.text and "truncated" in caplog.text
+
+
+def test_a_checkpoint_that_fails_to_load_falls_back_too(tmp_path: Path) -> None:
+    good = make(tmp_path, 10, payload=b"good")
+    make(tmp_path, 20, payload=b"wrong shapes")
+
+    def load(path: Path) -> bytes:
+        if read(path) == b"wrong shapes":
+            raise RuntimeError("size mismatch for weight")
+        return read(path)
+
+    assert checkpoints.load_newest(tmp_path, None, load) == (good, b"good")
+
+
+def test_when_no_committed_checkpoint_loads_the_job_fails_naming_the_directory(tmp_path: Path) -> None:
+    for step in (1, 2):
+        (make(tmp_path, step) / "state.pt").write_bytes(b"")
+    with pytest.raises(ConfigError) as info:
+        checkpoints.load_newest(tmp_path, None, read)
+    assert str(info.value).startswith(f"{tmp_path}: none of the 2 committed checkpoints loads")
+
+
+def test_resume_from(tmp_path: Path) -> None:
+    assert checkpoints.load_newest(tmp_path / "none-yet", None, read) is None
+    good = make(tmp_path, 5)
+    torn = make(tmp_path, 6, commit=False)
+    assert checkpoints.load_newest(tmp_path, str(good), read) == (good, b"state")
+    assert checkpoints.load_newest(tmp_path, str(tmp_path), read) == (good, b"state")  # a directory of them
+    with pytest.raises(ConfigError, match="does not exist"):
+        checkpoints.load_newest(tmp_path, str(tmp_path / "missing"), read)
+    with pytest.raises(ConfigError, match="not a committed checkpoint"):
+        checkpoints.load_newest(tmp_path, str(torn), read)
+    (good / "state.pt").write_bytes(b"x")
+    with pytest.raises(ConfigError, match=r"--resume-from: .* does not load: CheckpointError"):
+        checkpoints.load_newest(tmp_path, str(good), read)  # an explicit bad checkpoint never falls back
+
+
 def test_prune_keeps_the_newest_committed(tmp_path: Path) -> None:
     for step in (1, 2, 3, 4):
         make(tmp_path, step)
@@ -35,15 +110,3 @@ def test_prune_keeps_the_newest_committed(tmp_path: Path) -> None:
     checkpoints.prune(tmp_path, keep=2)
     assert [s for s, _ in checkpoints.committed(tmp_path)] == [3, 4]
     assert not checkpoints.checkpoint_path(tmp_path, 0).exists()
-
-
-def test_resume_from(tmp_path: Path) -> None:
-    assert checkpoints.resolve_resume(tmp_path / "none-yet", None) is None
-    good = make(tmp_path, 5)
-    torn = make(tmp_path, 6, commit=False)
-    assert checkpoints.resolve_resume(tmp_path, str(good)) == good
-    assert checkpoints.resolve_resume(tmp_path, str(tmp_path)) == good  # a directory of checkpoints
-    with pytest.raises(ConfigError, match="does not exist"):
-        checkpoints.resolve_resume(tmp_path, str(tmp_path / "missing"))
-    with pytest.raises(ConfigError, match="not a committed checkpoint"):
-        checkpoints.resolve_resume(tmp_path, str(torn))

@@ -1,0 +1,332 @@
+"""Failures in one funnel: classify every failure into the exit-code table, record it, name the root cause.
+
+``classify`` is the only place an exception becomes a failure class and an exit code. ``guarded`` wraps
+a process's body: on failure it writes a record to ``<job dir>/failures/``, prints the traceback (for the
+user's own errors) and ends with one line naming the class, replica, rank, host, message and exit code.
+Supervisors and the chief read the records written since they started and name the earliest failure
+that is not a consequence of another (a peer's crash shows up on the others as ``peer_lost``).
+Nothing printed or recorded carries a secret value (``redact``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import logging
+import os
+import shutil
+import socket
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from entrypoint import errors
+from entrypoint.errors import ExitCode, FailureClass, TrainerError, is_retryable
+from entrypoint.outputs import local_path
+
+log = logging.getLogger("entrypoint")
+FAILURES_DIR = "failures"
+SCHEMA_VERSION = 1
+_MAX_MESSAGE = 400
+_MAX_TRACEBACK_LINES = 60
+_MAX_TRACEBACK_CHARS = 8000
+_CLOCK_SKEW = 2.0  # seconds: a peer's record written just before our start still belongs to this run
+# Messages of torch.distributed (gloo, nccl), Horovod and the OS that mean a peer is gone or stuck.
+_PEER_MESSAGES = (
+    "connection closed by peer", "connection reset by peer", "broken pipe", "connection refused",
+    "timed out waiting", "timeout waiting", "wait timeout", "socket timeout", "collective operation timeout",
+    "communicator was aborted", "remote process exited", "ncclremoteerror", "ncclsystemerror",
+    "horovod has been shut down", "gloo context", "read error", "connection closed",
+)
+_PEER_TYPES = ("DistNetworkError", "DistStoreError", "DistBackendError", "HorovodInternalError",
+               "HostsUpdatedInterrupt", "RendezvousTimeoutError", "RendezvousClosedError", "RendezvousConnectionError")
+_TF_PEER_TYPES = ("DeadlineExceededError", "UnavailableError", "AbortedError")
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A classified failure: its class, exit code and one-line message (not yet redacted)."""
+
+    cls: FailureClass
+    message: str
+    traceback: str = ""
+
+    @property
+    def exit_code(self) -> int:
+        """The exit code this failure ends the process with."""
+        return int(self.cls.exit_code)
+
+
+@dataclass
+class Context:
+    """Who this process is and where its failures go; filled in as the process learns (plan, rank)."""
+
+    replica: str = "local"
+    rank: int | None = None
+    job_dir: str | None = None
+    outputs: tuple[str, ...] = ()
+    secrets: frozenset[str] = frozenset()
+    hooks: bool = False  # a SystemExit from the user's code is a failure (the loop must finish)
+    top_level: bool = True  # this process prints the job's root-cause line
+    error_file: str | None = None  # torch elastic's TORCHELASTIC_ERROR_FILE, when a worker of its agent
+    termination_log: bool = False  # Kubernetes: the message also goes to /dev/termination-log
+    started: float = field(default_factory=time.time)
+
+
+def classify(exc: BaseException, outputs: Iterable[str] = (), hooks: bool = False) -> Failure:
+    """The failure class and exit code of ``exc`` (the one place this is decided)."""
+    name = type(exc).__name__
+    if isinstance(exc, TrainerError):
+        return Failure(exc.failure, str(exc))
+    if isinstance(exc, KeyboardInterrupt):
+        return Failure(errors.signal_class(2), "interrupted (SIGINT)")
+    if isinstance(exc, SystemExit):
+        if hooks:
+            return Failure(errors.USER_CODE, f"the user's code called sys.exit({exc.code!r}) before training finished")
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        return Failure(FailureClass("user_code", code, "the user's code exited"), f"exited with {code}")
+    if isinstance(exc, OSError) and (found := _os_failure(exc, outputs)) is not None:
+        return found
+    text = str(exc)
+    if _is_peer_failure(exc, text):
+        return Failure(errors.PEER_LOST, f"a peer is gone or timed out ({name}: {_first_line(text)})")
+    if "inline_container" in text and _nearly_full(outputs):
+        return Failure(errors.DISK_FULL, f"no space left where outputs go ({', '.join(outputs)})")
+    return Failure(errors.USER_CODE, f"{name}: {_first_line(text)}" if text else name, _traceback(exc))
+
+
+def _os_failure(exc: OSError, outputs: Iterable[str]) -> Failure | None:
+    where = f" at {exc.filename}" if exc.filename else ""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return Failure(errors.DISK_FULL, f"no space left on device{where}")
+    if exc.errno == errno.EROFS:
+        return Failure(errors.OUTPUT_NOT_WRITABLE, f"read-only file system{where}")
+    if exc.errno in (errno.EACCES, errno.EPERM) and exc.filename and _under(str(exc.filename), outputs):
+        return Failure(errors.OUTPUT_NOT_WRITABLE, f"permission denied{where}")
+    return None
+
+
+def _is_peer_failure(exc: BaseException, text: str) -> bool:
+    cls = type(exc)
+    if cls.__name__ in _PEER_TYPES or any(c.__name__ in _PEER_TYPES for c in cls.__mro__):
+        return True
+    if cls.__module__.startswith("tensorflow") and cls.__name__ in _TF_PEER_TYPES:
+        return True
+    lowered = text.lower()
+    return isinstance(exc, (RuntimeError, ConnectionError, TimeoutError)) and any(
+        m in lowered for m in _PEER_MESSAGES)
+
+
+def _under(path: str, outputs: Iterable[str]) -> bool:
+    resolved = os.path.abspath(path)
+    return any(resolved.startswith(os.path.abspath(local_path(o))) for o in outputs)
+
+
+def _nearly_full(outputs: Iterable[str]) -> bool:
+    for out in outputs:
+        probe = Path(local_path(out))
+        while not probe.exists() and probe != probe.parent:
+            probe = probe.parent
+        try:
+            if shutil.disk_usage(probe).free < (1 << 20):
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def _first_line(text: str) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= _MAX_MESSAGE else line[: _MAX_MESSAGE - 3] + "..."
+
+
+def _traceback(exc: BaseException) -> str:
+    lines = "".join(traceback.format_exception(exc)).splitlines()[-_MAX_TRACEBACK_LINES:]
+    return "\n".join(lines)[-_MAX_TRACEBACK_CHARS:]
+
+
+def redact(text: str, secrets: Iterable[str]) -> str:
+    """``text`` with every secret value replaced by ``***`` and control characters made visible."""
+    for secret in sorted(secrets, key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return "".join(c if c.isprintable() or c in "\n\t" else "?" for c in text)
+
+
+# ---- records ---------------------------------------------------------------------------------
+def record_dir(job_dir: str) -> Path:
+    """Where every replica of the job writes its failure records."""
+    return Path(local_path(job_dir)) / FAILURES_DIR
+
+
+def write_record(ctx: Context, failure: Failure, **extra: Any) -> Path | None:
+    """One JSON record of this process's failure (best effort: a failing disk must not hide the failure)."""
+    if ctx.job_dir is None:
+        return None
+    now = time.time()
+    record = {
+        "schema_version": SCHEMA_VERSION, "replica": ctx.replica, "rank": ctx.rank, "host": socket.gethostname(),
+        "pid": os.getpid(), "exit_code": failure.exit_code, "class": failure.cls.name,
+        "retryable": is_retryable(failure.exit_code), "message": redact(failure.message, ctx.secrets),
+        "traceback": redact(failure.traceback, ctx.secrets), "time": now,
+        "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)), **extra,
+    }
+    rank = "node" if ctx.rank is None else f"rank{ctx.rank}"
+    path = record_dir(ctx.job_dir) / f"{time.time_ns()}-{ctx.replica}-{rank}-{os.getpid()}.json"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(record, indent=2, sort_keys=True))
+    except OSError as exc:
+        print(f"entrypoint: could not write the failure record to {path.parent}: {exc.strerror}", file=sys.stderr)
+        return None
+    return path
+
+
+def read_records(job_dir: str | None, since: float) -> list[dict[str, Any]]:
+    """Every failure record written since ``since`` (minus a little clock skew), oldest first."""
+    if job_dir is None:
+        return []
+    found = []
+    for path in sorted(record_dir(job_dir).glob("*.json")):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and float(data.get("time", 0)) >= since - _CLOCK_SKEW:
+            found.append(data)
+    return sorted(found, key=lambda r: float(r["time"]))
+
+
+def root_cause(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The earliest failure that is not a consequence of another (peer lost, hang, a signal), else the earliest."""
+    for record in records:
+        if record.get("class") not in errors.CONSEQUENCES:
+            return record
+    return records[0] if records else None
+
+
+def last_line(record: dict[str, Any]) -> str:
+    """The one line a failing job ends with."""
+    rank = "" if record.get("rank") is None else f", rank {record['rank']}"
+    kind = "retryable" if record.get("retryable") else "permanent"
+    return (f"entrypoint: error: {record['class']} on {record['replica']}{rank}, host {record['host']}: "
+            f"{record['message']} (exit {record['exit_code']}, {kind})")
+
+
+def as_record(ctx: Context, failure: Failure) -> dict[str, Any]:
+    """This process's failure in record form (for the last line when no record could be written)."""
+    return {"replica": ctx.replica, "rank": ctx.rank, "host": socket.gethostname(), "class": failure.cls.name,
+            "message": redact(failure.message, ctx.secrets), "exit_code": failure.exit_code,
+            "retryable": is_retryable(failure.exit_code)}
+
+
+def conclude(ctx: Context, own: dict[str, Any]) -> int:
+    """Print the job's root cause as the last line (this process's failure unless an earlier one caused it)."""
+    cause = own
+    if own.get("class") in errors.CONSEQUENCES:
+        earlier = root_cause([r for r in read_records(ctx.job_dir, ctx.started) if r.get("pid") != os.getpid()])
+        if earlier is not None and earlier.get("class") not in errors.CONSEQUENCES:
+            print(f"entrypoint: {own['replica']} failed with {own['class']} because of an earlier failure",
+                  file=sys.stderr)
+            cause = earlier
+    return announce(ctx, cause)
+
+
+def announce(ctx: Context, cause: dict[str, Any]) -> int:
+    """Print the root cause as the job's last line (and Kubernetes' termination message); its exit code."""
+    line = last_line(cause)
+    sys.stdout.flush()
+    print(line, file=sys.stderr, flush=True)
+    if ctx.termination_log:
+        _termination_log(line)
+    return int(cause["exit_code"])
+
+
+def _termination_log(line: str) -> None:
+    with contextlib.suppress(OSError), open("/dev/termination-log", "w") as f:
+        f.write(line + "\n")
+
+
+def fail(ctx: Context, failure: Failure) -> int:
+    """Record this process's failure and report it; returns the exit code to end with."""
+    if failure.traceback and failure.cls.name == "user_code":
+        print(redact(failure.traceback, ctx.secrets), file=sys.stderr)
+    write_record(ctx, failure)
+    _torch_error_file(ctx, failure)
+    own = as_record(ctx, failure)
+    if not ctx.top_level:
+        print(last_line(own), file=sys.stderr, flush=True)
+        return failure.exit_code
+    return conclude(ctx, own)
+
+
+def _torch_error_file(ctx: Context, failure: Failure) -> None:
+    """torch elastic's error file (its agent reads it to name the first failure)."""
+    if ctx.error_file is None:
+        return
+    payload = {"message": {"message": f"{failure.cls.name}: {redact(failure.message, ctx.secrets)}",
+                           "extraInfo": {"py_callstack": redact(failure.traceback, ctx.secrets),
+                                         "timestamp": str(int(time.time()))}}}
+    with contextlib.suppress(OSError):
+        Path(ctx.error_file).write_text(json.dumps(payload))
+
+
+def code_class(code: int) -> FailureClass:
+    """The class of a bare exit status (a child that left no record, a script's own exit code)."""
+    known = {c.exit_code: c for c in (errors.CONFIG, errors.OUTPUT_NOT_WRITABLE, errors.DISK_FULL, errors.PEER_LOST,
+                                      errors.HOST_UNRESOLVABLE, errors.START_DEADLINE)}
+    if code in known:
+        return known[code]
+    if 128 < code < 128 + 65:
+        return errors.signal_class(code - 128)
+    return FailureClass("user_code", code, "the user's code exited non-zero")
+
+
+def record_exit(ctx: Context, code: int, message: str) -> None:
+    """Record that this process ends with ``code`` without an exception (a script's own exit code)."""
+    failure = Failure(code_class(code), message)
+    write_record(ctx, failure)
+    if not ctx.top_level:
+        print(last_line(as_record(ctx, failure)), file=sys.stderr, flush=True)
+
+
+def conclude_exit(ctx: Context, code: int, who: str | None = None) -> int:
+    """A child (or the user's script) ended with ``code``: record it if nobody did, then name the root cause.
+
+    ``who`` names the child when it is not this process (its record is written on its behalf).
+    """
+    records = read_records(ctx.job_dir, ctx.started)
+    if not records:
+        cls = code_class(code)
+        failure = Failure(cls, cls.meaning if code > 128 else f"exited with {code}")
+        child = replace(ctx, replica=who, rank=None, secrets=ctx.secrets) if who else ctx
+        write_record(child, failure)
+        return conclude(ctx, as_record(child, failure))
+    cause = root_cause(records)
+    assert cause is not None
+    return announce(ctx, cause)
+
+
+_active: Context | None = None
+
+
+def active() -> Context:
+    """The failure context of this process (the one ``guarded`` runs under)."""
+    return _active if _active is not None else Context()
+
+
+def guarded(body: Callable[[], int], ctx: Context) -> int:
+    """Run ``body``; turn any failure into a record, a last line and an exit code."""
+    global _active
+    _active = ctx
+    try:
+        return body()
+    except BaseException as exc:
+        failure = classify(exc, ctx.outputs, ctx.hooks)
+        if failure.exit_code == ExitCode.OK:
+            return ExitCode.OK
+        return fail(ctx, failure)

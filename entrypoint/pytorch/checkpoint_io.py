@@ -1,0 +1,196 @@
+"""Checkpoint I/O behind one seam: the loop saves, loads and exports through it, never with torch.save itself.
+
+``AsyncCheckpointIO`` blocks the training step only for a copy of the state into host memory, then a
+background thread writes it, hashes it, commits the marker (last) and prunes old checkpoints. At most
+one write is in flight: the next save, the final export, a preemption save and the process's exit all
+wait for it, and a failed write fails the job at the next step. ``SyncCheckpointIO`` writes inline.
+Both record how long training was blocked and how long writes took.
+
+A checkpoint loads with one line: ``torch.load("ckpt-00000100/state.pt", weights_only=False)["model"]``.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import logging
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+import torch
+
+from entrypoint import checkpoints, errors
+from entrypoint.errors import OutputError
+
+log = logging.getLogger("entrypoint.pytorch")
+STATE_FILE = "state.pt"
+LOAD_WITH = 'torch.load("<checkpoint>/state.pt", weights_only=False)["model"]'
+
+
+class _HashingWriter:
+    """A binary file that hashes what it writes and keeps the real OSError torch.save would hide."""
+
+    def __init__(self, f: IO[bytes]) -> None:
+        self.f, self.sha, self.size = f, hashlib.sha256(), 0
+        self.error: OSError | None = None
+
+    def write(self, data: Any) -> int:
+        try:
+            written = self.f.write(data)
+        except OSError as exc:
+            self.error = exc
+            raise
+        self.sha.update(data)
+        self.size += len(memoryview(data))
+        return written
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def write_file(obj: Any, path: Path) -> dict[str, Any]:
+    """``torch.save`` to ``path`` through a hashing writer; the file's size and SHA-256.
+
+    A failure leaves no partial file and surfaces as the disk's own error (ENOSPC, EROFS), which
+    torch.save would otherwise turn into an opaque ``unexpected pos`` message.
+    """
+    writer: _HashingWriter | None = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("wb") as f:
+            writer = _HashingWriter(f)
+            torch.save(obj, writer)  # type: ignore[arg-type]
+    except Exception as exc:
+        path.unlink(missing_ok=True)
+        cause = writer.error if writer is not None and writer.error is not None else exc
+        raise output_error(cause, path) from None
+    return {"size": writer.size, "sha256": writer.sha.hexdigest()}
+
+
+def output_error(exc: BaseException, path: Path) -> BaseException:
+    """The disk's errors as our output failures (the one place an OSError of ours is classified)."""
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return OutputError(errors.DISK_FULL, f"no space left on device writing {path}")
+    if isinstance(exc, OSError) and exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return OutputError(errors.OUTPUT_NOT_WRITABLE, f"{exc.strerror.lower() if exc.strerror else exc}: {path}")
+    return exc
+
+
+def snapshot(value: Any) -> Any:
+    """A copy of the state in host memory, detached from the live tensors (the only part training waits for)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {k: snapshot(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(snapshot(v) for v in value)
+    return value
+
+
+class SyncCheckpointIO:
+    """Write, commit and prune in the training thread."""
+
+    def __init__(self, keep: int) -> None:
+        self.keep = keep
+        self.blocked_seconds = 0.0
+        self.write_seconds = 0.0
+
+    def save(self, path: Path, state: dict[str, Any], meta: dict[str, Any]) -> None:
+        """Write ``state`` as ``path/state.pt`` and commit it."""
+        started = time.perf_counter()
+        self._write(path, state, meta)
+        elapsed = time.perf_counter() - started
+        self.blocked_seconds += elapsed
+        self.write_seconds += elapsed
+        log.info("checkpoint %s committed: training blocked %.2f s (synchronous write)", path.name, elapsed)
+
+    def _write(self, path: Path, state: dict[str, Any], meta: dict[str, Any]) -> None:
+        if path.exists():
+            shutil.rmtree(path)  # a rerun reached the same step: replace, never mix two saves
+        try:
+            files = {STATE_FILE: write_file(state, path / STATE_FILE)}
+            checkpoints.commit(path, meta, files)
+        except BaseException as exc:
+            shutil.rmtree(path, ignore_errors=True)
+            raise output_error(exc, path) from None
+        checkpoints.prune(path.parent, self.keep)
+
+    def wait(self) -> None:
+        """Nothing is ever in flight."""
+
+    def check(self) -> None:
+        """Nothing can have failed in the background."""
+
+    @staticmethod
+    def load(path: Path, device: torch.device) -> dict[str, Any]:
+        """A committed checkpoint's state, onto ``device``."""
+        state: dict[str, Any] = torch.load(path / STATE_FILE, map_location=device, weights_only=False)
+        return state
+
+
+class AsyncCheckpointIO(SyncCheckpointIO):
+    """Copy the state to host memory in the training thread; write, commit and prune in the background."""
+
+    def __init__(self, keep: int) -> None:
+        super().__init__(keep)
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def save(self, path: Path, state: dict[str, Any], meta: dict[str, Any]) -> None:
+        """Wait for the previous write, snapshot ``state``, start writing it; returns once the copy is made."""
+        self.wait()
+        started = time.perf_counter()
+        copy = snapshot(state)
+        blocked = time.perf_counter() - started
+        self.blocked_seconds += blocked
+        self._thread = threading.Thread(target=self._background, args=(path, copy, meta, blocked),
+                                        name=f"checkpoint-{path.name}")  # not a daemon: exit waits for it
+        self._thread.start()
+
+    def _background(self, path: Path, state: dict[str, Any], meta: dict[str, Any], blocked: float) -> None:
+        started = time.perf_counter()
+        try:
+            self._write(path, state, meta)
+        except BaseException as exc:
+            self._error = exc
+            log.error("checkpoint %s failed in the background: %s", path.name, exc)
+            return
+        elapsed = time.perf_counter() - started
+        self.write_seconds += elapsed
+        log.info("checkpoint %s committed: training blocked %.2f s, written in %.2f s in the background",
+                 path.name, blocked, elapsed)
+
+    def wait(self) -> None:
+        """Block until the write in flight (if any) is committed; raise its failure."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        self.check()
+
+    def check(self) -> None:
+        """Raise the failure of a finished background write (called at every step boundary)."""
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+
+def make_io(mode: str, keep: int) -> SyncCheckpointIO:
+    """The checkpoint I/O for ``--checkpoint-mode``."""
+    return AsyncCheckpointIO(keep) if mode == "async" else SyncCheckpointIO(keep)
+
+
+def export_model(model: torch.nn.Module, model_dir: Path, custom: Callable[..., Any] | None, ctx: Any) -> None:
+    """The final export: the user's ``export`` hook, else ``model.pt`` (whole module) and ``state_dict.pt``."""
+    try:
+        model_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise output_error(exc, model_dir) from None
+    if callable(custom):
+        custom(model, model_dir, ctx)
+        return
+    write_file(model.state_dict(), model_dir / "state_dict.pt")
+    write_file(model, model_dir / "model.pt")

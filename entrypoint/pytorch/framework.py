@@ -1,0 +1,55 @@
+"""PyTorch as the registry sees it: DDP over nccl (GPU) or gloo (CPU), one process per GPU.
+
+Imports nothing heavy: ``describe`` plans a PyTorch job without importing torch.
+"""
+
+from __future__ import annotations
+
+from entrypoint import envvars as ev
+from entrypoint.environments.settings import PlatformSettings
+from entrypoint.errors import ConfigError
+from entrypoint.options import RunOptions
+from entrypoint.outputs import OutputDirs
+from entrypoint.registry import Framework, NodePlan, ServerPool
+from entrypoint.topology import ClusterTopology
+
+
+def plan_torch_node(topo: ClusterTopology, options: RunOptions, gpus: int,
+                    name: str) -> tuple[int, str, ServerPool | None]:
+    """Processes per node, why, and how workerpool2 reads, for frameworks that run one process per GPU."""
+    variable = ev.TF_CONFIG if topo.source == "tf_config" else ev.CLUSTER_SPEC
+    if topo.role == "ps":
+        raise ConfigError(variable, f"this replica is in the server pool, which is a Reduction Server for {name}: "
+                          "run Google's reductionserver image in workerpool2, not this one", "task.type")
+    if topo.role == "evaluator":
+        raise ConfigError(variable, f"evaluator replicas are supported with tensorflow, not {name}", "task.type")
+    server_pool: ServerPool | None = None
+    if topo.servers:
+        server_pool = "reduction_server" if topo.source == "vertex" else "unused"
+    if topo.per_process and topo.process is not None:
+        return topo.process.local_world_size, "processes started by the platform", server_pool
+    nproc = options.nproc_per_node or topo.nproc_per_node or max(gpus, 1)
+    reason = "--nproc-per-node" if options.nproc_per_node else (
+        "one process per GPU" if gpus else "one process per node on CPU (gloo)")
+    return nproc, reason, server_pool
+
+
+def plan(topo: ClusterTopology, options: RunOptions, settings: PlatformSettings, gpus: int,
+         outputs: OutputDirs) -> NodePlan:
+    """DDP across every process of every node; a single process trains without DDP."""
+    nproc, reason, server_pool = plan_torch_node(topo, options, gpus, "pytorch")
+    world = topo.world_size if topo.per_process else topo.num_nodes * nproc
+    strategy = options.strategy or ("ddp" if world > 1 else "default")
+    if world == 1 and options.strategy is None:
+        reason = "a single process"
+    return NodePlan(strategy=strategy, reason=reason, nproc_per_node=nproc, server_pool=server_pool)
+
+
+FRAMEWORK = Framework(
+    name="pytorch",
+    probe="torch",
+    strategies=("default", "ddp"),
+    plan=plan,
+    launcher="entrypoint.pytorch.launch:launch",
+    worker="entrypoint.pytorch.worker:run",
+)

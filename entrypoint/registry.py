@@ -1,0 +1,98 @@
+"""The framework registry: one line per framework; each framework package declares the rest itself.
+
+A framework package (``entrypoint/pytorch/``, ...) has a light ``framework.py`` (no ML import) whose
+``FRAMEWORK`` says what the framework is called, how to tell it is installed, which strategies it
+offers, how it plans a node, and where its launcher and worker live (imported only when run).
+docs/ARCHITECTURE.md walks through adding one.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cache
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from entrypoint.environments.settings import PlatformSettings
+    from entrypoint.options import RunOptions
+    from entrypoint.outputs import OutputDirs
+    from entrypoint.plan import Plan
+    from entrypoint.topology import ClusterTopology
+
+# name -> the module holding its FRAMEWORK. Adding a framework is one line here plus its package.
+REGISTRY: dict[str, str] = {
+    "pytorch": "entrypoint.pytorch.framework",
+    "tensorflow": "entrypoint.tensorflow.framework",
+    "horovod": "entrypoint.horovod.framework",
+}
+ServerPool = Literal["parameter_servers", "reduction_server", "unused"]
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    """What a framework decides for this node: strategy, processes, the server pool's reading, its variables."""
+
+    strategy: str
+    reason: str
+    nproc_per_node: int
+    server_pool: ServerPool | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    # Who meets at the start-up barrier: the training nodes, plus the ps pool when it takes part.
+    barrier_includes_servers: bool = False
+
+
+Planner = Callable[["ClusterTopology", "RunOptions", "PlatformSettings", int, "OutputDirs"], NodePlan]
+
+
+@dataclass(frozen=True)
+class Framework:
+    """One framework, as the rest of the entrypoint sees it."""
+
+    name: str
+    probe: str  # a module whose presence (found, never imported) means the framework is installed
+    strategies: tuple[str, ...]  # what --strategy accepts for it
+    plan: Planner  # topology x options x settings x GPUs x outputs -> NodePlan (or ConfigError); imports nothing heavy
+    launcher: str  # "module:function" taking the Plan, returning the exit code; imported only to run
+    worker: str | None = None  # "module:function": one training process of the Plan -> its exit code
+
+    def installed(self) -> bool:
+        """Whether the framework's module can be found (nothing is imported)."""
+        return importlib.util.find_spec(self.probe) is not None
+
+    def load_launcher(self) -> Callable[[Plan], int]:
+        """The launcher function (imports the framework's launch module)."""
+        return _load(self.launcher)
+
+    def load_worker(self) -> Callable[[Plan], int]:
+        """The worker function (imports the framework's worker module)."""
+        if self.worker is None:
+            raise AssertionError(f"{self.name} runs no separate worker processes")
+        return _load(self.worker)
+
+
+def _load(target: str) -> Any:
+    module_name, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module_name), attr)
+
+
+def names() -> tuple[str, ...]:
+    """Every registered framework name."""
+    return tuple(REGISTRY)
+
+
+@cache
+def get(name: str) -> Framework:
+    """The registered framework ``name`` (KeyError for an unknown one; callers validate names first)."""
+    framework: Framework = importlib.import_module(REGISTRY[name]).FRAMEWORK
+    return framework
+
+
+def all_strategies() -> tuple[str, ...]:
+    """Every strategy any framework accepts, in registry order, without repeats."""
+    seen: dict[str, None] = {}
+    for name in REGISTRY:
+        seen.update(dict.fromkeys(get(name).strategies))
+    return tuple(seen)

@@ -1,0 +1,83 @@
+"""One path from the plan to the training process, for every framework.
+
+``run_node`` (the ``run`` command, once per node): meet the peers, hand the plan to the framework's
+launcher (which runs the training in this process or starts one process per GPU), and name the root
+cause when it fails. ``run_worker`` (``python -m entrypoint.worker``, a process the launcher started):
+load the plan, die with the launcher, run the framework's worker. Both go through ``failures.guarded``.
+"""
+
+from __future__ import annotations
+
+import os
+
+from entrypoint import failures, handoff, registry, rendezvous
+from entrypoint.environments.settings import read_handoff, read_settings, secret_values, secrets_in_args
+from entrypoint.errors import ExitCode
+from entrypoint.plan import Plan
+
+_current: Plan | None = None
+
+
+def current_plan() -> Plan | None:
+    """The plan of this process: set in-process by the launcher, else read from TRAINER_PLAN_FILE."""
+    return _current if _current is not None else handoff.load_if_any()
+
+
+def activate(plan: Plan) -> None:
+    """Make ``plan`` this process's plan (the context API and the loops read it)."""
+    global _current
+    _current = plan
+
+
+def describe_failures(ctx: failures.Context, plan: Plan) -> failures.Context:
+    """Fill in who this process is and where its failures go, from the plan."""
+    topo = plan.topology
+    ctx.replica = topo.replica_name
+    ctx.rank = topo.rank if topo.process is not None else None
+    ctx.job_dir = plan.outputs.job_dir
+    ctx.outputs = (plan.outputs.job_dir, plan.outputs.model_dir, plan.outputs.checkpoint_dir,
+                   plan.outputs.tensorboard_dir)
+    ctx.secrets = secret_values() | frozenset(secrets_in_args(plan.options.user_args))
+    ctx.hooks = plan.code is not None and plan.code.kind == "hooks"
+    ctx.termination_log = read_settings().kubernetes
+    return ctx
+
+
+def run_node(plan: Plan, ctx: failures.Context) -> int:
+    """Run this node's part of the job; a non-zero exit names the job's root cause on the last line."""
+    plan.require_code()
+    rendezvous.meet_peers(plan)
+    os.environ.update(plan.emitted_env())  # what user code and children expect (TF_CONFIG, AIP_*, MASTER_*)
+    with handoff.plan_file(plan) as handed:
+        os.environ.update(handed)
+        activate(plan)
+        code = registry.get(plan.framework).load_launcher()(plan)
+    if code == ExitCode.OK:
+        return ExitCode.OK
+    return failures.conclude_exit(ctx, code)
+
+
+def run_process(plan: Plan, ctx: failures.Context) -> int:
+    """Run one training process of ``plan`` (already placed at its local rank) in this process."""
+    activate(plan)
+    describe_failures(ctx, plan)
+    code = registry.get(plan.framework).load_worker()(plan)
+    if code != ExitCode.OK:  # the user's script exited non-zero: recorded like any other failure
+        failures.record_exit(ctx, code, f"the user's {plan.require_code().kind} exited with {code}")
+    return code
+
+
+def run_worker() -> int:
+    """``python -m entrypoint.worker``: a process started by a launcher (torch elastic, Horovod)."""
+    from entrypoint import signals
+    from entrypoint.progress import setup_logging
+
+    ctx = failures.Context(top_level=False, error_file=read_handoff().error_file)
+
+    def body() -> int:
+        plan, launcher = handoff.load()
+        signals.die_with_parent(expected_parent=launcher)
+        setup_logging(f"[rank {plan.topology.rank}/{plan.world_size}] ")
+        return run_process(plan, ctx)
+
+    return failures.guarded(body, ctx)

@@ -1,0 +1,140 @@
+"""Signals in one place: what a training process does on SIGTERM, how parents forward it, and no orphans.
+
+- ``StopRequest``: a training process's handler; SIGTERM/SIGINT only set a flag that the loop reads
+  at a step boundary (every rank agrees, the chief commits a checkpoint, every process exits 128+N).
+- ``terminate``: a supervisor forwards a signal to its children's process groups, waits up to the
+  grace period, then SIGKILLs what is left.
+- ``die_with_parent``: every process we start gets PR_SET_PDEATHSIG, so whatever kills its parent
+  (SIGKILL included) kills it too; nothing trains on as an orphan.
+- ``deadline``: SIGALRM's default action ends a block the framework will not let us interrupt.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from types import FrameType
+
+log = logging.getLogger("entrypoint")
+_PR_SET_PDEATHSIG = 1
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def exit_code_of(returncode: int) -> int:
+    """A child's exit status as the shell reports it: 128 + N when killed by signal N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def die_with_parent(sig: int = signal.SIGKILL, expected_parent: int | None = None) -> None:
+    """Ask the kernel to send ``sig`` to this process when its parent dies (Linux; a no-op elsewhere).
+
+    When the parent is already gone (we were re-parented before asking), exit at once.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
+    if expected_parent is not None and os.getppid() != expected_parent:
+        os._exit(128 + sig)
+
+
+def child_preexec() -> None:
+    """``preexec_fn`` for every child we start: it dies with us (its parent is the process that forks it)."""
+    die_with_parent(signal.SIGKILL)
+
+
+class StopRequest:
+    """Installed in a training process: SIGTERM/SIGINT set ``signum`` instead of killing the process."""
+
+    def __init__(self) -> None:
+        self.signum = 0
+        self.received_at: float | None = None
+        self._previous: dict[int, object] = {}
+
+    def install(self) -> StopRequest:
+        """Take over SIGTERM and SIGINT (main thread only); idempotent."""
+        for sig in STOP_SIGNALS:
+            if sig not in self._previous:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def uninstall(self) -> None:
+        """Give the signals their previous handlers back."""
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
+        self._previous.clear()
+
+    def _handle(self, signum: int, _frame: FrameType | None) -> None:
+        if not self.signum:
+            self.signum, self.received_at = signum, time.monotonic()
+            # Written straight to the stream: logging from a signal handler can deadlock on its lock.
+            sys.stderr.write(f"entrypoint: received {signal.Signals(signum).name}: stopping at the next step "
+                             "boundary\n")
+
+    @property
+    def requested(self) -> bool:
+        """Whether a stop signal arrived."""
+        return self.signum != 0
+
+
+def signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
+    """Send ``sig`` to a child's process group (it was started in a new session), if it still runs."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, sig)
+
+
+def terminate(procs: Sequence[subprocess.Popen[bytes]], sig: int, grace: float) -> None:
+    """Forward ``sig`` to every child's group; SIGKILL the groups still running after ``grace`` seconds."""
+    for proc in procs:
+        signal_group(proc, sig)
+    deadline = time.monotonic() + grace
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            log.warning("pid %d still running %.0f s after %s: killing it", proc.pid, grace,
+                        signal.Signals(sig).name)
+            signal_group(proc, signal.SIGKILL)
+            proc.wait()
+
+
+class Forwarder:
+    """A supervisor's handler: SIGTERM/SIGINT are remembered and forwarded by its wait loop."""
+
+    def __init__(self) -> None:
+        self.received: list[int] = []
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> Forwarder:
+        for sig in STOP_SIGNALS:
+            self._previous[sig] = signal.signal(sig, lambda s, _f: self.received.append(s))
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
+
+
+@contextlib.contextmanager
+def deadline(seconds: float) -> Iterator[None]:
+    """End the process by SIGALRM (exit 142, retryable) if the block outlasts ``seconds``.
+
+    For framework calls that hold the GIL and swallow SIGTERM while they wait (TensorFlow's cluster
+    start): neither a Python timer nor a handler could stop them; the kernel's default action can.
+    """
+    previous = signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    signal.alarm(max(1, math.ceil(seconds)))
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)

@@ -1,0 +1,70 @@
+"""TensorFlow as the registry sees it: tf.distribute strategies, one process per node.
+
+Imports nothing heavy: TF_CONFIG, TF_USE_LEGACY_KERAS and TF_CPP_MIN_LOG_LEVEL must be in the
+environment before the first ``import tensorflow``.
+"""
+
+from __future__ import annotations
+
+from entrypoint import envvars as ev
+from entrypoint.environments.settings import PlatformSettings
+from entrypoint.errors import ConfigError
+from entrypoint.options import RunOptions
+from entrypoint.outputs import OutputDirs
+from entrypoint.registry import Framework, NodePlan, ServerPool
+from entrypoint.topology import ClusterTopology
+
+STRATEGIES = ("default", "OneDeviceStrategy", "MirroredStrategy", "MultiWorkerMirroredStrategy",
+              "ParameterServerStrategy")
+SINGLE_NODE = ("default", "OneDeviceStrategy", "MirroredStrategy")
+# TensorFlow's C++ INFO lines ("Ignoring error status when releasing multi-device function handle", ...)
+# drown the job's own lines: hide INFO unless the user chose a level.
+QUIET_CPP_LOGS = "1"
+
+
+def choose_strategy(topo: ClusterTopology, forced: str | None, gpus: int) -> tuple[str, str]:
+    """The strategy and why: forced by --strategy (checked), else from the cluster's shape."""
+    if forced is not None:
+        if forced == "ParameterServerStrategy" and not topo.servers:
+            raise ConfigError("--strategy", "ParameterServerStrategy needs a ps pool (Vertex workerpool2)")
+        if forced in SINGLE_NODE and topo.num_nodes > 1:
+            raise ConfigError("--strategy", f"{forced} is single-node but there are {topo.num_nodes} training nodes")
+        return forced, "forced by --strategy"
+    if topo.servers:
+        return "ParameterServerStrategy", f"a parameter-server pool of {len(topo.servers)} is present"
+    if topo.num_nodes > 1:
+        return "MultiWorkerMirroredStrategy", f"{topo.num_nodes} training nodes"
+    if gpus > 1:
+        return "MirroredStrategy", f"one node with {gpus} GPUs"
+    return "default", "one node with at most one GPU"
+
+
+def plan(topo: ClusterTopology, options: RunOptions, settings: PlatformSettings, gpus: int,
+         outputs: OutputDirs) -> NodePlan:
+    """One process per node; workerpool2 is parameter servers only under ParameterServerStrategy."""
+    strategy, reason = choose_strategy(topo, options.strategy, gpus)
+    if options.nproc_per_node not in (None, 1):
+        raise ConfigError("--nproc-per-node", "TensorFlow runs one process per node (it drives every GPU itself)")
+    server_pool: ServerPool | None = None
+    if topo.servers:
+        server_pool = "parameter_servers" if strategy == "ParameterServerStrategy" else "reduction_server"
+    if topo.role == "ps" and server_pool == "reduction_server":
+        raise ConfigError(ev.CLUSTER_SPEC, f"this replica is in the server pool, which is a Reduction Server with "
+                          f"{strategy}: run Google's reductionserver image in workerpool2, not this one", "task.type")
+    env = {
+        # tf-keras (Keras 2) ships with TensorFlow in our images: Keras 3's fit fails under
+        # MultiWorkerMirroredStrategy. The user's own values win.
+        ev.TF_USE_LEGACY_KERAS: settings.tf_use_legacy_keras or "1",
+        ev.TF_CPP_MIN_LOG_LEVEL: settings.tf_cpp_min_log_level or QUIET_CPP_LOGS,
+    }
+    return NodePlan(strategy=strategy, reason=reason, nproc_per_node=1, server_pool=server_pool, env=env,
+                    barrier_includes_servers=server_pool == "parameter_servers")
+
+
+FRAMEWORK = Framework(
+    name="tensorflow",
+    probe="tensorflow",
+    strategies=STRATEGIES,
+    plan=plan,
+    launcher="entrypoint.tensorflow.launch:launch",
+)

@@ -1,0 +1,65 @@
+"""The hang watchdog: when no training step completes for ``--hang-timeout``, dump every Python stack and fail.
+
+A collective's own timeout catches a peer that died; it does not catch a rank stuck in a data loader,
+a deadlocked thread or an NCCL call that never returns. The loop calls ``beat(step)`` after each step
+and sets ``phase``; a thread checks the time since the last beat. On expiry the process prints all
+its threads' stacks (faulthandler), writes its failure record (class ``hang``, naming its rank, the
+last step and where it stood) and exits with the retryable code, so the job restarts from its newest
+checkpoint instead of burning its reservation.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import sys
+import threading
+import time
+
+from entrypoint import errors, failures
+
+
+class HangWatchdog:
+    """Fails this process when ``beat`` is not called for ``timeout`` seconds (0: off)."""
+
+    def __init__(self, timeout: float, ctx: failures.Context) -> None:
+        self.timeout, self.ctx = timeout, ctx
+        self.phase = "starting"
+        self._step = 0
+        self._last = time.monotonic()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> HangWatchdog:
+        """Start watching (a daemon thread); a no-op when the timeout is 0."""
+        if self.timeout > 0 and self._thread is None:
+            self._last = time.monotonic()
+            self._thread = threading.Thread(target=self._watch, name="hang-watchdog", daemon=True)
+            self._thread.start()
+        return self
+
+    def beat(self, step: int, phase: str = "training") -> None:
+        """A training step completed (cheap: two assignments)."""
+        self._step, self._last, self.phase = step, time.monotonic(), phase
+
+    def stop(self) -> None:
+        """Stop watching."""
+        self._stop.set()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(min(10.0, max(self.timeout / 4, 0.5))):
+            if time.monotonic() - self._last > self.timeout:
+                self._fire()
+
+    def _fire(self) -> None:
+        rank = "" if self.ctx.rank is None else f"rank {self.ctx.rank} "
+        message = (f"no training step completed for {self.timeout:g} s (--hang-timeout): {rank}on {self.ctx.replica} "
+                   f"stalled after step {self._step} while {self.phase}")
+        sys.stderr.write(f"entrypoint: {message}; Python stacks of every thread follow\n")
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        failure = failures.Failure(errors.HANG, message)
+        failures.write_record(self.ctx, failure)
+        sys.stderr.write(failures.last_line(failures.as_record(self.ctx, failure)) + "\n")
+        sys.stderr.flush()
+        sys.stdout.flush()
+        os._exit(failure.exit_code)

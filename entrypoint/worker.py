@@ -1,0 +1,26 @@
+"""``python -m entrypoint.worker``: one training process started by a launcher (torch elastic, Horovod).
+
+It reads the plan its launcher handed it (TRAINER_PLAN_FILE), places itself at its local rank, dies
+with its launcher, and runs the framework's worker through the failure funnel. Under torch's elastic
+agent the entry is also wrapped with torch's ``record`` (the funnel writes torch's error file itself).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from entrypoint.environments.settings import read_handoff
+from entrypoint.runner import run_worker
+
+
+def main() -> int:
+    """Run this worker; its exit code."""
+    if read_handoff().error_file is None:
+        return run_worker()
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    return int(record(run_worker)() or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
