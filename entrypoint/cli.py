@@ -21,7 +21,7 @@ LAUNCHERS = {
     "tensorflow": "entrypoint.tensorflow.launch:launch",
     "horovod": "entrypoint.horovod.launch:launch",
 }
-COMMANDS = ("run", "describe", "local")
+COMMANDS = ("run", "describe", "local", "job")
 
 
 def _split(argv: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -65,7 +65,7 @@ def _load_launcher(framework: str) -> Callable[[Plan, RunOptions], int]:
 def _main(argv: Sequence[str]) -> int:
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
         asked = bool(argv) and argv[0] in ("-h", "--help")
-        print("usage: python -m entrypoint {run,describe,local} ...  (python -m entrypoint COMMAND --help)",
+        print("usage: python -m entrypoint {run,describe,local,job} ...  (python -m entrypoint COMMAND --help)",
               file=sys.stdout if asked else sys.stderr)
         return ExitCode.OK if asked else ExitCode.CONFIG
     command, rest = argv[0], argv[1:]
@@ -73,6 +73,10 @@ def _main(argv: Sequence[str]) -> int:
         from entrypoint.emulator import main as local_main
 
         return local_main(rest)
+    if command == "job":
+        from entrypoint.jobs.cli import main as job_main
+
+        return job_main(rest)
     ours, user_args = _split(rest)
     ns = _run_parser(f"python -m entrypoint {command}").parse_args(ours)
     options = options_from_namespace(ns, user_args)
