@@ -42,7 +42,7 @@ def _container(req: KubeflowRequest, name: str, gpus: int) -> dict[str, Any]:
     if req.run_args:
         container["args"] = list(req.run_args)  # the image's ENTRYPOINT is `python -m entrypoint run`
     if gpus:
-        container["resources"] = {"limits": {"nvidia.com/gpu": gpus}}
+        container["resources"] = {"limits": {"nvidia.com/gpu": str(gpus)}}  # a Quantity
     return container
 
 
