@@ -71,7 +71,7 @@ def _kubeflow_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
 
 def parser() -> _Parser:
     """``job``'s command line."""
-    top = _Parser(prog="python -m entrypoint job", description=__doc__.splitlines()[0], usage=USAGE)
+    top = _Parser(prog="python -m entrypoint job", description=f"print the job for an image: {USAGE}")
     sub = top.add_subparsers(dest="target", required=True, parser_class=_Parser)
     _vertex_parser(sub)
     _kubeflow_parser(sub)
