@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from entrypoint.environments.vertex import VERTEX_POOLS
@@ -57,7 +57,6 @@ class JobSpec:
     display_name: str
     pools: tuple[PoolSpec | None, ...]
     base_output_dir: str | None = None
-    notes: tuple[str, ...] = field(default=())
 
     def pool(self, index: int) -> PoolSpec | None:
         """The pool at ``index`` (None when absent or skipped)."""

@@ -67,8 +67,9 @@ def _check_reducers(job: JobSpec, source: str, strategy: str | None) -> list[str
     reducers = job.pool(2)
     assert reducers is not None
     chief, workers = job.pool(0), job.pool(1)
-    if reducers.accelerator is not None:
-        raise ConfigError(source, "the Reduction Server pool (workerpool2) must have no accelerators")
+    if reducers.accelerator is not None or machines.implied_accelerator(reducers.machine_type):
+        raise ConfigError(source, "the Reduction Server pool (workerpool2) must have no accelerators "
+                          "(use n1-highcpu-16)")
     if not (_is_gpu(chief) and (workers is None or _is_gpu(workers))):
         raise ConfigError(source, "a Reduction Server needs GPU training pools (it serves NCCL all-reduce); "
                           "add an accelerator or drop the reducers")

@@ -131,14 +131,20 @@ def _replica_command(pool: PoolSpec) -> tuple[str, ...]:
 
 
 def to_pools(job: JobSpec) -> list[Pool]:
-    """The emulator's pools: ours started, the reducers only listed."""
+    """The emulator's pools: those on the chief's image (ours) started, the others only listed."""
+    ours = job.pools[0].image_uri if job.pools[0] else ""
     pools = []
     for spec in job.present():
-        if spec.index == 2 and machines.is_reduction_server(spec.image_uri):
+        if spec.image_uri == ours:
+            pools.append(Pool(spec.name, spec.replicas, _replica_command(spec), env=spec.env))
+        elif spec.index == 1:
+            raise ConfigError(SOURCE, "the workers run another image than the chief; local --spec runs the "
+                              "chief's image (ours) only", "workerPoolSpecs[1].containerSpec.imageUri")
+        elif machines.is_reduction_server(spec.image_uri):
             pools.append(Pool(spec.name, spec.replicas, start=False,
                               note="Google's Reduction Server image, not ours (reducers are not part of the world)"))
         else:
-            pools.append(Pool(spec.name, spec.replicas, _replica_command(spec), env=spec.env))
+            pools.append(Pool(spec.name, spec.replicas, start=False, note="another image than the chief's (ours)"))
     return pools
 
 

@@ -23,6 +23,8 @@ INVALID: dict[str, tuple[list[str], str]] = {
     "reducers with forced ps strategy": (["--image", TF_IMAGE, "--workers", "2", "--reduction-servers", "2", *GPU,
                                           "--", "--module", "m", "--strategy", "ParameterServerStrategy"],
                                          "ParameterServerStrategy"),
+    "reducers on GPU machines": (["--image", TORCH_IMAGE, "--workers", "2", "--reduction-servers", "2", *GPU,
+                                  "--reduction-server-machine-type", "g2-standard-4", *RUN], "no accelerators"),
     "reducers for one VM": (["--image", TORCH_IMAGE, "--reduction-servers", "2", *GPU, *RUN], "at least 2"),
     "reducers auto, bandwidth unknown": (["--image", TORCH_IMAGE, "--workers", "2", "--reduction-servers", "auto",
                                           *GPU, *RUN], "no documented bandwidth"),

@@ -102,6 +102,10 @@ def test_invalid_spec_files(tmp_path: Path) -> None:
         "ps.json": ({"workerPoolSpecs": [{**pool, "replicaCount": 1}, {**pool, "replicaCount": 1}, pool]},
                     "TensorFlow only"),
         "gap-chief.json": ({"workerPoolSpecs": [{}, pool]}, "workerPoolSpecs[0]"),
+        "other-workers.json": ({"workerPoolSpecs": [{**pool, "replicaCount": 1}, {
+            **pool, "containerSpec": {"imageUri": "gcr.io/someone/else:1"}}]}, "another image than the chief"),
+        "entrypoint-replaced.json": ({"workerPoolSpecs": [{**pool, "replicaCount": 1, "containerSpec": {
+            **pool["containerSpec"], "command": ["bash", "-c", "train"]}}]}, "ENTRYPOINT"),
     }
     for name, (doc, expected) in cases.items():
         (tmp_path / name).write_text(json.dumps(doc))
@@ -114,6 +118,17 @@ def test_invalid_spec_files(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-c", no_yaml, "local", "--spec", str(tmp_path / "job.yaml")], cwd=ROOT,
                           env=subprocess_env(), capture_output=True, text=True, timeout=60)
     assert "PyYAML" in one_line_error(proc.returncode, proc.stderr)
+
+
+def test_pools_on_other_images_are_listed_not_started() -> None:
+    from entrypoint.jobs.specfile import job_from_document, to_pools
+
+    mine = {"machineSpec": {"machineType": "n1-standard-4"}, "containerSpec": {"imageUri": TF_IMAGE}}
+    doc = {"workerPoolSpecs": [mine, mine, {}, {**mine, "containerSpec": {"imageUri": "gcr.io/else/eval:1"}}]}
+    pools = to_pools(job_from_document(doc))
+    assert [(p.name, p.start) for p in pools] == [("workerpool0", True), ("workerpool1", True),
+                                                  ("workerpool3", False)]
+    assert pools[0].command == ("run",)
 
 
 def test_spec_and_workers_are_exclusive(tmp_path: Path) -> None:
