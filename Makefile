@@ -7,14 +7,15 @@ VENV_DIR ?= .venv
 TORCH_VENV := $(VENV_DIR)/pytorch
 TF_VENV := $(VENV_DIR)/tensorflow
 HVD_VENV := $(VENV_DIR)/horovod
+JOBS_VENV := $(VENV_DIR)/jobs
 TOOLS_BIN ?= $(TORCH_VENV)/bin
 PIP := pip --disable-pip-version-check
 PYTEST_ARGS ?=
 DEMO_DIR ?= demo-outputs
 
 .DEFAULT_GOAL := help
-.PHONY: help venv venv-pytorch venv-tensorflow venv-horovod lint lint-python test test-pytorch test-tensorflow \
-	test-horovod demo demo-horovod bench clean
+.PHONY: help venv venv-pytorch venv-tensorflow venv-horovod venv-jobs lint lint-python test test-pytorch \
+	test-tensorflow test-horovod test-jobs demo demo-horovod bench clean
 
 help:
 	@echo "make demo   - 2-replica emulated Vertex AI cluster training the PyTorch digits example"
@@ -52,10 +53,21 @@ $(HVD_VENV)/.ready: images/horovod/requirements-cpu.txt images/horovod/build_hor
 	$(HVD_VENV)/bin/horovodrun --check-build
 	touch $@
 
+# Test-only: google-cloud-aiplatform and the Kubeflow training SDK check what `entrypoint job` writes. They are in
+# no image lock; this venv is the PyTorch CPU lock (the round trips run real replicas) plus their own exact lock.
+$(JOBS_VENV)/.ready: images/pytorch/requirements-cpu.txt tests/requirements.txt tests/requirements-jobs.txt pyproject.toml
+	rm -rf $(JOBS_VENV)
+	$(PYTHON) -m venv $(JOBS_VENV)
+	$(JOBS_VENV)/bin/$(PIP) install -q -r images/pytorch/requirements-cpu.txt -r tests/requirements.txt \
+		-r tests/requirements-jobs.txt
+	$(JOBS_VENV)/bin/$(PIP) install -q --no-deps --no-build-isolation -e .
+	touch $@
+
 venv-pytorch: $(TORCH_VENV)/.ready
 venv-tensorflow: $(TF_VENV)/.ready
 venv-horovod: $(HVD_VENV)/.ready
-venv: venv-pytorch venv-tensorflow venv-horovod
+venv-jobs: $(JOBS_VENV)/.ready
+venv: venv-pytorch venv-tensorflow venv-horovod venv-jobs
 
 lint-python: venv-pytorch
 	$(TOOLS_BIN)/ruff check entrypoint trainers tests bench
@@ -67,7 +79,7 @@ lint: lint-python lint-docker
 # Each image's CPU lock gets the part of the suite that concerns it (unit and image tests run in the
 # PyTorch venv); pytest exits 5 when a marker selects nothing, which counts as a failure here.
 test-pytorch: venv-pytorch
-	$(TORCH_VENV)/bin/python -m pytest -m "not tensorflow and not horovod" $(PYTEST_ARGS)
+	$(TORCH_VENV)/bin/python -m pytest -m "not tensorflow and not horovod and not jobs" $(PYTEST_ARGS)
 
 test-tensorflow: venv-tensorflow
 	$(TF_VENV)/bin/python -m pytest -m tensorflow $(PYTEST_ARGS)
@@ -75,7 +87,11 @@ test-tensorflow: venv-tensorflow
 test-horovod: venv-horovod
 	$(HVD_VENV)/bin/python -m pytest -m horovod $(PYTEST_ARGS)
 
-test: lint test-pytorch test-horovod test-tensorflow
+# Specs from `entrypoint job`, checked by google-cloud-aiplatform's and Kubeflow's own types, and run by local --spec.
+test-jobs: venv-jobs
+	$(JOBS_VENV)/bin/python -m pytest -m jobs $(PYTEST_ARGS)
+
+test: lint test-pytorch test-horovod test-tensorflow test-jobs
 
 # A real distributed training: 2 replicas of an emulated Vertex AI cluster (chief + worker, DDP over gloo).
 demo: venv-pytorch

@@ -1,11 +1,11 @@
-"""The command line: ``run``, ``describe`` and ``local``; failures become exit codes once, in the funnel."""
+"""The command line: ``run``, ``describe``, ``local`` and ``job``; failures become exit codes once, in the funnel."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from entrypoint import failures
@@ -17,8 +17,8 @@ from entrypoint.outputs import resolve_outputs
 from entrypoint.plan import Plan, make_plan
 from entrypoint.progress import setup_logging
 
-COMMANDS = ("run", "describe", "local")
-USAGE = "usage: python -m entrypoint {run,describe,local} ...  (python -m entrypoint COMMAND --help)"
+COMMANDS = ("run", "describe", "local", "job")
+USAGE = "usage: python -m entrypoint {run,describe,local,job} ...  (python -m entrypoint COMMAND --help)"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -58,13 +58,17 @@ def describe(plan: Plan) -> dict[str, Any]:
 
 
 def _describe(argv: Sequence[str]) -> int:
+    print(json.dumps(describe(build_plan(parse_options("describe", argv))), indent=2, sort_keys=True))
+    return ExitCode.OK
+
+
+def _one_line_errors(command: Callable[[Sequence[str]], int], argv: Sequence[str]) -> int:
+    """Commands that write nothing: a configuration error is one line on stderr and its exit code."""
     try:
-        plan = build_plan(parse_options("describe", argv))
+        return command(argv)
     except TrainerError as exc:
         print(f"entrypoint: error: {exc}", file=sys.stderr)
         return exc.exit_code
-    print(json.dumps(describe(plan), indent=2, sort_keys=True))
-    return ExitCode.OK
 
 
 def _run(argv: Sequence[str], ctx: failures.Context) -> int:
@@ -90,10 +94,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return ExitCode.OK if asked else ExitCode.CONFIG
     command, rest = args[0], args[1:]
     if command == "describe":
-        return _describe(rest)
+        return _one_line_errors(_describe, rest)
     if command == "local":
         from entrypoint.emulator import main as local_main
 
-        return local_main(rest)
+        return _one_line_errors(local_main, rest)
+    if command == "job":
+        from entrypoint.jobs.cli import main as job_main
+
+        return _one_line_errors(job_main, rest)
     ctx = failures.Context()
     return failures.guarded(lambda: _run(rest, ctx), ctx)

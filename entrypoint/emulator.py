@@ -36,7 +36,8 @@ class Pool:
 
     ``command`` is what follows ``python -m entrypoint`` (``run ...``). A pool with ``start=False``
     is listed in every CLUSTER_SPEC, as Vertex lists it, but no process is started for it (a
-    Reduction Server runs Google's image, not ours); ``note`` says why.
+    Reduction Server runs Google's image, not ours); ``note`` says why. ``env`` is the pool's own
+    container environment (a job spec's ``containerSpec.env``), beneath the variables Vertex sets.
     """
 
     name: str
@@ -44,6 +45,7 @@ class Pool:
     command: tuple[str, ...] = ()
     start: bool = True
     note: str = ""
+    env: tuple[tuple[str, str], ...] = ()
 
 
 def vertex_pools(workers: int, ps: int, evaluators: int, command: Sequence[str]) -> list[Pool]:
@@ -88,6 +90,7 @@ def build_replicas(pools: Sequence[Pool], output_dir: str, trial: str | None,
         scratch = output / ".replicas" / f"{pool.name}-{index}"
         (scratch / "tmp").mkdir(parents=True, exist_ok=True)
         env = {k: v for k, v in base_env.items() if k not in (ev.CLUSTER_SPEC, ev.TF_CONFIG)}
+        env.update(pool.env)
         env.update({
             ev.CLUSTER_SPEC: json.dumps(spec),
             ev.TF_CONFIG: json.dumps(vertex_tf_config(spec)),
@@ -136,17 +139,24 @@ def run_cluster(pools: Sequence[Pool], output_dir: str, trial: str | None = None
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     """``local`` options before ``--``; the replica command (``run ...``) after it, as ``args.command``."""
     argv = list(argv)
-    if "--" not in argv:
-        raise ConfigError("local", "expected '-- run ...' after the local options")
-    i = argv.index("--")
+    i = argv.index("--") if "--" in argv else len(argv)
     parser = argparse.ArgumentParser(prog="python -m entrypoint local", description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=1, help="training replicas: 1 chief + N-1 workers")
     parser.add_argument("--ps", type=int, default=0, help="parameter servers (workerpool2)")
     parser.add_argument("--evaluators", type=int, default=0, help="evaluators (workerpool3)")
     parser.add_argument("--trial", help="emulate a hyperparameter-tuning trial with this id")
     parser.add_argument("--output-dir", default="./outputs", help="the job's base output directory")
+    parser.add_argument("--spec", metavar="FILE", help="run a Vertex CustomJob / CustomJobSpec / gcloud --config "
+                        "file (JSON or YAML) instead of --workers/--ps/--evaluators and '-- run ...'")
     args = parser.parse_args(argv[:i])
     args.command = argv[i + 1:]
+    if args.spec is not None:
+        if "--" in argv or any(a.split("=", 1)[0] in ("--workers", "--ps", "--evaluators") for a in argv[:i]):
+            raise ConfigError("local", "--spec takes the pools and their args from the file: drop --workers, "
+                              "--ps, --evaluators and '-- run ...'")
+        return args
+    if "--" not in argv:
+        raise ConfigError("local", "expected '-- run ...' after the local options (or --spec FILE)")
     if args.workers < 1 or args.ps < 0 or args.evaluators < 0:
         raise ConfigError("local", "--workers must be >= 1; --ps and --evaluators >= 0")
     if not args.command or args.command[0] not in COMMANDS:
@@ -156,10 +166,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 def main(argv: Sequence[str]) -> int:
     """Run the emulated cluster and return the job's exit code (the root cause's, when it fails)."""
-    try:
-        args = parse_args(argv)
-        pools = vertex_pools(args.workers, args.ps, args.evaluators, args.command)
-        return run_cluster(pools, args.output_dir, args.trial)
-    except ConfigError as exc:
-        print(f"entrypoint: error: {exc}", file=sys.stderr)
-        return exc.exit_code
+    args = parse_args(argv)
+    if args.spec is not None:
+        from entrypoint.jobs.specfile import spec_pools
+
+        return run_cluster(spec_pools(args.spec), args.output_dir, args.trial)
+    return run_cluster(vertex_pools(args.workers, args.ps, args.evaluators, args.command), args.output_dir, args.trial)

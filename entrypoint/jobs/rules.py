@@ -1,0 +1,131 @@
+"""What makes a job invalid before it costs anything: pool layout, framework rules, machines.
+
+Shared by ``job vertex`` (checking what it built) and ``local --spec`` (checking what it was given).
+Errors are ConfigError (one line, exit 2); what is merely unwise comes back as warnings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Sequence
+from typing import NoReturn
+
+from entrypoint import registry
+from entrypoint.errors import ConfigError
+from entrypoint.jobs import machines
+from entrypoint.jobs.model import JobSpec, PoolSpec
+from entrypoint.options import add_run_arguments
+
+
+class _RunArgsParser(argparse.ArgumentParser):
+    """``run``'s parser, failing with a ConfigError whose text never carries an argument's value."""
+
+    def __init__(self, source: str) -> None:
+        super().__init__(prog="run", add_help=False, exit_on_error=False)
+        self.source = source
+
+    def error(self, message: str) -> NoReturn:
+        """Name the options, never their values (they may be secrets)."""
+        if message.startswith("unrecognized arguments:"):
+            names = sorted({a.split("=", 1)[0] for a in message.split(":", 1)[1].split() if a.startswith("-")})
+            message = (f"not accepted by run: {', '.join(names) or 'positional arguments'} "
+                       "(user arguments go after '--')")
+        message = re.sub(r"(value|choice): '.*?'", r"\1", message)
+        raise ConfigError(self.source, f"run args: {message}")
+
+
+def run_options(args: Sequence[str], source: str) -> argparse.Namespace:
+    """Parse the run args (up to their own ``--``) as ``run`` will, to catch mistakes before the job starts."""
+    args = list(args)
+    ours = args[: args.index("--")] if "--" in args else args
+    parser = _RunArgsParser(source)
+    add_run_arguments(parser)
+    try:
+        return parser.parse_args(ours)
+    except argparse.ArgumentError as exc:  # exit_on_error=False raises some errors instead of calling error()
+        parser.error(str(exc))
+
+
+def infer_framework(explicit: str | None, image_uri: str, from_args: str | None) -> str | None:
+    """--framework, else run's own --framework, else the image's name (``.../pytorch-cpu:tag``)."""
+    if explicit and from_args and explicit != from_args:
+        raise ConfigError("--framework", f"{explicit} here but the run args say --framework {from_args}")
+    if explicit or from_args:
+        return explicit or from_args
+    name = image_uri.rsplit("/", 1)[-1].split("@", 1)[0].split(":", 1)[0]
+    for framework in registry.names():
+        if name == framework or name.startswith(framework + "-"):
+            return framework
+    return None
+
+
+def _is_gpu(pool: PoolSpec | None) -> bool:
+    return pool is not None and pool.accelerator is not None and pool.accelerator[0].startswith("NVIDIA")
+
+
+def _check_reducers(job: JobSpec, source: str, strategy: str | None) -> list[str]:
+    reducers = job.pool(2)
+    assert reducers is not None
+    chief, workers = job.pool(0), job.pool(1)
+    if reducers.accelerator is not None or machines.implied_accelerator(reducers.machine_type):
+        raise ConfigError(source, "the Reduction Server pool (workerpool2) must have no accelerators "
+                          "(use n1-highcpu-16)")
+    if not (_is_gpu(chief) and (workers is None or _is_gpu(workers))):
+        raise ConfigError(source, "a Reduction Server needs GPU training pools (it serves NCCL all-reduce); "
+                          "add an accelerator or drop the reducers")
+    if strategy == "ParameterServerStrategy":
+        raise ConfigError(source, "a Reduction Server cannot serve ParameterServerStrategy: workerpool2 is "
+                          "either parameter servers or reducers")
+    training = 1 + (workers.replicas if workers else 0)
+    if training < 2:
+        raise ConfigError(source, "a Reduction Server needs at least 2 training VMs (chief + workers)")
+    assert chief is not None
+    per_vm = machines.training_bandwidth(chief.machine_type, chief.accelerator)
+    per_reducer = machines.reducer_bandwidth(reducers.machine_type)
+    if per_vm is None or per_reducer is None:
+        return []
+    needed = machines.reducers_needed(training, per_vm, per_reducer)
+    if reducers.replicas < needed:
+        return [f"{reducers.replicas} reducers give {reducers.replicas * per_reducer} Gbps, less than the "
+                f"{training} training VMs' {training * per_vm} Gbps: {needed} would match it "
+                "(--reduction-servers auto)"]
+    return []
+
+
+def _check_servers(job: JobSpec, source: str, framework: str | None) -> None:
+    if framework in ("pytorch", "horovod"):
+        raise ConfigError(source, f"parameter servers are TensorFlow only, not {framework}: workerpool2 of a "
+                          f"{framework} job can only be a Reduction Server (Google's reductionserver image)")
+    if job.pool(1) is None:
+        raise ConfigError(source, "ParameterServerStrategy needs at least one worker besides the chief "
+                          "(workerpool1)")
+
+
+def validate(job: JobSpec, source: str, framework: str | None, strategy: str | None = None) -> list[str]:
+    """Raise ConfigError for an invalid job; return warnings for a valid but unwise one."""
+    chief = job.pool(0)
+    if chief is None:
+        raise ConfigError(source, "workerpool0 (the chief) is missing: every job has one primary replica")
+    if chief.replicas != 1:
+        raise ConfigError(source, f"workerpool0 (the chief) must have exactly 1 replica, not {chief.replicas}")
+    if len(job.pools) > 4:
+        raise ConfigError(source, f"{len(job.pools)} worker pools; Vertex AI has 4 (chief, workers, ps/reducers, "
+                          "evaluators)")
+    warnings: list[str] = []
+    for pool in job.present():
+        if pool.replicas < 1:
+            raise ConfigError(source, f"{pool.name} has {pool.replicas} replicas; leave an unused pool empty")
+        if not (pool.index == 2 and machines.is_reduction_server(pool.image_uri)):
+            machines.check_accelerator(f"{source}: {pool.name}", pool.machine_type, pool.accelerator)
+    servers = job.pool(2)
+    if servers is not None and machines.is_reduction_server(servers.image_uri):
+        warnings += _check_reducers(job, source, strategy)
+    elif servers is not None:
+        _check_servers(job, source, framework)
+    evaluators = job.pool(3)
+    if evaluators is not None and framework not in (None, "tensorflow"):
+        raise ConfigError(source, f"evaluators (workerpool3) are TensorFlow only, not {framework}")
+    if evaluators is not None and evaluators.replicas > 1:
+        warnings.append(f"{evaluators.replicas} evaluators: TensorFlow expects a single evaluator")
+    return warnings

@@ -1,0 +1,130 @@
+"""``job vertex``: the CustomJob for one of our images, from the same counts ``local`` takes."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from entrypoint.errors import ConfigError
+from entrypoint.jobs import machines
+from entrypoint.jobs.model import JobSpec, PoolSpec
+from entrypoint.jobs.rules import infer_framework, run_options, validate
+
+DEFAULT_MACHINE = "n1-standard-4"
+DEFAULT_REGION = "us-central1"
+
+
+@dataclass(frozen=True)
+class VertexRequest:
+    """What ``job vertex`` was asked for."""
+
+    image: str
+    run_args: tuple[str, ...]
+    framework: str | None = None
+    workers: int = 1
+    machine_type: str = DEFAULT_MACHINE
+    accelerator: str | None = None
+    ps: int = 0
+    ps_machine_type: str | None = None
+    evaluators: int = 0
+    reduction_servers: str | None = None
+    reduction_server_machine_type: str = machines.DEFAULT_REDUCER_MACHINE
+    display_name: str | None = None
+    base_output_dir: str | None = None
+    region: str = DEFAULT_REGION
+
+
+def parse_accelerator(text: str | None, machine_type: str) -> tuple[str, int] | None:
+    """``TYPE:COUNT``; without it, the GPUs an accelerator-optimized machine type comes with."""
+    if text is None:
+        return machines.implied_accelerator(machine_type)
+    kind, sep, count = text.partition(":")
+    if not sep or not count.isdigit():
+        raise ConfigError("--accelerator", "expected TYPE:COUNT, e.g. NVIDIA_TESLA_T4:1")
+    return kind.strip().upper(), int(count)
+
+
+def default_display_name(image: str) -> str:
+    """The image's name without registry, tag or digest (``pytorch`` for ``.../pytorch:v1``)."""
+    return image.rsplit("/", 1)[-1].split("@", 1)[0].split(":", 1)[0] or "trainer"
+
+
+def reducer_count(req: VertexRequest, accelerator: tuple[str, int] | None) -> tuple[int, str | None]:
+    """``--reduction-servers N|auto``: the count, and how ``auto`` got it."""
+    text = req.reduction_servers or ""
+    if text.isdigit() and int(text) >= 1:
+        return int(text), None
+    if text != "auto":
+        raise ConfigError("--reduction-servers", "expected a count >= 1 or 'auto'")
+    per_vm = machines.training_bandwidth(req.machine_type, accelerator)
+    if per_vm is None:
+        raise ConfigError("--reduction-servers", f"auto: no documented bandwidth for {req.machine_type}"
+                          f"{' with ' + accelerator[0] if accelerator else ''}; pass a count "
+                          f"(see {machines.BANDWIDTH_SOURCE})")
+    per_reducer = machines.reducer_bandwidth(req.reduction_server_machine_type)
+    if per_reducer is None:
+        raise ConfigError("--reduction-server-machine-type", "auto: only N1/N2 reducers (n1-highcpu-16) are "
+                          "sized; pass a count")
+    count = machines.reducers_needed(req.workers, per_vm, per_reducer)
+    how = (f"--reduction-servers auto: {req.workers} training VMs x {per_vm} Gbps / {per_reducer} Gbps per "
+           f"{req.reduction_server_machine_type} -> {count} reducers")
+    return count, how
+
+
+def _check_counts(req: VertexRequest) -> None:
+    if req.workers < 1:
+        raise ConfigError("--workers", "counts training replicas (chief + workers), so it must be >= 1; "
+                          "workerpool0 always has exactly one")
+    if req.ps < 0 or req.evaluators < 0:
+        raise ConfigError("--ps/--evaluators", "must be >= 0")
+    if req.ps and req.reduction_servers:
+        raise ConfigError("--reduction-servers", "a Reduction Server cannot serve ParameterServerStrategy: "
+                          "workerpool2 is either --ps or --reduction-servers")
+    if req.base_output_dir is not None and not req.base_output_dir.startswith("gs://"):
+        raise ConfigError("--base-output-dir", "must be a Cloud Storage URI (gs://bucket/path)")
+
+
+def _pools(req: VertexRequest, accelerator: tuple[str, int] | None) -> tuple[list[PoolSpec | None], list[str]]:
+    notes: list[str] = []
+
+    def ours(index: int, replicas: int, machine: str, acc: tuple[str, int] | None) -> PoolSpec | None:
+        return PoolSpec(index, replicas, machine, req.image, acc, req.run_args) if replicas > 0 else None
+
+    pools = [ours(0, 1, req.machine_type, accelerator), ours(1, req.workers - 1, req.machine_type, accelerator)]
+    if req.reduction_servers:
+        count, how = reducer_count(req, accelerator)
+        notes += [how] if how else []
+        pools.append(PoolSpec(2, count, req.reduction_server_machine_type,
+                              machines.reduction_server_image(req.region)))
+    else:
+        ps_machine = req.ps_machine_type or req.machine_type
+        pools.append(ours(2, req.ps, ps_machine, machines.implied_accelerator(ps_machine)))
+    pools.append(ours(3, req.evaluators, req.machine_type, accelerator))
+    while pools and pools[-1] is None:
+        pools.pop()
+    return pools, notes
+
+
+def build(req: VertexRequest) -> tuple[JobSpec, list[str], list[str]]:
+    """The job, notes and warnings for stderr; ConfigError when the combination is invalid."""
+    _check_counts(req)
+    options = run_options(req.run_args, "job vertex")
+    framework = infer_framework(req.framework, req.image, options.framework)
+    if framework is None:
+        raise ConfigError("--framework", "not given, not in the run args, and not the image's name; pass it")
+    accelerator = parse_accelerator(req.accelerator, req.machine_type)
+    pools, notes = _pools(req, accelerator)
+    name = req.display_name or default_display_name(req.image)
+    if len(name) > 128:
+        raise ConfigError("--display-name", "at most 128 characters")
+    job = JobSpec(name, tuple(pools), req.base_output_dir)
+    return job, notes, validate(job, "job vertex", framework, options.strategy)
+
+
+def split_run_args(argv: Sequence[str]) -> tuple[list[str], tuple[str, ...]]:
+    """Our options before the first ``--``; everything after it (its own ``--`` included) is the run args."""
+    argv = list(argv)
+    if "--" not in argv:
+        return argv, ()
+    i = argv.index("--")
+    return argv[:i], tuple(argv[i + 1:])

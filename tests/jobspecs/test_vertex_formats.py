@@ -1,0 +1,161 @@
+"""Every ``job vertex`` format, read back by google-cloud-aiplatform's own types (and gcloud's parsing rules)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.jobspecs.helpers import (
+    HVD_IMAGE,
+    TF_IMAGE,
+    TORCH_IMAGE,
+    custom_job,
+    custom_job_spec,
+    gcloud_command_job_spec,
+    job,
+    shell_argv,
+)
+
+pytestmark = pytest.mark.jobs
+
+REDUCER = "us-docker.pkg.dev/vertex-ai-restricted/training/reductionserver:latest"
+# name: (job vertex options, run args); each job is valid.
+JOBS: dict[str, tuple[list[str], list[str]]] = {
+    "single": (["--image", TORCH_IMAGE], ["--module", "trainers.digits_torch"]),
+    "ddp-reducers-auto": (["--image", TORCH_IMAGE, "--workers", "8", "--machine-type", "a2-highgpu-8g",
+                           "--reduction-servers", "auto"], ["--module", "trainers.digits_torch", "--epochs", "3"]),
+    "tf-ps-evaluator": (["--image", TF_IMAGE, "--workers", "3", "--ps", "2", "--ps-machine-type", "n1-highmem-8",
+                         "--evaluators", "1", "--accelerator", "NVIDIA_TESLA_T4:2", "--machine-type", "n1-standard-16"],
+                        ["--module", "trainers.tabular_keras"]),
+    "tf-evaluator-gap": (["--image", TF_IMAGE, "--workers", "2", "--evaluators", "1"],
+                         ["--module", "trainers.flowers_keras"]),
+    "horovod-v100-reducers": (["--image", HVD_IMAGE, "--workers", "5", "--machine-type", "n1-highmem-96",
+                               "--accelerator", "NVIDIA_TESLA_V100:8", "--reduction-servers", "16",
+                               "--region", "europe-west4"], ["--module", "trainers.digits_horovod"]),
+    "user-args-commas": (["--image", TORCH_IMAGE, "--workers", "2", "--display-name", "digits, tuned",
+                          "--base-output-dir", "gs://my-bucket/digits"],
+                         ["--module", "trainers.digits_torch", "--", "--layers=64,32", "--name", "a b", "--"]),
+}
+
+
+def _render(capsys: pytest.CaptureFixture[str], name: str, fmt: str) -> tuple[int, str, str]:
+    options, run_args = JOBS[name]
+    return job(capsys, "vertex", *options, "--format", fmt, "--", *run_args)
+
+
+def _rest(capsys: pytest.CaptureFixture[str], name: str) -> dict[str, Any]:
+    code, out, err = _render(capsys, name, "json")
+    assert code == 0, err
+    return dict(json.loads(out))
+
+
+@pytest.mark.parametrize("name", sorted(JOBS))
+def test_json_is_a_custom_job_the_api_accepts(capsys: pytest.CaptureFixture[str], name: str) -> None:
+    rest = _rest(capsys, name)
+    parsed = custom_job(json.dumps(rest))
+    options, run_args = JOBS[name]
+    pools = parsed.job_spec.worker_pool_specs
+    assert pools[0].replica_count == 1
+    assert list(pools[0].container_spec.args) == run_args  # the run args, their own '--' included, untouched
+    assert pools[0].container_spec.image_uri == options[1]
+    workers = int(options[options.index("--workers") + 1]) if "--workers" in options else 1
+    assert (pools[1].replica_count if len(pools) > 1 else 0) == workers - 1
+
+
+def test_pool_layout(capsys: pytest.CaptureFixture[str]) -> None:
+    """Pools by position: reducers in 2 on Google's image without accelerators or args; gaps are {}."""
+    pools = _rest(capsys, "ddp-reducers-auto")["jobSpec"]["workerPoolSpecs"]
+    assert [p["replicaCount"] for p in pools] == [1, 7, 25]
+    assert pools[0]["machineSpec"] == {"machineType": "a2-highgpu-8g", "acceleratorType": "NVIDIA_TESLA_A100",
+                                       "acceleratorCount": 8}
+    assert pools[2] == {"machineSpec": {"machineType": "n1-highcpu-16"}, "replicaCount": 25,
+                        "containerSpec": {"imageUri": REDUCER}}
+    gap = _rest(capsys, "tf-evaluator-gap")["jobSpec"]["workerPoolSpecs"]
+    assert [bool(p) for p in gap] == [True, True, False, True]
+    tf = _rest(capsys, "tf-ps-evaluator")["jobSpec"]["workerPoolSpecs"]
+    assert tf[2]["machineSpec"] == {"machineType": "n1-highmem-8"}  # servers get no GPUs
+    assert tf[3]["machineSpec"]["acceleratorCount"] == 2
+    europe = _rest(capsys, "horovod-v100-reducers")["jobSpec"]["workerPoolSpecs"][2]
+    assert europe["containerSpec"]["imageUri"].startswith("europe-docker.pkg.dev/")
+
+
+def test_base_output_dir(capsys: pytest.CaptureFixture[str]) -> None:
+    rest = _rest(capsys, "user-args-commas")
+    assert rest["displayName"] == "digits, tuned"
+    assert custom_job(json.dumps(rest)).job_spec.base_output_directory.output_uri_prefix == "gs://my-bucket/digits"
+
+
+@pytest.mark.parametrize("name", sorted(set(JOBS) - {"tf-evaluator-gap"}))
+def test_gcloud_config_is_the_json_job_spec(capsys: pytest.CaptureFixture[str], name: str) -> None:
+    code, out, err = _render(capsys, name, "gcloud-config")
+    assert code == 0, err
+    assert out.startswith("# ") and "gcloud ai custom-jobs create" in out.splitlines()[0]
+    doc = yaml.safe_load(out)
+    custom_job_spec(doc)  # strict: camelCase fields of CustomJobSpec only
+    assert doc == _rest(capsys, name)["jobSpec"]
+
+
+def test_gcloud_config_refuses_a_skipped_pool(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = _render(capsys, "tf-evaluator-gap", "gcloud-config")
+    assert "workerpool2" in err and "gcloud-command" in err
+    assert code == 2
+
+
+@pytest.mark.parametrize("name", sorted(set(JOBS) - {"user-args-commas"}))
+def test_gcloud_command_builds_the_json_job_spec(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                                 name: str) -> None:
+    """bash runs the command; what gcloud gets, split as gcloud splits it, is the JSON format's job spec."""
+    code, out, err = _render(capsys, name, "gcloud-command")
+    assert code == 0, err
+    head, spec = gcloud_command_job_spec(shell_argv(out, tmp_path))
+    assert head == ["gcloud", "ai", "custom-jobs", "create"]
+    expected = _rest(capsys, name)["jobSpec"]
+    if name.endswith("reducers") or name.endswith("auto"):
+        assert "every pool, the reducers' too" in err  # gcloud's --args reach the reducers as well
+        spec["workerPoolSpecs"][2]["containerSpec"].pop("args")
+    assert spec == expected
+    custom_job_spec(spec)
+
+
+def test_gcloud_command_keeps_commas_and_separators(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    options, run_args = JOBS["user-args-commas"]
+    options = [o for o in options if not o.startswith("gs://") and o != "--base-output-dir"]
+    code, out, err = job(capsys, "vertex", *options, "--format", "gcloud-command", "--", *run_args)
+    assert code == 0, err
+    argv = shell_argv(out, tmp_path)
+    _, spec = gcloud_command_job_spec(argv)
+    assert spec["workerPoolSpecs"][0]["containerSpec"]["args"] == run_args
+    assert "--display-name=digits, tuned" in argv
+
+
+def test_gcloud_command_has_no_base_output_dir(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = _render(capsys, "user-args-commas", "gcloud-command")
+    assert code == 2 and "--base-output-dir" in err
+
+
+@pytest.mark.parametrize("name", sorted(JOBS))
+def test_python_builds_the_same_custom_job(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+                                           name: str) -> None:
+    """Run the snippet with the real SDK (credentials faked, submit caught): its job is the JSON one."""
+    import google.auth
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import aiplatform
+
+    code, out, err = _render(capsys, name, "python")
+    assert code == 0, err
+    submitted: list[Any] = []
+    monkeypatch.setattr(google.auth, "default", lambda *a, **k: (AnonymousCredentials(), "my-project"))
+    monkeypatch.setattr(aiplatform.CustomJob, "submit", lambda self, *a, **k: submitted.append(self))
+    monkeypatch.setattr(sys, "argv", ["job.py"])
+    exec(compile(out, "job.py", "exec"), {"__name__": "__main__"})
+    expected = custom_job(json.dumps(_rest(capsys, name)))
+    (made,) = submitted
+    assert made._gca_resource.display_name == expected.display_name
+    assert made._gca_resource.job_spec.worker_pool_specs == expected.job_spec.worker_pool_specs
+    if expected.job_spec.base_output_directory.output_uri_prefix:
+        assert made._gca_resource.job_spec.base_output_directory == expected.job_spec.base_output_directory
