@@ -25,9 +25,11 @@ from entrypoint import envvars as ev
 from entrypoint import failures
 from entrypoint.environments.vertex import VERTEX_POOLS
 from entrypoint.errors import ConfigError, ExitCode
+from entrypoint.options import DEFAULT_GRACE_PERIOD
 from entrypoint.supervisor import Replica, free_ports, run_replicas
 
 COMMANDS = ("run", "describe")
+GRACE_MARGIN = 5.0
 
 
 @dataclass(frozen=True)
@@ -109,6 +111,18 @@ def build_replicas(pools: Sequence[Pool], output_dir: str, trial: str | None,
     return replicas
 
 
+def replica_grace(pools: Sequence[Pool]) -> float:
+    """How long ``local`` waits for stopping replicas: their own ``--grace-period`` plus a margin.
+
+    A replica forwards the signal to its own processes and kills them after its grace period; the
+    emulator waits a little longer, so it never kills a replica that is still saving on time.
+    """
+    from entrypoint.cli import parse_options
+
+    graces = [parse_options("run", p.command[1:]).grace_period for p in pools if p.start and p.command[:1] == ("run",)]
+    return max(graces, default=DEFAULT_GRACE_PERIOD) + GRACE_MARGIN
+
+
 def run_cluster(pools: Sequence[Pool], output_dir: str, trial: str | None = None) -> int:
     """Start every pool's replicas, wait for the job, and say where its outputs went."""
     for pool in pools:
@@ -123,7 +137,7 @@ def run_cluster(pools: Sequence[Pool], output_dir: str, trial: str | None = None
     ctx = failures.Context(replica="local", job_dir=str(job_dir), started=time.time())
     names = ", ".join(r.name for r in replicas)
     print(f"[local] starting {len(replicas)} replicas ({names}); outputs under {output}", flush=True)
-    code = run_replicas(replicas)
+    code = run_replicas(replicas, grace=replica_grace(pools))
     chief = replicas[0].env
     metrics = sorted(output.glob(".replicas/*/hypertune/output.metrics"))
     print(f"[local] job finished with exit code {code}", flush=True)

@@ -18,6 +18,7 @@ import os
 import shutil
 import socket
 import sys
+import tempfile
 import time
 import traceback
 from collections.abc import Callable, Iterable
@@ -176,14 +177,17 @@ def write_record(ctx: Context, failure: Failure, **extra: Any) -> Path | None:
         "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)), **extra,
     }
     rank = "node" if ctx.rank is None else f"rank{ctx.rank}"
-    path = record_dir(ctx.job_dir) / f"{time.time_ns()}-{ctx.replica}-{rank}-{os.getpid()}.json"
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(record, indent=2, sort_keys=True))
-    except OSError as exc:
-        print(f"entrypoint: could not write the failure record to {path.parent}: {exc.strerror}", file=sys.stderr)
-        return None
-    return path
+    name = f"{time.time_ns()}-{ctx.replica}-{rank}-{os.getpid()}.json"
+    text = json.dumps(record, indent=2, sort_keys=True)
+    for directory in (record_dir(ctx.job_dir), Path(tempfile.gettempdir()) / "trainer-failures"):
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            (directory / name).write_text(text)
+        except OSError as exc:  # a read-only or full job dir: the node's temp dir still takes it
+            print(f"entrypoint: could not write the failure record to {directory}: {exc.strerror}", file=sys.stderr)
+            continue
+        return directory / name
+    return None
 
 
 def read_records(job_dir: str | None, since: float) -> list[dict[str, Any]]:

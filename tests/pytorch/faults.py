@@ -1,0 +1,62 @@
+"""The digits hooks, misbehaving on request (options after ``--``), for the failure and preemption tests.
+
+``--fault raise`` raises at ``--at-step`` with every secret it can reach in the message; ``--fault exit``
+calls ``sys.exit(0)`` in ``build_model``; ``--fault hang`` blocks rank 0 at ``--at-step``; ``--step-sleep``
+slows every step so a test can interrupt mid-epoch; ``--blob-a/--blob-b`` are echoed back by length.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any
+
+import torch.nn.functional as F
+from torch import nn
+
+from trainers import digits_torch
+
+DEFAULTS = {"epochs": 2, "batch_size": 32}
+build_datasets = digits_torch.build_datasets
+build_optimizer = digits_torch.build_optimizer
+_state: dict[str, Any] = {"steps": 0}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The digits options plus the faults."""
+    digits_torch.add_arguments(parser)
+    parser.add_argument("--fault", choices=["none", "raise", "exit", "hang"], default="none")
+    parser.add_argument("--at-step", type=int, default=5)
+    parser.add_argument("--step-sleep", type=float, default=0.0)
+    parser.add_argument("--api-token", default="")
+    parser.add_argument("--blob-a", default="")
+    parser.add_argument("--blob-b", default="")
+
+
+def build_model(args: argparse.Namespace, ctx: Any) -> nn.Module:
+    """The digits MLP; or ``sys.exit(0)`` when asked to fail here."""
+    if args.fault == "exit":
+        sys.exit(0)
+    _state["args"] = args
+    if ctx.is_chief and (args.blob_a or args.blob_b):
+        ctx.model_dir.mkdir(parents=True, exist_ok=True)
+        (ctx.model_dir / "blobs.json").write_text(json.dumps({"a": len(args.blob_a), "b": len(args.blob_b)}))
+    return digits_torch.build_model(args, ctx)
+
+
+def compute_loss(model: nn.Module, batch: Any, ctx: Any) -> Any:
+    """Cross-entropy, after the requested fault or pause."""
+    args = _state["args"]
+    _state["steps"] += 1
+    if _state["steps"] == args.at_step and args.fault == "raise":
+        secrets = " ".join(os.environ.get(n, "") for n in ("WANDB_API_KEY", "AWS_SECRET_ACCESS_KEY"))
+        raise ValueError(f"cannot reach the tracker with token {args.api_token} ({secrets})")
+    if _state["steps"] == args.at_step and args.fault == "hang" and ctx.rank == 0:
+        time.sleep(3600)
+    if args.step_sleep:
+        time.sleep(args.step_sleep)
+    inputs, labels = batch
+    return F.cross_entropy(model(inputs), labels)
