@@ -137,7 +137,7 @@ def run_cluster(pools: Sequence[Pool], output_dir: str, trial: str | None = None
     ctx = failures.Context(replica="local", job_dir=str(job_dir), started=time.time())
     names = ", ".join(r.name for r in replicas)
     print(f"[local] starting {len(replicas)} replicas ({names}); outputs under {output}", flush=True)
-    code = run_replicas(replicas, grace=replica_grace(pools))
+    code, first = run_replicas(replicas, grace=replica_grace(pools))
     chief = replicas[0].env
     metrics = sorted(output.glob(".replicas/*/hypertune/output.metrics"))
     print(f"[local] job finished with exit code {code}", flush=True)
@@ -146,8 +146,7 @@ def run_cluster(pools: Sequence[Pool], output_dir: str, trial: str | None = None
           f"[local] hypertune:    {', '.join(map(str, metrics)) or 'none reported'}", flush=True)
     if code == ExitCode.OK:
         return ExitCode.OK
-    failed = next((r.name for r in replicas if r.exit_code not in (None, 0)), None)
-    return failures.conclude_exit(ctx, code, who=failed)
+    return failures.conclude_exit(ctx, code, who=first.name if first else None)
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:

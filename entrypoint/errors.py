@@ -45,7 +45,7 @@ HANG = FailureClass("hang", ExitCode.PEER_LOST, "no training step completed with
 HOST_UNRESOLVABLE = FailureClass("host_unresolvable", ExitCode.HOST_UNRESOLVABLE, "a peer's host name never resolved")
 START_DEADLINE = FailureClass("peer_lost", ExitCode.START_DEADLINE, "TensorFlow's cluster start outlived --timeout")
 # Classes a failure of another replica can cause: the root cause is looked for elsewhere first.
-CONSEQUENCES = frozenset({PEER_LOST.name, HANG.name, "signal"})
+CONSEQUENCES = frozenset({PEER_LOST.name, HANG.name})
 
 
 def signal_class(signum: int) -> FailureClass:

@@ -304,14 +304,15 @@ def conclude_exit(ctx: Context, code: int, who: str | None = None) -> int:
     ``who`` names the child when it is not this process (its record is written on its behalf).
     """
     records = read_records(ctx.job_dir, ctx.started)
-    if not records:
-        cls = code_class(code)
-        failure = Failure(cls, cls.meaning if code > 128 else f"exited with {code}")
-        child = replace(ctx, replica=who, rank=None, secrets=ctx.secrets) if who else ctx
-        write_record(child, failure)
-        return conclude(ctx, as_record(child, failure))
+    if not records or (who is not None and all(r.get("replica") != who for r in records)):
+        cls = code_class(code)  # the child left no record (killed by a signal, or a script's exit code)
+        child = replace(ctx, replica=who, rank=None) if who else ctx
+        write_record(child, Failure(cls, cls.meaning if code > 128 else f"exited with {code}"))
+        records = read_records(ctx.job_dir, ctx.started)
     cause = root_cause(records)
-    assert cause is not None
+    if cause is None:  # not even a fallback record could be written
+        cls = code_class(code)
+        return announce(ctx, as_record(ctx, Failure(cls, cls.meaning)))
     return announce(ctx, cause)
 
 

@@ -116,21 +116,11 @@ def _close_after_peer(conn: socket.socket) -> None:
 
 
 def _join(address: tuple[str, int], peers: Sequence[Peer], me: int, key: str, timeout: float) -> None:
-    """A worker: resolve and reach the chief (retrying), say hello, wait for GO."""
+    """A worker: resolve and reach the chief (retrying), say hello, wait for GO; say why it waits when that changes."""
     host, port = address
     deadline = time.monotonic() + timeout
-    chief, resolved, problem, next_log = peers[0], False, "not tried yet", 0.0
+    chief, resolved, said, next_log = peers[0], False, "", 0.0
     while True:
-        now = time.monotonic()
-        if now >= deadline:
-            if not resolved:
-                raise HostUnresolvableError(f"the chief's host name {host!r} did not resolve within {timeout:g} s "
-                                            f"(--timeout); chief {chief}")
-            raise PeerError(f"the chief {chief} never came within {timeout:g} s (--timeout): {problem}")
-        if now >= next_log:
-            log.info("waiting for the chief %s: %s; %.0f s left of --timeout %g", chief, problem, deadline - now,
-                     timeout)
-            next_log = now + LOG_EVERY
         try:
             socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
             resolved = True
@@ -141,7 +131,17 @@ def _join(address: tuple[str, int], peers: Sequence[Peer], me: int, key: str, ti
             problem = exc.strerror or type(exc).__name__
         if problem == "":
             return
-        time.sleep(min(1.0, max(deadline - time.monotonic(), 0.0)))
+        now = time.monotonic()
+        if now >= deadline:
+            if not resolved:
+                raise HostUnresolvableError(f"the chief's host name {host!r} did not resolve within {timeout:g} s "
+                                            f"(--timeout); chief {chief}")
+            raise PeerError(f"the chief {chief} never came within {timeout:g} s (--timeout): {problem}")
+        if problem != said or now >= next_log:
+            log.info("waiting for the chief %s: %s; %.0f s left of --timeout %g", chief, problem, deadline - now,
+                     timeout)
+            said, next_log = problem, now + LOG_EVERY
+        time.sleep(min(1.0, max(deadline - now, 0.0)))
 
 
 def _hello_and_wait(host: str, port: int, hello: str, deadline: float, peers: Sequence[Peer]) -> str:

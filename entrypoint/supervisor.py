@@ -74,8 +74,12 @@ def _start(replica: Replica, lock: threading.Lock) -> None:
     replica.pump.start()
 
 
-def run_replicas(replicas: list[Replica], label: str = "local", grace: float = DEFAULT_GRACE_PERIOD) -> int:
-    """Start every replica and wait; a signal or the first failure stops the others. Returns the exit code."""
+def run_replicas(replicas: list[Replica], label: str = "local",
+                 grace: float = DEFAULT_GRACE_PERIOD) -> tuple[int, Replica | None]:
+    """Start every replica and wait; a signal or the first failure stops the others.
+
+    Returns the exit code and the replica that failed first (None when all succeeded or a signal came).
+    """
     lock = threading.Lock()
     procs = []
     with Forwarder() as forwarder:
@@ -84,31 +88,32 @@ def run_replicas(replicas: list[Replica], label: str = "local", grace: float = D
                 _start(r, lock)
                 assert r.proc is not None
                 procs.append(r.proc)
-            code = _wait(replicas, procs, forwarder, label, grace)
+            code, first = _wait(replicas, procs, forwarder, label, grace)
         except BaseException:
             terminate(procs, signal.SIGKILL, 0)
             raise
     for r in replicas:
         if r.pump is not None:
             r.pump.join(timeout=5)
-    return code
+    return code, first
 
 
 def _wait(replicas: Sequence[Replica], procs: list[subprocess.Popen[bytes]], forwarder: Forwarder, label: str,
-          grace: float) -> int:
+          grace: float) -> tuple[int, Replica | None]:
     while True:
         if forwarder.received:
             sig = forwarder.received[0]
             print(f"[{label}] received {signal.Signals(sig).name}: forwarding it to every process (grace {grace:g} s)",
                   flush=True)
             terminate(procs, sig, grace)
-            return 128 + sig
+            return 128 + sig, None
         failed = [r for r in replicas if r.exit_code not in (None, 0)]
         if failed:
             first = failed[0]
             print(f"[{label}] {first.name} exited with {first.exit_code}: stopping the others", flush=True)
+            code = int(first.exit_code or 1)
             terminate([p for p in procs if p.poll() is None], signal.SIGTERM, grace)
-            return int(first.exit_code or 1)
+            return code, first
         if all(r.exit_code is not None for r in replicas):
-            return 0
+            return 0, None
         time.sleep(0.1)
