@@ -63,7 +63,7 @@ def test_user_error_record_last_line_and_no_secret_anywhere(tmp_path: Path) -> N
     proc = entrypoint(*run_args(tmp_path, "--", "--fault", "raise", "--api-token", "canary-arg-3d4c"), env=env)
     assert proc.returncode == 1, failure_text(proc)
     (record,) = failure_records(tmp_path)
-    assert RECORD_KEYS <= set(record)
+    assert set(record) >= RECORD_KEYS
     assert (record["class"], record["exit_code"], record["retryable"], record["replica"], record["rank"]) == (
         "user_code", 1, False, "workerpool0-0", 0)
     assert "ValueError: cannot reach the tracker" in record["message"] and "compute_loss" in record["traceback"]

@@ -1,0 +1,72 @@
+"""Preemption and lost peers with real Horovod processes (launched without ssh): same contract as PyTorch."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from entrypoint import checkpoints
+from entrypoint.supervisor import free_ports
+from tests.jobs import Job, entrypoint, failure_records, failure_text, last_line, summary, wait_gone
+
+pytest.importorskip("horovod.torch")
+pytestmark = [pytest.mark.horovod, pytest.mark.slow]
+
+
+def run_args(*extra: str) -> list[str]:
+    return ["run", "--framework", "horovod", "--module", "tests.pytorch.faults", "--log-every", "2", *extra]
+
+
+def test_sigterm_stops_every_rank_at_one_step_and_the_restart_resumes_there(tmp_path: Path) -> None:
+    args = ["local", "--workers", "2", "--output-dir", str(tmp_path), "--",
+            *run_args("--timeout", "60", "--", "--step-sleep", "0.05")]
+    job = Job(*args)
+    try:
+        job.wait_for_step(6)
+        sent = job.send(signal.SIGTERM)
+        assert job.wait(60) == 143, job.output()[-3000:]
+        assert time.monotonic() - sent < 15
+        assert wait_gone(job.marker) == []
+    finally:
+        job.cleanup()
+    step = checkpoints.committed(tmp_path / "checkpoints", warn=False)[-1][0]
+    assert step >= job.last_step()
+    assert {r["class"] for r in failure_records(tmp_path)} == {"preempted"}
+    rerun = entrypoint(*args)
+    assert rerun.returncode == 0, failure_text(rerun)
+    result = summary(tmp_path / "model")
+    assert result["start_step"] == step and result["final_step"] == result["expected_steps"]
+    assert result["param_digests"][0] == result["param_digests"][1]
+
+
+@pytest.mark.parametrize("how", ["killed", "frozen"])
+def test_a_lost_peer_is_retryable_on_the_survivor(tmp_path: Path, how: str) -> None:
+    chief, worker = free_ports(2)
+    cluster = {"workerpool0": [f"127.0.0.1:{chief}"], "workerpool1": [f"127.0.0.1:{worker}"]}
+    nodes = []
+    for pool in ("workerpool0", "workerpool1"):
+        spec = {"cluster": cluster, "environment": "cloud", "task": {"type": pool, "index": 0}}
+        nodes.append(Job(*run_args("--job-dir", str(tmp_path / pool), "--timeout", "30", "--hang-timeout", "10",
+                                   "--", "--step-sleep", "0.05"), env={"CLUSTER_SPEC": json.dumps(spec)}))
+    try:
+        nodes[0].wait_for_step(6)
+        victims = [p for p in nodes[1].left() if p != nodes[1].proc.pid]  # the node's Horovod process
+        for pid in victims:
+            os.kill(pid, signal.SIGKILL if how == "killed" else signal.SIGSTOP)
+        lost = time.monotonic()
+        assert nodes[0].wait(90) == 129, nodes[0].output()[-3000:]
+        assert time.monotonic() - lost < 10 + 15  # within --hang-timeout (Horovod's collectives never time out)
+        expected = "peer_lost" if how == "killed" else "hang"
+        assert last_line(nodes[0]).startswith(f"entrypoint: error: {expected} on workerpool0-0")
+    finally:
+        for pid in nodes[1].left():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        for job in nodes:
+            job.cleanup()
