@@ -82,12 +82,6 @@ class ConfigError(TrainerError):
         super().__init__(f"{self.source}: {problem}")
 
 
-class UserCodeError(TrainerError):
-    """The user's code did something the entrypoint cannot go on from (e.g. a hook exited before training ended)."""
-
-    failure = USER_CODE
-
-
 class PeerError(TrainerError):
     """A peer never came, died or froze, or a rendezvous / collective timed out: retry the job."""
 

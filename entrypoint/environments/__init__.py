@@ -22,8 +22,8 @@ from entrypoint.topology import ClusterTopology
 
 # First match wins. Why each sits where it does:
 DETECTION_ORDER: tuple[type[ClusterEnvironment], ...] = (
-    # Per-process variables mean this process was already spawned (by torchrun or our own
-    # launcher): it inherits the node's CLUSTER_SPEC, which must not make it spawn again.
+    # Per-process variables mean this process was already spawned (by torchrun, or by a launcher
+    # around our image): it may inherit the node's CLUSTER_SPEC, which must not make it spawn again.
     TorchElasticEnvironment,
     # Likewise for mpirun / horovodrun / our Horovod launcher (OMPI_*, PMI_*, HOROVOD_*).
     MPIEnvironment,

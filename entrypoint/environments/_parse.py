@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from entrypoint.errors import ConfigError
+from entrypoint.topology import ProcessInfo
 
 _MAX_SHOWN = 40
 
@@ -137,3 +139,38 @@ def host_port(environ: Mapping[str, str], addr_var: str, port_var: str, because:
     if port > 65535:
         raise ConfigError(port_var, f"must be a port number (1-65535), got {port}")
     return f"{host}:{port}"
+
+
+@dataclass(frozen=True)
+class ProcessVariables:
+    """The names one launcher family gives a process's ranks (torchrun's, Open MPI's, Horovod's...)."""
+
+    rank: str
+    size: str
+    local_rank: str
+    local_size: str
+    node_rank: str
+    nodes: str
+
+
+def process_ranks(environ: Mapping[str, str], names: ProcessVariables, because: str,
+                  local_rank_required: bool = False) -> tuple[ProcessInfo, int, int]:
+    """A platform-placed process's ranks, its node rank and the node count, checked against each other."""
+    rank = require_int(environ, names.rank, because)
+    size = require_int(environ, names.size, because, minimum=1)
+    local_rank = (require_int(environ, names.local_rank, because) if local_rank_required
+                  else get_int(environ, names.local_rank) or 0)
+    local_size = get_int(environ, names.local_size, minimum=1) or 1
+    if rank >= size:
+        raise ConfigError(names.rank, f"{rank} is out of range for {names.size} {size}")
+    if local_rank >= local_size:
+        raise ConfigError(names.local_rank, f"{local_rank} is out of range for {names.local_size} {local_size}")
+    if local_size > size:
+        raise ConfigError(names.local_size, f"{local_size} is larger than {names.size} {size}")
+    node_rank = get_int(environ, names.node_rank)
+    if node_rank is None:
+        node_rank = rank // local_size
+    nodes = get_int(environ, names.nodes, minimum=1) or -(-size // local_size)
+    if node_rank >= nodes:
+        raise ConfigError(names.node_rank, f"{node_rank} is out of range for {nodes} nodes")
+    return ProcessInfo(rank, size, local_rank, local_size), node_rank, nodes

@@ -1,6 +1,6 @@
 """Structure of images/<name>/Dockerfile: pinned bases, non-root tini entrypoint, locks, smoke checks, labels.
 
-No Docker engine here, so each rule the images promise (DESIGN.md "Images", CONVENTIONS.md item 8)
+Each rule the images promise (docs/images.md)
 is checked on the parsed Dockerfile, for both build variants where the answer depends on VARIANT.
 """
 

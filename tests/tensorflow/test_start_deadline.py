@@ -1,0 +1,53 @@
+"""Exit 142: a peer that passed the start-up barrier but never starts TensorFlow ends the chief at --timeout."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from entrypoint.supervisor import free_ports
+from tests.conftest import PYTHON, ROOT, subprocess_env
+from tests.tensorflow.jobs import TOY, run_args
+
+pytestmark = pytest.mark.tensorflow
+
+
+def join_barrier(port: int, key: str, member: int, deadline: float) -> socket.socket:
+    """Play a worker at the start-up barrier (then never start TensorFlow); the open connection."""
+    while time.monotonic() < deadline:
+        try:
+            sock = socket.create_connection(("127.0.0.1", port), timeout=2)
+        except OSError:
+            time.sleep(0.2)
+            continue
+        sock.sendall(f"TRAINER-BARRIER/1 {key} {member}\n".encode())
+        sock.settimeout(60)
+        assert sock.recv(16).startswith(b"GO")
+        return sock
+    raise AssertionError("the chief never opened the barrier")
+
+
+def test_a_peer_lost_after_the_barrier_ends_tensorflows_start_at_the_timeout(tmp_path: Path) -> None:
+    chief, worker = free_ports(2)
+    tf_config = {"cluster": {"chief": [f"127.0.0.1:{chief}"], "worker": [f"127.0.0.1:{worker}"]},
+                 "task": {"type": "chief", "index": 0}}
+    command = [PYTHON, "-m", "entrypoint", *run_args("--module", TOY, "--job-dir", str(tmp_path), "--timeout", "5")]
+    proc = subprocess.Popen(command, cwd=ROOT, env=subprocess_env({"TF_CONFIG": json.dumps(tf_config)}),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        peer = join_barrier(chief, f"2@127.0.0.1:{chief}", 1, time.monotonic() + 60)
+        released = time.monotonic()
+        output, _ = proc.communicate(timeout=120)
+        peer.close()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == -signal.SIGALRM, output[-3000:]  # the shell and `local` report 142: retryable
+    assert time.monotonic() - released < 5 + 30
+    assert f"worker[0] (127.0.0.1:{worker})" in output and "exit code 142" in output
