@@ -24,6 +24,34 @@ def topology_from_spec(
     ``chief_pool`` names a pool that must exist (Vertex's workerpool0). An evaluator task may be
     absent from ``cluster`` (TensorFlow keeps evaluators outside it).
     """
+    pools, names = _read_pools(variable, spec, roles, chief_pool)
+    task = get_object(variable, spec, "task", "task")
+    if "type" not in task:
+        raise ConfigError(variable, "missing", "task.type")
+    task_type = task["type"]
+    if not isinstance(task_type, str) or task_type not in roles:
+        raise ConfigError(variable, f"unknown task type {shown(task_type)}; expected one of {', '.join(roles)}",
+                          "task.type")
+    role = roles[task_type]
+    index = get_index(variable, task, "task.index")
+    members = pools.get(role)
+    if members is None:
+        if role != "evaluator":
+            raise ConfigError(variable, f"task type {task_type!r} has no replicas in cluster", "task.type")
+    elif index >= len(members):
+        raise ConfigError(variable, f"{index} is out of range for {task_type} ({len(members)} replicas)",
+                          "task.index")
+    names.setdefault(role, task_type)  # an evaluator outside ``cluster`` is still named by its task type
+    return ClusterTopology.from_pools(
+        source, role, index, chief=pools.get("chief", ()), workers=pools.get("worker", ()),
+        servers=pools.get("ps", ()), evaluators=pools.get("evaluator", ()),
+        trial=get_trial(variable, task, "task.trial") or fallback_trial, pool_names=tuple(sorted(names.items())),
+    )
+
+
+def _read_pools(variable: str, spec: Mapping[str, Any], roles: Mapping[str, Role],
+                chief_pool: str | None) -> tuple[dict[Role, tuple[str, ...]], dict[Role, str]]:
+    """The non-empty pools by role, and the name the spec gave each; one chief at most."""
     cluster = get_object(variable, spec, "cluster", "cluster")
     pools: dict[Role, tuple[str, ...]] = {}
     names: dict[Role, str] = {}
@@ -46,33 +74,4 @@ def topology_from_spec(
                           f"cluster.{names['chief']}")
     if not chief and not pools.get("worker"):
         raise ConfigError(variable, "has neither a chief nor a worker pool", "cluster")
-
-    task = get_object(variable, spec, "task", "task")
-    if "type" not in task:
-        raise ConfigError(variable, "missing", "task.type")
-    task_type = task["type"]
-    if not isinstance(task_type, str) or task_type not in roles:
-        raise ConfigError(variable, f"unknown task type {shown(task_type)}; expected one of {', '.join(roles)}",
-                          "task.type")
-    role = roles[task_type]
-    index = get_index(variable, task, "task.index")
-    members = pools.get(role)
-    if members is None:
-        if role != "evaluator":
-            raise ConfigError(variable, f"task type {task_type!r} has no replicas in cluster", "task.type")
-    elif index >= len(members):
-        raise ConfigError(variable, f"{index} is out of range for {task_type} ({len(members)} replicas)",
-                          "task.index")
-    trial = get_trial(variable, task, "task.trial") or fallback_trial
-    names.setdefault(role, task_type)  # an evaluator outside ``cluster`` is still named by its task type
-    return ClusterTopology.from_pools(
-        source,
-        role,
-        index,
-        chief=chief,
-        workers=pools.get("worker", ()),
-        servers=pools.get("ps", ()),
-        evaluators=pools.get("evaluator", ()),
-        trial=trial,
-        pool_names=tuple(sorted(names.items())),
-    )
+    return pools, names

@@ -186,3 +186,19 @@ def test_a_hook_that_exits_early_is_a_failure_of_the_users_code(tmp_path: Path) 
     assert proc.returncode == 1, failure_text(proc)
     assert "user_code" in last_line(proc) and "sys.exit(0)" in last_line(proc)
     assert not (tmp_path / "model" / "training_summary.json").exists()
+
+
+def test_a_script_polling_the_context_api_saves_and_its_exit_code_passes_through(tmp_path: Path) -> None:
+    saved = tmp_path / "saved.json"
+    job = Job("run", "--framework", "pytorch", "--job-dir", str(tmp_path), "--script", "tests/pytorch/polite_script.py",
+              "--", str(saved))
+    try:
+        job.wait_for(r"script step 5")
+        sent = job.send(signal.SIGTERM)
+        assert job.wait(30) == 143
+        assert time.monotonic() - sent < 5
+        assert wait_gone(job.marker) == []
+    finally:
+        job.cleanup()
+    assert json.loads(saved.read_text())["step"] >= 5
+    assert [r["class"] for r in failure_records(tmp_path)] == ["preempted"]
