@@ -23,6 +23,7 @@ help:
 	@echo "make lint   - ruff, mypy and hadolint"
 	@echo "make demo-horovod - the same training with Horovod (builds Horovod once, ~9 min on 2 cores)"
 	@echo "make build  - build every image (needs a Docker engine); see docs/images.md"
+	@echo "make image-test - build the three CPU images here (podman or Docker) and run them (part of make test)"
 
 # One venv per image CPU lock, each with the test tools and this package (editable) on top.
 # $(call lock_venv,VENV,LOCK): create VENV from the exact LOCK plus tests/requirements.txt.
@@ -70,16 +71,18 @@ venv-jobs: $(JOBS_VENV)/.ready
 venv: venv-pytorch venv-tensorflow venv-horovod venv-jobs
 
 lint-python: venv-pytorch
-	$(TOOLS_BIN)/ruff check entrypoint trainers tests bench
+	$(TOOLS_BIN)/ruff check entrypoint trainers tests bench images/local_build.py
 	$(TOOLS_BIN)/mypy
+	$(TOOLS_BIN)/mypy --strict images/local_build.py  # on its own: images/<name>/ would shadow the frameworks
 
 lint-docker: venv-pytorch
 lint: lint-python lint-docker
 
 # Each image's CPU lock gets the part of the suite that concerns it (unit and image tests run in the
-# PyTorch venv); pytest exits 5 when a marker selects nothing, which counts as a failure here.
+# PyTorch venv); pytest exits 5 when a marker selects nothing, which counts as a failure here. The
+# container tests run after the image builds, in test-images (images/images.mk).
 test-pytorch: venv-pytorch
-	$(TORCH_VENV)/bin/python -m pytest -m "not tensorflow and not horovod and not jobs" $(PYTEST_ARGS)
+	$(TORCH_VENV)/bin/python -m pytest -m "not tensorflow and not horovod and not jobs and not containers" $(PYTEST_ARGS)
 
 test-tensorflow: venv-tensorflow
 	$(TF_VENV)/bin/python -m pytest -m tensorflow $(PYTEST_ARGS)
@@ -91,7 +94,7 @@ test-horovod: venv-horovod
 test-jobs: venv-jobs
 	$(JOBS_VENV)/bin/python -m pytest -m jobs $(PYTEST_ARGS)
 
-test: lint test-pytorch test-horovod test-tensorflow test-jobs
+test: lint test-pytorch test-horovod test-tensorflow test-jobs test-images
 
 # A real distributed training: 2 replicas of an emulated Vertex AI cluster (chief + worker, DDP over gloo).
 demo: venv-pytorch

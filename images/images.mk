@@ -1,11 +1,13 @@
 # Trainer images: local builds mirroring cloudbuild.yaml. Included by the top-level Makefile, which
-# defines PYTHON, VENV_DIR and TOOLS_BIN (where hadolint is installed). Needs a Docker engine, except
-# lint-docker. docs/images.md explains the images, their variants and how to run them.
+# defines PYTHON, VENV_DIR, TORCH_VENV and TOOLS_BIN (where hadolint is installed). Needs a Docker
+# engine, except lint-docker and the image tests. docs/images.md explains the images and how to run them.
 #
 #   make build-pytorch-cpu                       # one image (GPU: build-pytorch)
 #   make build                                   # all six
 #   make push PROJECT_ID=my-project TAG=v0.1.0   # build, then push to Artifact Registry
 #   make cloudbuild PROJECT_ID=my-project        # the same on Cloud Build (cloudbuild.yaml)
+#   make image-test                              # the three CPU images built and run here (podman or Docker)
+#   make image-clean                             # remove them, their local base and its layer cache
 
 REGION ?= us-central1
 PROJECT_ID ?= my-project
@@ -32,7 +34,7 @@ image_build = DOCKER_BUILDKIT=1 $(DOCKER) build --file images/$(1)/Dockerfile \
 	$(DOCKER_BUILD_ARGS) --tag $(REGISTRY)/$(3):$(TAG) .
 
 .PHONY: build build-pytorch build-pytorch-cpu build-tensorflow build-tensorflow-cpu \
-	build-horovod build-horovod-cpu push cloudbuild lint-docker
+	build-horovod build-horovod-cpu push cloudbuild lint-docker image-test test-images image-clean
 
 build: build-pytorch build-pytorch-cpu build-tensorflow build-tensorflow-cpu build-horovod build-horovod-cpu
 
@@ -60,3 +62,23 @@ cloudbuild:
 lint-docker:
 	@test -x $(HADOLINT) || { echo "no hadolint at $(HADOLINT): run 'make venv' (or set HADOLINT)" >&2; exit 1; }
 	$(HADOLINT) --config .hadolint.yaml images/*/Dockerfile
+
+# ---- image tests: the CPU variants built on this machine from the same Dockerfiles and locks ----------
+# images/local_build.py makes a Debian bookworm base once (mmdebstrap), builds localhost/trainer-<image>:cpu
+# with cloudbuild.yaml's CPU build arguments plus the local base, its Python and torch's wheel source,
+# and reports sizes against images/size-budget.json; tests/containers/ then runs the images. Layers and
+# the base stay cached in the engine's storage: only a cold machine pays the full build (~18 minutes).
+image-test: venv-pytorch
+	$(PYTHON) images/local_build.py build
+	$(TORCH_VENV)/bin/python -m pytest -m containers tests/containers $(PYTEST_ARGS)
+
+# Part of `make test`: installs podman where it can (root with apt-get). Without an engine: one line
+# saying what to install, and the image tests are skipped; under CI=true that is a failure.
+test-images:
+	@status=0; $(PYTHON) images/local_build.py engine --install || status=$$?; \
+	if [ $$status -eq 3 ]; then exit 0; fi; \
+	if [ $$status -ne 0 ]; then exit $$status; fi; \
+	$(MAKE) --no-print-directory image-test
+
+image-clean:
+	$(PYTHON) images/local_build.py clean

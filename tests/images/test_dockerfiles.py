@@ -120,7 +120,7 @@ def test_devel_base_only_under_the_builder(image: str) -> None:
     _, stages = parse(image, "gpu")
     for stage in stages:
         if "-devel-" in external_base(stages, stage):
-            assert stage.name.startswith(("build", "builder")), f"devel base used by stage {stage.name}"
+            assert stage.name.startswith(("build", "package")), f"devel base used by stage {stage.name}"
 
 
 def test_no_latest_tag_in_from_or_arg_defaults(image: str) -> None:
@@ -167,7 +167,19 @@ def test_venv_built_in_a_named_builder_and_copied_into_the_runtime(image: str) -
     _, stages = parse(image)
     builder = next(s for s in stages if s.name == "builder")
     assert any("-m venv /opt/venv" in run for run in builder.values("RUN"))
-    assert "--from=builder /opt/venv /opt/venv" in stages[-1].values("COPY")
+    assert any("images/slim_venv.sh /opt/venv" in run for run in builder.values("RUN"))
+    copies = stages[-1].values("COPY")
+    assert "--from=builder /opt/venv /opt/venv" in copies
+
+
+def test_the_package_is_a_small_layer_of_its_own_after_the_venv(image: str) -> None:
+    """Editing the package rebuilds a wheel and a small layer, never the venv layer (layer cache, disk)."""
+    _, stages = parse(image)
+    package = next(s for s in stages if s.name == "package")
+    assert package.base == "builder"
+    copies = stages[-1].values("COPY")
+    assert copies.index("--from=package /dist/ /tmp/dist/") > copies.index("--from=builder /opt/venv /opt/venv")
+    assert any(re.search(r"pip install .*--no-deps /tmp/dist/\*\.whl", run) for run in stages[-1].values("RUN"))
 
 
 def test_locks_of_this_image_are_copied_before_the_source(image: str) -> None:
@@ -183,10 +195,11 @@ def test_locks_of_this_image_are_copied_before_the_source(image: str) -> None:
             assert re.fullmatch(rf"images/{image}/requirements(-cpu)?\.txt", src), src
     copied = {src for i in lock_copies for src in copies[i].split()[:-1]}
     assert copied == {f"images/{image}/requirements.txt", f"images/{image}/requirements-cpu.txt"}
-    source = copies.index("entrypoint/ entrypoint/")
-    assert max(lock_copies) < source
-    assert "pyproject.toml README.md ./" in copies and "trainers/ trainers/" in copies
-    assert any(re.search(r"pip install .*--no-deps \.$", run) for run in builder.values("RUN"))
+    assert not [c for c in copies if c.startswith(("entrypoint/", "trainers/", "pyproject.toml"))]
+    package = next(s for s in stages if s.name == "package")  # FROM builder: after the locks
+    source = package.values("COPY")
+    assert {"pyproject.toml README.md ./", "entrypoint/ entrypoint/", "trainers/ trainers/"} <= set(source)
+    assert any(re.search(r"pip wheel .*--no-deps .*\.$", run) for run in package.values("RUN"))
 
 
 def test_each_variant_installs_its_own_lock(image: str) -> None:

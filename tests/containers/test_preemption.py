@@ -1,0 +1,82 @@
+"""`podman stop` (docker stop) on a training container: the preemption path through tini.
+
+What holds today: tini (PID 1) forwards SIGTERM, the trainer stops and the container exits 143 within
+seconds, long before the stop timeout would SIGKILL it (137). What needs the preemption protocol (issue 9):
+the chief saves a committed checkpoint at the step where it stopped, and the restarted container resumes
+from exactly there.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from entrypoint import checkpoints
+from tests.conftest import ROOT
+from tests.containers.engine import OUT, PROGRESS, Container, aip_dirs, started, writable_dir
+
+pytestmark = pytest.mark.containers
+STOP_TIMEOUT = 30  # seconds `stop` waits before SIGKILL
+# The digits hooks module with 50 ms per step (tests/pytorch/slow_digits.py, mounted read-only on the
+# image's PYTHONPATH): an epoch of 180 steps takes 9 s, so the stop, sent at the first progress line,
+# lands long before the first epoch-end checkpoint. A progress line every step.
+TRAIN = ["--module", "tests.pytorch.slow_digits", "--epochs", "2", "--batch-size", "8", "--log-every", "1"]
+
+
+def training(engine: Any, image: str, volume: Path) -> Container:
+    return Container(engine, image, TRAIN, env=aip_dirs(), volumes={volume: OUT, ROOT / "tests": "/app/tests:ro"})
+
+
+def stop(engine: Any, container: Container) -> tuple[int, float]:
+    """Stop the container as an orchestrator would; return its exit code and how long the stop took."""
+    began = time.monotonic()
+    subprocess.run(engine.command("stop", "--time", str(STOP_TIMEOUT), container.name), capture_output=True,
+                   timeout=STOP_TIMEOUT + 60, check=True)
+    return container.wait(timeout=60), time.monotonic() - began
+
+
+def state(engine: Any, container: Container) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(engine.output("inspect", "--format", "{{json .State}}", container.name))
+    return data
+
+
+def logged_steps(container: Container) -> list[int]:
+    return [int(m.group(1)) for m in PROGRESS.finditer(container.output())]
+
+
+def test_sigterm_reaches_the_trainer_through_tini(engine: Any, built: Any, tmp_path: Path) -> None:
+    volume = writable_dir(tmp_path / "volume")
+    with started(training(engine, built("pytorch"), volume), logs=tmp_path) as (job,):
+        job.wait_for_output(PROGRESS)
+        code, seconds = stop(engine, job)
+        assert code == 143, job.tail()  # SIGTERM: 128 + 15 (a SIGKILL after the timeout would be 137)
+        assert seconds < STOP_TIMEOUT / 2, f"stop took {seconds:.1f} s: SIGTERM did not end the trainer"
+        after = state(engine, job)
+        assert (after["Running"], after["ExitCode"]) == (False, 143)  # no process of it is left
+        assert not (volume / "model" / "training_summary.json").exists()  # stopped before the end
+
+
+def test_stopped_trainer_saves_where_it_stopped_and_the_restart_resumes_there(
+        engine: Any, built: Any, tmp_path: Path) -> None:
+    volume = writable_dir(tmp_path / "volume")
+    with started(training(engine, built("pytorch"), volume), logs=tmp_path) as (job,):
+        job.wait_for_output(PROGRESS)
+        code, _ = stop(engine, job)
+        assert code == 143, job.tail()
+        last_logged = max(logged_steps(job))
+        saved = checkpoints.committed(volume / "checkpoints", warn=False)
+        assert saved, f"no committed checkpoint after the stop at step {last_logged}"
+        resume_step = saved[-1][0]
+        assert resume_step >= last_logged
+        # The same container again, as a restarted Vertex replica or Kubeflow pod would run it.
+        restart = subprocess.run(engine.command("start", "--attach", job.name), capture_output=True, text=True,
+                                 timeout=600, check=False)
+        assert restart.returncode == 0, restart.stdout[-3000:] + restart.stderr[-3000:]
+    summary = json.loads((volume / "model" / "training_summary.json").read_text())
+    assert summary["start_step"] == resume_step
+    assert summary["final_step"] == summary["expected_steps"]
