@@ -11,11 +11,13 @@ tf-keras turns this on only when it detects GCP (``save_before_preemption=True``
 and TensorFlow's handler does nothing on a GCP CPU machine), so we switch it on ourselves, as tf-keras
 does on GCP. Private names relied on (pinned by tests/tensorflow/test_preemption.py):
 
-- tf-keras: ``BackupAndRestore._training_state`` (a ``WorkerTrainingState``) and its
-  ``_enable_save_before_preemption`` (mid-epoch resume counters, a handler check per batch),
-  ``preemption_handler``, ``_ckpt_saved_batch``, ``back_up``; its ``backup_if_preempted`` calls the
+- tf-keras: ``BackupAndRestore._training_state`` (a ``WorkerTrainingState``) and ``_current_epoch``; the
+  state's ``_enable_save_before_preemption`` (mid-epoch resume counters, a handler check per batch),
+  ``preemption_handler``, ``_ckpt_saved_batch`` and ``back_up``; its ``backup_if_preempted`` calls the
   handler's ``_run_counter`` and ``_check_preemption_and_maybe_checkpoint``.
-- TensorFlow: ``failure_handling_util.detect_platform`` and ``PlatformDevice``, pinned to the non-GCP
+- TensorFlow: the handler's ``_stop_poll_termination_signal_thread`` and
+  ``_stop_cluster_wise_termination_watcher_thread`` (what its ``__del__`` calls; we call them when fit
+  ends), and ``failure_handling_util.detect_platform`` / ``PlatformDevice``, pinned to the non-GCP
   platform while the handler is built, so it behaves the same everywhere (and skips a metadata probe).
 """
 
@@ -99,6 +101,9 @@ class SaveBeforePreemption(tf.keras.callbacks.BackupAndRestore):
         super().on_train_begin(logs)
         if self.request is None or is_parameter_server(self.model.distribute_strategy):
             return
+        if getattr(self, "_training_state", None) is None:  # not tf-keras (TF_USE_LEGACY_KERAS=0): Keras 3
+            log.warning("save before preemption needs tf-keras: a stop signal ends training at the next step")
+            return
         request = self.request
         self.handler = make_handler(self.model.distribute_strategy, lambda: request.requested, self._save,
                                     self._stop, f"{self.backup_dir}/{UNUSED_DIR}")
@@ -113,6 +118,9 @@ class SaveBeforePreemption(tf.keras.callbacks.BackupAndRestore):
         """Record the last step done (a backup resumes after it), then let the handler check for a stop."""
         if self.handler is not None:
             self._training_state._ckpt_saved_batch.assign(batch)
+        elif self.request is not None and self.request.requested:
+            raise StopRequested(self.request.signum, f"stopped by {self._signal_name()} without saving; the "
+                                "restart resumes from the last backup")
         super().on_train_batch_end(batch, logs)
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:

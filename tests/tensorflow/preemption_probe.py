@@ -49,6 +49,7 @@ class Observe(tf.keras.callbacks.Callback):
         state, handler = self.saver._training_state, self.saver.handler
         self.names = {name: hasattr(state, name) for name in STATE_NAMES}
         self.names.update({f"handler.{name}": hasattr(handler, name) for name in HANDLER_NAMES})
+        self.names["BackupAndRestore._current_epoch"] = hasattr(self.saver, "_current_epoch")
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         if self.request is not None and batch == SIGNAL_AT and not self.request.signum:
