@@ -7,6 +7,8 @@
 - ``die_with_parent``: every process we start gets PR_SET_PDEATHSIG, so whatever kills its parent
   (SIGKILL included) kills it too; nothing trains on as an orphan.
 - ``deadline``: SIGALRM's default action ends a block the framework will not let us interrupt.
+- ``stop_at_once``: for a process with nothing to save (a server, an evaluator), SIGTERM/SIGINT raise
+  ``StopRequested`` where the main thread stands, so the failure funnel records it and exits 128+N.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from types import FrameType
+
+from entrypoint.errors import StopRequested
 
 log = logging.getLogger("entrypoint")
 _PR_SET_PDEATHSIG = 1
@@ -138,3 +142,29 @@ def deadline(seconds: float) -> Iterator[None]:
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
+
+
+@contextlib.contextmanager
+def stop_at_once(what: str) -> Iterator[None]:
+    """Within the block, the first SIGTERM/SIGINT raises ``StopRequested`` at once; later ones are ignored.
+
+    For processes with nothing to save: the exception reaches the failure funnel from wherever the main
+    thread runs Python code (a poll loop, between a framework's steps), which records it and exits 128+N.
+    """
+    stopping: list[int] = []
+
+    def handle(signum: int, _frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
+        if stopping:
+            sys.stderr.write(f"entrypoint: received {name} again: already stopping\n")
+            return
+        stopping.append(signum)
+        raise StopRequested(signum, f"stopped by {name} while {what}")
+
+    previous = {sig: signal.signal(sig, handle) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        if not stopping:  # stopping: keep ignoring repeats while the funnel records the stop
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)

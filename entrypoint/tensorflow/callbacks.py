@@ -8,10 +8,11 @@ from typing import Any
 
 import tensorflow as tf
 
-from entrypoint.checkpoints import prune
+from entrypoint.checkpoints import checkpoint_path, prune
 from entrypoint.hypertune import MetricReporter
 from entrypoint.progress import Progress
 from entrypoint.tensorflow.export import save_checkpoint
+from entrypoint.watchdog import HangWatchdog
 
 log = logging.getLogger("entrypoint.tensorflow")
 
@@ -41,15 +42,24 @@ class CommitCheckpoints(tf.keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         """Save, commit (chief), prune (chief)."""
-        step = global_step(self.model)
         metrics = {k: to_float(v) for k, v in (logs or {}).items()}
-        meta = {"epoch": epoch + 1, "step": step, "framework": "tensorflow", "strategy": self.strategy,
-                "metrics": metrics}
+        path = self.commit(epoch + 1, {"metrics": metrics})
+        if self.is_chief:
+            shown = " ".join(f"{k} {v:.4f}" for k, v in metrics.items())
+            log.info("epoch %d: %s; committed %s", epoch + 1, shown, path)
+
+    def commit(self, epochs_done: int, extra: dict[str, Any]) -> Path:
+        """Every worker saves the current step (a collective under MWMS); the chief commits it and prunes."""
+        step = global_step(self.model)
+        meta = {"epoch": epochs_done, "step": step, "framework": "tensorflow", "strategy": self.strategy, **extra}
         path = save_checkpoint(self.model, self.checkpoint_dir, step, self.is_chief, meta)
         if self.is_chief:
             prune(self.checkpoint_dir, self.keep)
-            shown = " ".join(f"{k} {v:.4f}" for k, v in metrics.items())
-            log.info("epoch %d: %s; committed %s", epoch + 1, shown, path)
+        return path
+
+    def path(self, step: int) -> Path:
+        """Where the checkpoint of ``step`` is committed."""
+        return checkpoint_path(self.checkpoint_dir, step)
 
 
 class ReportTuningMetric(tf.keras.callbacks.Callback):
@@ -69,12 +79,14 @@ class ReportTuningMetric(tf.keras.callbacks.Callback):
 
 
 class ProgressAndSteps(tf.keras.callbacks.Callback):
-    """Count the batches this replica trained; the chief prints a progress line every ``log_every`` steps."""
+    """Count this replica's batches and beat the hang watchdog; the chief prints progress every ``log_every`` steps."""
 
-    def __init__(self, epochs: int, global_batch_size: int, replicas: int, log_every: int, verbose: bool) -> None:
+    def __init__(self, epochs: int, global_batch_size: int, replicas: int, log_every: int, verbose: bool,
+                 watchdog: HangWatchdog | None = None) -> None:
         super().__init__()
         self.epochs, self.global_batch_size, self.replicas, self.log_every, self.verbose = (
             epochs, global_batch_size, replicas, log_every, verbose)
+        self.watchdog = watchdog
         self._supports_tf_logs = True  # convert the loss only when a line is printed
         self.batches = 0
         self.first_epoch: int | None = None
@@ -87,6 +99,8 @@ class ProgressAndSteps(tf.keras.callbacks.Callback):
         self.start_step = global_step(self.model)
         per_epoch = self.params.get("steps") or 0
         self._progress = Progress(per_epoch * self.epochs, self.global_batch_size, self.start_step)
+        if self.watchdog is not None:
+            self.watchdog.start().beat(self.start_step, "starting the first step")
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         """Remember the epoch (and the first one: > 0 after a resume)."""
@@ -95,10 +109,22 @@ class ProgressAndSteps(tf.keras.callbacks.Callback):
             self.first_epoch = epoch
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        """Count the batch; print a progress line on the chief every ``log_every`` steps."""
+        """Count the batch and beat the watchdog; print a progress line on the chief every ``log_every`` steps."""
         self.batches += 1
+        step = self.start_step + self.batches
+        if self.watchdog is not None:
+            self.watchdog.beat(step, "between steps (validating, checkpointing or waiting for the next batch)")
         if self.verbose and self._progress is not None and self.batches % self.log_every == 0:
-            step = self.start_step + self.batches
             # Keras sums the replicas' batch logs (its "auto" reduction off TPU): show their mean.
             loss = to_float((fetched(logs) or {}).get("loss", float("nan"))) / self.replicas
             log.info("%s", self._progress.line(self._epoch + 1, self.epochs, step, loss))
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        """Validation is over: beat the watchdog before the epoch's checkpoints."""
+        if self.watchdog is not None:
+            self.watchdog.beat(self.start_step + self.batches, "checkpointing at the end of an epoch")
+
+    def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
+        """Training is over: stop watching (export and summary are not training steps)."""
+        if self.watchdog is not None:
+            self.watchdog.stop()

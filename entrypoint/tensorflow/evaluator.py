@@ -17,6 +17,7 @@ from typing import Any
 from entrypoint.checkpoints import committed, read_marker
 from entrypoint.errors import ConfigError, ExitCode
 from entrypoint.plan import Plan
+from entrypoint.signals import stop_at_once
 from entrypoint.tensorflow.done import DoneWatcher
 from entrypoint.tensorflow.hooks import build_compiled_model, make_context, user_datasets
 from entrypoint.usercode import parse_user_args
@@ -51,6 +52,11 @@ def evaluate_checkpoint(model: Any, data: Any, path: Path) -> dict[str, Any] | N
 
 def evaluate_forever(plan: Plan, module: ModuleType) -> int:
     """Evaluate each new committed checkpoint; exit 0 after the last one once the chief is done."""
+    with stop_at_once("evaluating checkpoints (nothing to save)"):  # SIGTERM: exit 143 at once, with a record
+        return _evaluate_forever(plan, module)
+
+
+def _evaluate_forever(plan: Plan, module: ModuleType) -> int:
     import tensorflow as tf
 
     options = plan.options

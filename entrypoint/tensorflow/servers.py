@@ -8,8 +8,9 @@ from pathlib import Path
 from entrypoint.errors import ExitCode
 from entrypoint.outputs import local_path
 from entrypoint.plan import Plan
+from entrypoint.signals import stop_at_once
 from entrypoint.tensorflow.done import DoneWatcher
-from entrypoint.tensorflow.strategy import cluster_resolver, default_sigterm
+from entrypoint.tensorflow.strategy import cluster_resolver
 
 log = logging.getLogger("entrypoint.tensorflow")
 
@@ -23,8 +24,9 @@ def serve(plan: Plan) -> int:
     resolver = cluster_resolver()
     server = tf.distribute.Server(resolver.cluster_spec(), job_name=resolver.task_type, task_index=resolver.task_id,
                                   protocol=resolver.rpc_layer or "grpc", start=True)
-    default_sigterm()
     log.info("serving %s %d at %s until the chief is done", resolver.task_type, resolver.task_id, server.target)
-    watcher.wait()
+    # After the server start (TensorFlow's own SIGTERM handler, if any, is replaced): nothing to save here.
+    with stop_at_once(f"serving as {resolver.task_type} {resolver.task_id} (nothing to save)"):
+        watcher.wait()
     log.info("the chief announced the end of training: stopping")
     return ExitCode.OK

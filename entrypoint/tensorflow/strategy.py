@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import signal
 from typing import Any
 
 from entrypoint.errors import ConfigError
@@ -54,8 +53,6 @@ def make_strategy(plan: Plan) -> Any:
             strategy = tf.distribute.ParameterServerStrategy(cluster_resolver(), variable_partitioner=partitioner)
     else:
         raise ConfigError("--strategy", f"{name} is not a TensorFlow strategy; expected one of {', '.join(STRATEGIES)}")
-    if name in ("MultiWorkerMirroredStrategy", "ParameterServerStrategy"):
-        default_sigterm()
     log.info("strategy %s with %d replica(s) in sync (%s)", name, strategy.num_replicas_in_sync, plan.reason)
     return strategy
 
@@ -70,16 +67,6 @@ def start_deadline(seconds: float, what: str) -> Any:
     """A backstop for TensorFlow's cluster start (the peers already met at the start-up barrier)."""
     log.info("%s; if one is lost meanwhile this replica ends after --timeout %.0f s with exit code 142", what, seconds)
     return deadline(seconds)
-
-
-def default_sigterm() -> None:
-    """Give SIGTERM back its default action once TensorFlow's cluster runtime has started.
-
-    TensorFlow's coordination service installs a SIGTERM handler that only records a preemption
-    notice, so a preempted replica would train on until SIGKILL; dying at once (exit 143,
-    retryable) lets the restart resume from the BackupAndRestore state instead.
-    """
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def is_multi_worker(strategy: Any) -> bool:

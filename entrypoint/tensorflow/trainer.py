@@ -9,11 +9,13 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from entrypoint import failures
 from entrypoint.checkpoints import load_newest, read_marker
 from entrypoint.errors import ConfigError, ExitCode
 from entrypoint.hypertune import MetricReporter
 from entrypoint.outputs import ensure_writable
 from entrypoint.plan import Plan
+from entrypoint.signals import StopRequest
 from entrypoint.summary import TrainingSummary, write_summary
 from entrypoint.tensorflow.done import announce_done, clear_done
 from entrypoint.tensorflow.export import export_model
@@ -28,6 +30,7 @@ from entrypoint.tensorflow.hooks import (
 )
 from entrypoint.tensorflow.strategy import is_multi_worker, is_parameter_server, make_strategy
 from entrypoint.usercode import module_default, parse_user_args
+from entrypoint.watchdog import HangWatchdog
 
 log = logging.getLogger("entrypoint.tensorflow")
 LOAD_WITH = "tf_keras.models.load_model('<model_dir>')  # a SavedModel"
@@ -86,20 +89,22 @@ def gather_steps(strategy: Any, batches: int) -> list[int]:
     return [int(v) for v in gathered.numpy()]
 
 
-def make_callbacks(plan: Plan, ctx: TFContext, reporter: MetricReporter,
-                   metric: str | None) -> tuple[list[Any], Any]:
-    """BackupAndRestore first (so it restores before the others look), then ours; TB and tuning on the chief."""
+def make_callbacks(plan: Plan, ctx: TFContext, reporter: MetricReporter, metric: str | None,
+                   request: StopRequest | None, watchdog: HangWatchdog) -> tuple[list[Any], Any]:
+    """Backup, restore and save-before-preemption first (it restores before the others look), then ours."""
     import tensorflow as tf
 
     from entrypoint.tensorflow.callbacks import CommitCheckpoints, ProgressAndSteps, ReportTuningMetric
+    from entrypoint.tensorflow.preemption import SaveBeforePreemption
 
     options, ckpt = plan.options, Path(ctx.checkpoint_dir)
     progress = ProgressAndSteps(ctx.epochs, ctx.global_batch_size, ctx.num_replicas_in_sync, options.log_every,
-                                ctx.is_chief)
+                                ctx.is_chief, watchdog)
+    commit = CommitCheckpoints(ckpt, ctx.is_chief, options.keep_checkpoints, plan.strategy)
     callbacks: list[Any] = [
-        tf.keras.callbacks.BackupAndRestore(str(ckpt / "backup"), save_freq=options.checkpoint_every or "epoch"),
+        SaveBeforePreemption(str(ckpt / "backup"), options.checkpoint_every or "epoch", request, commit),
         progress,
-        CommitCheckpoints(ckpt, ctx.is_chief, options.keep_checkpoints, plan.strategy),
+        commit,
     ]
     if ctx.is_chief:
         callbacks.append(tf.keras.callbacks.TensorBoard(ctx.tensorboard_dir, update_freq="epoch", profile_batch=0))
@@ -112,10 +117,24 @@ def train(plan: Plan, module: ModuleType) -> int:
     """Train with the module's hooks under the plan's strategy; the chief exports and announces the end."""
     import tensorflow as tf
 
-    started, options = time.time(), plan.options
+    from entrypoint.tensorflow.preemption import stop_signals
+
+    options = plan.options
     args = parse_user_args(module, options.user_args)
     tf.keras.utils.set_random_seed(options.seed)  # same pipelines on every worker: DATA sharding relies on it
     strategy = make_strategy(plan)
+    # After the strategy: TensorFlow's cluster start installs its own SIGTERM handler, ours replaces it.
+    watchdog = HangWatchdog(options.hang_timeout, failures.active())
+    try:
+        with stop_signals(strategy) as request:
+            return _train(plan, module, args, strategy, request, watchdog)
+    finally:
+        watchdog.stop()
+
+
+def _train(plan: Plan, module: ModuleType, args: argparse.Namespace, strategy: Any, request: StopRequest | None,
+           watchdog: HangWatchdog) -> int:
+    started, options = time.time(), plan.options
     ctx = make_context(plan, module, strategy)
     if ctx.is_chief:
         ensure_writable([ctx.model_dir, ctx.checkpoint_dir, ctx.tensorboard_dir])
@@ -125,7 +144,7 @@ def train(plan: Plan, module: ModuleType) -> int:
     initial_epoch = resume(model, ctx, options.resume_from)
     metric = options.hypertune_metric or getattr(module, "HYPERTUNE_METRIC", None)
     reporter = MetricReporter(ctx.is_chief, ctx.trial)
-    callbacks, progress = make_callbacks(plan, ctx, reporter, metric)
+    callbacks, progress = make_callbacks(plan, ctx, reporter, metric, request, watchdog)
     log.info("training %d epoch(s), global batch %d (%d per replica x %d)", ctx.epochs, ctx.global_batch_size,
              ctx.per_replica_batch_size, ctx.num_replicas_in_sync)
     history = model.fit(**inputs, epochs=ctx.epochs, initial_epoch=initial_epoch, callbacks=callbacks, verbose=0)

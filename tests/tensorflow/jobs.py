@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import re
+import signal
 import subprocess
+import threading
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +19,8 @@ from tests.jobs import summary
 __all__ = ["summary"]  # the chief's training summary, shared with the other frameworks' tests
 
 TOY = "tests.tensorflow.toy_hooks"
+SLOW = "tests.tensorflow.slow_hooks"
+PROGRESS = re.compile(r"epoch \d+/\d+ step (\d+)/\d+ loss")
 JOB_TIMEOUT = 240  # seconds; each job takes 10-30 s on 2 idle cores
 LEFTOVER_PREFIXES = ("workertemp_", "tf-nonchief-save-")
 
@@ -65,3 +73,62 @@ def make_image_folder(root: Path, classes: int = 3, per_class: int = 10, size: i
             image[:, :, label] += 150
             Image.fromarray(image).save(folder / f"{i}.png")
     return root
+
+
+@dataclass
+class Stopped:
+    """A job signalled once its log showed a given step: how it ended."""
+
+    code: int
+    seconds: float  # from the signal to the exit
+    last_logged: int  # the highest step a progress line showed
+    output: str
+
+
+def stop_at_step(command: list[str], cwd: Path, step: int, sig: int = signal.SIGTERM,
+                 timeout: float = JOB_TIMEOUT) -> Stopped:
+    """Start a job, send it ``sig`` once a progress line shows ``step`` or later, wait for its exit."""
+    proc = subprocess.Popen(command, cwd=cwd, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    lines: list[str] = []
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    deadline, sent = time.monotonic() + timeout, None
+    try:
+        while sent is None and proc.poll() is None and time.monotonic() < deadline:
+            if max(logged_steps(lines), default=0) >= step:
+                proc.send_signal(sig)
+                sent = time.monotonic()
+            time.sleep(0.02)
+        assert sent is not None, f"never saw step {step} (exit {proc.poll()}):\n" + "".join(lines[-60:])
+        code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        seconds = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    reader.join(timeout=10)
+    return Stopped(code, seconds, max(logged_steps(lines), default=0), "".join(lines))
+
+
+def logged_steps(lines: list[str]) -> list[int]:
+    """The steps of every progress line in ``lines``."""
+    return [int(m.group(1)) for line in list(lines) if (m := PROGRESS.search(line))]
+
+
+def processes_with(marker: str) -> list[int]:
+    """Processes whose command line carries ``marker``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and marker.encode() in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
