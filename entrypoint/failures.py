@@ -206,7 +206,7 @@ def read_records(job_dir: str | None, since: float) -> list[dict[str, Any]]:
 
 
 def root_cause(records: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The earliest failure that is not a consequence of another (peer lost, hang, a signal), else the earliest."""
+    """The earliest failure that is not a consequence of another (a lost peer, a hang), else the earliest."""
     for record in records:
         if record.get("class") not in errors.CONSEQUENCES:
             return record
