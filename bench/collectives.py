@@ -15,7 +15,7 @@ import tempfile
 from functools import partial
 from pathlib import Path
 
-from bench.common import FamilyResult, Row, clean_env, compare, interleave, python, timed
+from bench.common import FamilyResult, Row, clean_env, compare, devices_for, interleave, python, timed
 
 DDP_25, DDP_64 = "DDP bucket 25 MB (torch default)", "DDP bucket 64 MB (our default)"
 HVD_64, HVD_128 = "Horovod fusion 64 MiB", "Horovod fusion 128 MiB (our default)"
@@ -33,7 +33,7 @@ def run_once(framework: str, extra: list[str], samples: int) -> float:
         cmd = [*python(), "-m", "entrypoint", "run", "--framework", framework, "--module", "bench.wide_mlp",
                "--nproc-per-node", "2", "--job-dir", job_dir, "--log-every", "100000", *extra,
                "--", "--samples", str(samples)]
-        timed([(cmd, clean_env())])
+        timed([(cmd, clean_env(devices_for(2)))])
         summary = json.loads((Path(job_dir) / "model" / "training_summary.json").read_text())
         return float(summary["samples_per_second"])
 
@@ -61,6 +61,7 @@ def run(quick: bool) -> FamilyResult:
     else:
         result.notes.append("Horovod is not installed in this venv: the Horovod rows need .venv/horovod")
     result.notes.append(f"bench.wide_mlp (~6M parameters, {samples} samples, batch 64 per process), "
-                        f"--nproc-per-node 2 over gloo; {repeats} interleaved rounds after {warmup} warm-up; "
-                        "samples/s over the whole loop (evaluation and the epoch-end checkpoint included)")
+                        f"--nproc-per-node 2 over gloo; {repeats} interleaved rounds after {warmup} warm-up; samples/s "
+                        "over the whole loop (evaluation and the epoch-end checkpoint included); on CPU when the node "
+                        "has fewer than 2 GPUs")
     return result

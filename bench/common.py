@@ -14,8 +14,10 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -126,22 +128,36 @@ def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def devices_for(processes: int) -> dict[str, str]:
+    """Hide the GPUs from a job of ``processes`` processes on this node when it has fewer GPUs than that."""
+    from entrypoint.gpus import detect_gpu_count
+
+    count = detect_gpu_count(os.environ.get("CUDA_VISIBLE_DEVICES"))
+    return {} if count == 0 or count >= processes else {"CUDA_VISIBLE_DEVICES": ""}
+
+
 def python() -> list[str]:
     """The interpreter of this family's venv."""
     return [sys.executable]
 
 
 def timed(commands: Sequence[tuple[list[str], dict[str, str]]], timeout: float = 900) -> float:
-    """Start every command at once (one per node), wait for all; the wall seconds until the last exits."""
-    started = time.perf_counter()
-    procs = [subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-             for cmd, env in commands]
-    outputs = [p.communicate(timeout=timeout)[0] for p in procs]
-    elapsed = time.perf_counter() - started
-    for cmd, proc, out in zip(commands, procs, outputs, strict=True):
-        if proc.returncode != 0:
-            tail = out.decode(errors="replace")[-3000:]
-            raise RuntimeError(f"{' '.join(cmd[0])} exited with {proc.returncode}:\n{tail}")
+    """Start every command at once (one per node), wait for all; the wall seconds until the last exits.
+
+    Output goes to files, not pipes: a process blocked on a full pipe would stall its peers' collectives.
+    """
+    with ExitStack() as stack:
+        logs = [stack.enter_context(tempfile.TemporaryFile()) for _ in commands]
+        started = time.perf_counter()
+        procs = [subprocess.Popen(cmd, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+                 for (cmd, env), log in zip(commands, logs, strict=True)]
+        codes = [p.wait(timeout=timeout) for p in procs]
+        elapsed = time.perf_counter() - started
+        for (cmd, _), code, log in zip(commands, codes, logs, strict=True):
+            if code != 0:
+                log.seek(0)
+                tail = log.read().decode(errors="replace")[-3000:]
+                raise RuntimeError(f"{' '.join(cmd)} exited with {code}:\n{tail}")
     return elapsed
 
 

@@ -16,7 +16,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.common import REPO, FamilyResult, Row, check, clean_env, compare, free_port, interleave, python, timed
+from bench.common import (
+    REPO,
+    FamilyResult,
+    Row,
+    check,
+    clean_env,
+    compare,
+    devices_for,
+    free_port,
+    interleave,
+    python,
+    timed,
+)
 
 LOOP = str(REPO / "bench" / "ddp_loop.py")
 
@@ -32,9 +44,9 @@ class Size:
 
 
 def thread_env(world: int) -> dict[str, str]:
-    """The machine's cores split between the ``world`` processes (what torchrun does by default)."""
+    """The cores split between the ``world`` processes (as torchrun does), on CPU if there are too few GPUs."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return {"OMP_NUM_THREADS": str(max(1, cores // world))}
+    return {"OMP_NUM_THREADS": str(max(1, cores // world)), **devices_for(world)}
 
 
 def hand_loop(world: int, size: Size, flags: tuple[str, ...] = (), ddp: bool = False) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
-from bench.common import REPO, FamilyResult, clean_env, compare, free_port, interleave, python
+from bench.common import REPO, FamilyResult, clean_env, compare, devices_for, free_port, interleave, python
 
 DDP_SCRIPT, HVD_SCRIPT = str(REPO / "bench" / "ddp_script.py"), str(REPO / "bench" / "hvd_script.py")
 
@@ -72,16 +72,16 @@ def short_name(cmdline: str) -> str:
 
 def peak_non_training(cmd: list[str], env: dict[str, str]) -> tuple[float, str]:
     """Run ``cmd``; the summed peak RSS of its non-training processes (MiB) and who they were."""
-    with tempfile.TemporaryDirectory() as pids:
-        proc = subprocess.Popen(cmd, env={**env, "BENCH_PID_DIR": pids}, cwd=REPO, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT)
+    with tempfile.TemporaryDirectory() as pids, tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(cmd, env={**env, "BENCH_PID_DIR": pids}, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
         tree = Tree(proc.pid)
         while proc.poll() is None:
             tree.sample()
             time.sleep(0.05)
-        out = (proc.stdout.read() if proc.stdout else b"").decode(errors="replace")
         if proc.returncode != 0:
-            raise RuntimeError(f"{' '.join(cmd)} exited with {proc.returncode}:\n{out[-3000:]}")
+            log.seek(0)
+            tail = log.read()[-3000:].decode(errors="replace")
+            raise RuntimeError(f"{' '.join(cmd)} exited with {proc.returncode}:\n{tail}")
         training = {int(p.name) for p in Path(pids).iterdir()}
     others = {pid: mib for pid, mib in tree.peaks.items() if pid not in training}
     who = ", ".join(f"{tree.names[pid]} {mib:.0f}" for pid, mib in sorted(others.items()))
@@ -124,7 +124,7 @@ def run(quick: bool) -> FamilyResult:
 
     def measure(name: str) -> float:
         with tempfile.TemporaryDirectory() as out:
-            mib, who[name] = peak_non_training(commands[name](Path(out)), clean_env())
+            mib, who[name] = peak_non_training(commands[name](Path(out)), clean_env(devices_for(2)))
             return mib
 
     variants = {name: partial(measure, name) for name in commands}

@@ -27,7 +27,8 @@ def test_quick_suite_writes_table_json_and_plot(tmp_path: Path) -> None:
     cmd = [PYTHON, "-m", "bench", "--quick", "--only", ",".join(FAMILIES), "--out", str(tmp_path),
            "--python", "horovod=none", "--python", "tensorflow=none", *([] if plot else ["--no-plot"])]
     proc = subprocess.run(cmd, cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=540)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    summary = [line for line in proc.stdout.splitlines() if line.startswith("[bench]")]
+    assert proc.returncode == 0, "\n".join(summary) + "\n" + proc.stdout[-6000:] + proc.stderr[-3000:]
 
     (table,) = tmp_path.glob("*-quick.md")
     (raw,) = tmp_path.glob("*-quick.json")
