@@ -107,8 +107,8 @@ demo-horovod: venv-horovod
 		run --framework horovod --module trainers.digits_horovod --hypertune-metric accuracy
 
 # Benchmarks (not part of `make test`; docs/benchmarks.md): .venv/bench = the PyTorch CPU lock + the test tools +
-# bench/requirements.txt (matplotlib, exact pins). `make bench` runs every family side by side (~20 min on 2 cores),
-# Horovod and TensorFlow families in their own venvs, and rewrites docs/benchmarks.md; results in bench/results/.
+# bench/requirements.txt (matplotlib, exact pins). `make bench` runs every family side by side (~30 min on 2 cores),
+# the Horovod and TensorFlow ones in their own venvs, and rewrites docs/benchmarks.md; results in bench/results/.
 $(BENCH_VENV)/.ready: images/pytorch/requirements-cpu.txt tests/requirements.txt bench/requirements.txt pyproject.toml
 	rm -rf $(BENCH_VENV)
 	$(PYTHON) -m venv $(BENCH_VENV)

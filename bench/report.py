@@ -1,7 +1,12 @@
-"""Write what the families measured: one Markdown table, one PNG plot, the raw JSON, and docs/benchmarks.md."""
+"""Write what the families measured: one Markdown table, one PNG plot, the raw JSON, and docs/benchmarks.md.
+
+    python -m bench.report bench/results/<timestamp>.json [--update-docs]   # render a saved run again
+"""
 
 from __future__ import annotations
 
+import argparse
+import calendar
 import json
 import shutil
 import time
@@ -100,8 +105,9 @@ def plot(results: Sequence[FamilyResult], machine: dict[str, Any], path: Path, s
     import matplotlib.pyplot as plt
 
     shown = [r for r in results if r.rows]
-    fig, axes = plt.subplots(len(shown) or 1, 1, figsize=(10, 1.2 + sum(0.32 * len(r.rows) + 0.6 for r in shown)),
-                             squeeze=False, gridspec_kw={"height_ratios": [len(r.rows) for r in shown] or [1]})
+    height = 1.2 + sum(0.32 * len(r.rows) + 0.6 for r in shown)
+    fig, axes = plt.subplots(len(shown) or 1, 1, figsize=(10, height), squeeze=False,
+                             gridspec_kw={"height_ratios": [len(r.rows) for r in shown] or [1]})
     for ax, result in zip(axes[:, 0], shown, strict=False):
         labels = [f"{r.group}: {r.variant}" for r in result.rows]
         colors = ["#999999" if r.met is None else ("#2a9d4b" if r.met else "#d1495b") for r in result.rows]
@@ -117,18 +123,20 @@ def plot(results: Sequence[FamilyResult], machine: dict[str, Any], path: Path, s
     gpus = "; ".join(machine.get("gpus") or []) or "no GPU"
     fig.suptitle(f"{stamp} - {machine['cpu']}, {machine['cores']} cores, {machine['memory_gib']} GiB, {gpus}\n"
                  "green: target met, red: missed, grey: no target", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=80)
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.45 / height))  # room for the two-line title
+    fig.savefig(path, dpi=72)
     plt.close(fig)
 
 
 def write(results: Sequence[FamilyResult], machine: dict[str, Any], out: Path, quick: bool, with_plot: bool,
-          update_docs: bool) -> list[Path]:
+          update_docs: bool, when: float | None = None) -> list[Path]:
     """``<out>/<timestamp>.{json,md,png}``; with ``update_docs`` also docs/benchmarks.md (+ .png)."""
-    stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    name = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + ("-quick" if quick else "")
+    now = time.time() if when is None else when
+    moment = time.gmtime(now)
+    stamp = time.strftime("%Y-%m-%d %H:%M UTC", moment)
+    name = time.strftime("%Y%m%dT%H%M%SZ", moment) + ("-quick" if quick else "")
     out.mkdir(parents=True, exist_ok=True)
-    raw = {"stamp": stamp, "quick": quick, "machine": machine, "families": [asdict(r) for r in results]}
+    raw = {"stamp": stamp, "time": now, "quick": quick, "machine": machine, "families": [asdict(r) for r in results]}
     paths = [out / f"{name}.json", out / f"{name}.md"]
     paths[0].write_text(json.dumps(raw, indent=2))
     png = out / f"{name}.png" if with_plot else None
@@ -143,3 +151,21 @@ def write(results: Sequence[FamilyResult], machine: dict[str, Any], out: Path, q
         DOCS.write_text(HEADER.read_text().rstrip() + "\n\n" + body)
         paths.append(DOCS)
     return paths
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Render a saved run (its JSON) again: the table, the plot, and with ``--update-docs`` the docs page."""
+    parser = argparse.ArgumentParser(prog="python -m bench.report", description=main.__doc__)
+    parser.add_argument("json", type=Path)
+    parser.add_argument("--update-docs", action="store_true")
+    parser.add_argument("--no-plot", action="store_true")
+    args = parser.parse_args(argv)
+    raw = json.loads(args.json.read_text())
+    results = [FamilyResult.from_json(json.dumps(f)) for f in raw["families"]]
+    when = raw.get("time") or calendar.timegm(time.strptime(raw["stamp"], "%Y-%m-%d %H:%M UTC"))
+    paths = write(results, raw["machine"], args.json.parent, raw["quick"], not args.no_plot, args.update_docs, when)
+    print("\n".join(str(p) for p in paths))
+
+
+if __name__ == "__main__":
+    main()

@@ -73,7 +73,7 @@ def run_family(name: str, quick: bool, pythons: dict[str, str | None]) -> Family
     venv = next((v for v in venvs if pythons.get(v)), None)
     if venv is None:
         return FamilyResult(name, name, skipped=f"needs .venv/{venvs[0]} (make venv-{venvs[0]})")
-    print(f"[bench] {name}: running in .venv/{venv} ({pythons[venv]})", flush=True)
+    print(f"[bench] {name}: running with {pythons[venv]}", flush=True)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
