@@ -69,7 +69,7 @@ def measure(world: int, steps: int, repeats: int, warmup: int) -> list[Row]:
 
 def run(quick: bool) -> FamilyResult:
     """Both worlds; ``quick``: one repetition of a 5-step script."""
-    steps, repeats, warmup = (5, 1, 0) if quick else (20, 5, 1)
+    steps, repeats, warmup = (2, 1, 0) if quick else (20, 5, 1)
     result = FamilyResult("launch", "Launch overhead (wall time of the whole job, lower is better)")
     for world in (1, 2):
         result.rows += measure(world, steps, repeats, warmup)

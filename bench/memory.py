@@ -88,38 +88,43 @@ def peak_non_training(cmd: list[str], env: dict[str, str]) -> tuple[float, str]:
     return sum(others.values()), who or "none"
 
 
-def jobs(steps: int, horovod: bool) -> dict[str, Callable[[Path], list[str]]]:
-    """Every launcher to measure: name -> command (given an output directory)."""
-    ddp = ["--framework", "pytorch", "--script", DDP_SCRIPT]
+Command = Callable[[Path], list[str]]  # the job's command, given an output directory
+
+
+def jobs(steps: int, horovod: bool, quick: bool) -> dict[str, tuple[str, dict[str, Command]]]:
+    """Every launcher to measure, by group: group -> (its anchor, {name: command}); ``quick`` skips 1 process."""
+    ddp, after = ["--framework", "pytorch", "--script", DDP_SCRIPT], ["--", "--steps", str(steps)]
     run = [*python(), "-m", "entrypoint", "run"]
     tr = [*python(), "-m", "torch.distributed.run", "--standalone"]
-    found: dict[str, Callable[[Path], list[str]]] = {
-        "entrypoint run (1 process, in-process)": lambda d: [*run, *ddp, "--job-dir", str(d), "--", "--steps",
-                                                             str(steps)],
-        "torchrun --nproc-per-node 1": lambda d: [*tr, "--nproc-per-node", "1", DDP_SCRIPT, "--steps", str(steps)],
+    found: dict[str, tuple[str, dict[str, Command]]] = {}
+    if not quick:
+        found["1 process"] = ("torchrun --nproc-per-node 1", {
+            "entrypoint run (1 process, in-process)": lambda d: [*run, *ddp, "--job-dir", str(d), *after],
+            "torchrun --nproc-per-node 1": lambda d: [*tr, "--nproc-per-node", "1", DDP_SCRIPT, *after[1:]]})
+    found["2 processes, 1 node"] = ("torchrun --nproc-per-node 2", {
         "entrypoint run --nproc-per-node 2": lambda d: [*run, *ddp, "--nproc-per-node", "2", "--job-dir", str(d),
-                                                        "--", "--steps", str(steps)],
-        "torchrun --nproc-per-node 2": lambda d: [*tr, "--nproc-per-node", "2", DDP_SCRIPT, "--steps", str(steps)],
+                                                        *after],
+        "torchrun --nproc-per-node 2": lambda d: [*tr, "--nproc-per-node", "2", DDP_SCRIPT, *after[1:]],
         "local --workers 2 (supervisor)": lambda d: [*python(), "-m", "entrypoint", "local", "--workers", "2",
-                                                     "--output-dir", str(d), "--", "run", *ddp, "--", "--steps",
-                                                     str(steps)],
-    }
+                                                     "--output-dir", str(d), "--", "run", *ddp, *after]})
     horovodrun = shutil.which("horovodrun", path=str(Path(python()[0]).parent))
     if horovod and horovodrun:
         hvd = ["--framework", "horovod", "--script", HVD_SCRIPT]
-        found["entrypoint run --framework horovod --nproc-per-node 2"] = lambda d: [
-            *run, *hvd, "--nproc-per-node", "2", "--job-dir", str(d), "--", "--steps", str(steps)]
-        found["horovodrun -np 2 --gloo"] = lambda d: [
-            horovodrun, "-np", "2", "-H", "localhost:2", "--gloo", "--gloo-timeout-seconds", "120",
-            "-p", str(free_port()), *python(), HVD_SCRIPT, "--steps", str(steps)]
+        found["Horovod, 2 processes"] = ("horovodrun -np 2 --gloo", {
+            "entrypoint run --framework horovod --nproc-per-node 2": lambda d: [
+                *run, *hvd, "--nproc-per-node", "2", "--job-dir", str(d), *after],
+            "horovodrun -np 2 --gloo": lambda d: [
+                horovodrun, "-np", "2", "-H", "localhost:2", "--gloo", "--gloo-timeout-seconds", "120",
+                "-p", str(free_port()), *python(), HVD_SCRIPT, *after[1:]]})
     return found
 
 
 def run(quick: bool) -> FamilyResult:
-    """Every launcher, interleaved; ``quick``: one round of a short job."""
+    """Every launcher, interleaved; ``quick``: one round of a short job, without the 1-process group."""
     steps, repeats = (20, 1) if quick else (400, 2)
     horovod = importlib.util.find_spec("horovod") is not None
-    commands = jobs(steps, horovod)
+    groups = jobs(steps, horovod, quick)
+    commands = {name: cmd for _, members in groups.values() for name, cmd in members.items()}
     who: dict[str, str] = {}
 
     def measure(name: str) -> float:
@@ -127,18 +132,13 @@ def run(quick: bool) -> FamilyResult:
             mib, who[name] = peak_non_training(commands[name](Path(out)), clean_env(devices_for(2)))
             return mib
 
-    variants = {name: partial(measure, name) for name in commands}
-    results = interleave(variants, repeats)
+    results = interleave({name: partial(measure, name) for name in commands}, repeats)
     result = FamilyResult("memory", "Peak memory of the non-training processes per node (MiB, lower is better)")
-    names = list(commands)
-    groups = {"1 process": (names[1], names[:2]), "2 processes, 1 node": (names[3], names[2:5]),
-              "Horovod, 2 processes": (names[-1], names[5:])}
     for group, (anchor, members) in groups.items():
-        if members:
-            rows = compare(group, {n: results[n] for n in members}, "MiB", anchor, "x " + anchor.split(" -")[0])
-            for row in rows:
-                row.note = who[row.variant]
-            result.rows += rows
+        rows = compare(group, {n: results[n] for n in members}, "MiB", anchor, "x " + anchor.split(" -")[0])
+        for row in rows:
+            row.note = who[row.variant]
+        result.rows += rows
     if not horovod:
         result.notes.append("Horovod is not installed in this venv: the Horovod launchers need .venv/horovod")
     result.notes.append(f"VmHWM of every process in the job's tree that is not a training process, summed "
