@@ -8,6 +8,7 @@ TORCH_VENV := $(VENV_DIR)/pytorch
 TF_VENV := $(VENV_DIR)/tensorflow
 HVD_VENV := $(VENV_DIR)/horovod
 JOBS_VENV := $(VENV_DIR)/jobs
+BENCH_VENV := $(VENV_DIR)/bench
 TOOLS_BIN ?= $(TORCH_VENV)/bin
 PIP := pip --disable-pip-version-check
 PYTEST_ARGS ?=
@@ -15,7 +16,7 @@ DEMO_DIR ?= demo-outputs
 
 .DEFAULT_GOAL := help
 .PHONY: help venv venv-pytorch venv-tensorflow venv-horovod venv-jobs lint lint-python test test-pytorch \
-	test-tensorflow test-horovod test-jobs demo demo-horovod bench clean
+	test-tensorflow test-horovod test-jobs demo demo-horovod venv-bench bench bench-quick test-bench clean
 
 help:
 	@echo "make demo   - 2-replica emulated Vertex AI cluster training the PyTorch digits example"
@@ -108,10 +109,33 @@ demo-horovod: venv-horovod
 	$(HVD_VENV)/bin/python -m entrypoint local --workers 2 --output-dir $(DEMO_DIR)-horovod -- \
 		run --framework horovod --module trainers.digits_horovod --hypertune-metric accuracy
 
-# Side-by-side benchmarks (not part of `make test`): DDP bucket size, Horovod fusion threshold.
-bench: venv-pytorch venv-horovod
-	$(TORCH_VENV)/bin/python -m bench.compare
-	$(HVD_VENV)/bin/python -m bench.compare --horovod
+# Benchmarks (not part of `make test`; docs/benchmarks.md): .venv/bench = the PyTorch CPU lock + the test tools +
+# bench/requirements.txt (matplotlib, exact pins). `make bench` runs every family side by side (~30 min on 2 cores),
+# the Horovod and TensorFlow ones in their own venvs, and rewrites docs/benchmarks.md; results in bench/results/.
+$(BENCH_VENV)/.ready: images/pytorch/requirements-cpu.txt tests/requirements.txt bench/requirements.txt pyproject.toml
+	rm -rf $(BENCH_VENV)
+	$(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/$(PIP) install -q -r images/pytorch/requirements-cpu.txt -r tests/requirements.txt \
+		-r bench/requirements.txt
+	$(BENCH_VENV)/bin/$(PIP) install -q --no-deps --no-build-isolation -e .
+	$(BENCH_VENV)/bin/$(PIP) check
+	touch $@
+
+venv-bench: $(BENCH_VENV)/.ready
+
+BENCH_PYTHONS = --python horovod=$(HVD_VENV)/bin/python --python tensorflow=$(TF_VENV)/bin/python
+BENCH_ARGS ?=
+
+bench: venv-bench venv-horovod venv-tensorflow
+	$(BENCH_VENV)/bin/python -m bench --update-docs $(BENCH_PYTHONS) $(BENCH_ARGS)
+
+# Every family at smoke-test size (a few minutes); writes bench/results/ only.
+bench-quick: venv-bench venv-horovod venv-tensorflow
+	$(BENCH_VENV)/bin/python -m bench --quick $(BENCH_PYTHONS) $(BENCH_ARGS)
+
+# The benchmark smoke test with the plot (matplotlib is in .venv/bench only; `make test` runs it without the plot).
+test-bench: venv-bench
+	$(BENCH_VENV)/bin/python -m pytest tests/bench $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV_DIR) $(DEMO_DIR) outputs .pytest_cache .mypy_cache .ruff_cache

@@ -1,1 +1,1 @@
-"""Side-by-side benchmarks (not tests): run with `make bench`."""
+"""Side-by-side benchmarks (not tests): `make bench` / `python -m bench`; results in docs/benchmarks.md."""

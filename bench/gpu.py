@@ -1,0 +1,95 @@
+"""A small GPT on the GPU: tokens/s and MFU, the bare model vs the entrypoint's loop at world 1.
+
+With CUDA: the nanoGPT-style GPT-2 small of ``bench.gpt`` (124M, block 1024), bf16 autocast and
+``torch.compile`` on both sides, fused AdamW; MFU = tokens/s x training FLOPs per token / the GPU's peak
+dense bf16 FLOP/s (table below). Without CUDA the same code runs the ``tiny`` config in fp32, eagerly,
+and reports no MFU: this is how the GPU path is tested on CPU machines.
+
+Compared: ``python bench/ddp_loop.py`` without a process group (the bare model; anchor), the same loop
+as DDP world 1, and ``entrypoint run --module bench.gpt_hooks`` (which runs one process without a process
+group). Target: the entrypoint at least 0.98 of the bare model.
+
+    python -m bench --only gpt          # on a GPU machine
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from typing import Any
+
+from bench.common import FamilyResult, Row, check, compare, interleave, median
+from bench.loop import Size, hand_loop, hooks_loop
+
+# Peak dense (no sparsity) bf16 tensor-core TFLOP/s from NVIDIA's datasheets (their "with sparsity" figures
+# halved); first match wins, so the specific names come before the general ones.
+PEAK_BF16_TFLOPS: tuple[tuple[str, float, str], ...] = (
+    (r"H100.*PCIe", 756.0, "https://www.nvidia.com/en-us/data-center/h100/ (H100 PCIe: 1,513 sparse)"),
+    (r"H100 NVL", 835.0, "https://www.nvidia.com/en-us/data-center/h100/ (H100 NVL: 1,671 sparse)"),
+    (r"H100|H800|GH200", 989.0, "https://www.nvidia.com/en-us/data-center/h100/ (H100 SXM: 1,979 sparse)"),
+    (r"H200", 989.0, "https://www.nvidia.com/en-us/data-center/h200/ (H200 SXM: 1,979 sparse)"),
+    (r"B200", 2250.0, "https://www.nvidia.com/en-us/data-center/dgx-b200/ (72 PFLOPS FP8 sparse / 8 GPUs)"),
+    (r"A100", 312.0, "https://www.nvidia.com/en-us/data-center/a100/ (624 sparse)"),
+    (r"L40S", 362.0, "https://www.nvidia.com/en-us/data-center/l40s/ (733 sparse)"),
+    (r"\bL4\b", 121.0, "https://www.nvidia.com/en-us/data-center/l4/ (242 sparse)"),
+    (r"\bA10\b", 125.0, "https://www.nvidia.com/en-us/data-center/products/a10-gpu/ (250 sparse)"),
+)
+
+
+def peak_tflops(device_name: str) -> tuple[float, str] | None:
+    """The GPU's peak dense bf16 TFLOP/s and its source, if we know the GPU."""
+    for pattern, tflops, source in PEAK_BF16_TFLOPS:
+        if re.search(pattern, device_name):
+            return tflops, source
+    return None
+
+
+def mfu_row(name: str, runs: list[dict[str, Any]], peak: float) -> Row:
+    """Model FLOPs utilisation of one variant (%), from tokens/s and FLOPs per token."""
+    values = [100.0 * r["tokens_per_second"] * r["flops_per_token"] / (peak * 1e12) for r in runs]
+    return Row(group="MFU", variant=name, unit="%", runs=[round(v, 2) for v in values], median=round(median(values), 2))
+
+
+def run(quick: bool) -> FamilyResult:
+    """Bare vs entrypoint (and DDP world 1 in the full size), interleaved."""
+    import torch
+
+    cuda = torch.cuda.is_available()
+    compiled = cuda and shutil.which("cc") is not None  # inductor builds small C launchers
+    if cuda:
+        size, repeats = (Size("gpu", 30, 10, 8), 1) if quick else (Size("gpu", 80, 20, 16), 3)
+    else:
+        size, repeats = (Size("tiny", 20, 5, 8), 1) if quick else (Size("tiny", 60, 10, 8), 2)
+    precision: tuple[str, ...] = ("--bf16",) if cuda else ()
+    compile_flag: tuple[str, ...] = ("--compile",) if compiled else ()
+    raw: dict[str, list[dict[str, Any]]] = {}
+
+    def keep(name: str, result: dict[str, Any]) -> float:
+        raw.setdefault(name, []).append(result)
+        return float(result["tokens_per_second"])
+
+    variants = {"bare model (no process group)": lambda: keep("bare", hand_loop(1, size, precision + compile_flag))}
+    if not quick:
+        variants["hand loop, DDP world 1"] = lambda: keep("ddp", hand_loop(1, size, precision + compile_flag,
+                                                                          ddp=True))
+    variants["entrypoint hooks, world 1"] = lambda: keep("hooks", hooks_loop(1, size, precision, compile_flag))
+    results = interleave(variants, repeats)
+    result = FamilyResult("gpt", "Small GPT, one device (tokens/s, higher is better)")
+    result.rows = compare("1 device", results, "tokens/s", next(iter(variants)), "x bare")
+    check(result.rows[-1], ">=", 0.98)
+    device = str(raw["bare"][0]["device_name"])
+    found = peak_tflops(device) if cuda else None
+    if found is not None:
+        for name, key in zip(variants, ("bare", "ddp", "hooks") if not quick else ("bare", "hooks"), strict=True):
+            result.rows.append(mfu_row(name, raw[key], found[0]))
+        result.notes.append(f"MFU against {found[0]:g} TFLOP/s dense bf16 for {device}: {found[1]}")
+    elif cuda:
+        result.notes.append(f"no peak known for {device}: MFU not reported (add it to PEAK_BF16_TFLOPS)")
+    params = raw["bare"][0]["params"]
+    result.notes.append(f"{device}: config '{size.config}' ({params / 1e6:.1f}M parameters), batch {size.batch}, "
+                        f"{size.steps} steps timed from step {size.warmup}; "
+                        f"{'bf16 autocast' if cuda else 'fp32'}, {'torch.compile' if compiled else 'eager'}; "
+                        f"{repeats} interleaved repetition(s)")
+    if not cuda:
+        result.notes.append("no CUDA here: the tiny config on CPU checks the GPU path runs; no MFU")
+    return result
