@@ -125,6 +125,7 @@ def run(quick: bool) -> FamilyResult:
         result.rows += measure(width, layers, repeats, warmup)
     result.notes.append(f"{repeats} interleaved repetitions after {warmup} warm-up round(s), in a temporary "
                         "directory on this machine's disk; 'written' is the background write for the async kinds")
-    result.notes.append("ours async blocks for a host copy of every tensor into buffers kept between saves, then writes with torch.save "
-                        "through a SHA-256 hashing writer and commits a marker; DCP stages to CPU and writes .distcp")
+    result.notes.append("ours async blocks for a host copy of every tensor into buffers kept between saves, then "
+                        "writes with torch.save through a SHA-256 hashing writer and commits a marker; DCP stages to "
+                        "CPU and writes .distcp")
     return result
