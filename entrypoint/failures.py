@@ -168,18 +168,27 @@ def write_record(ctx: Context, failure: Failure, **extra: Any) -> Path | None:
     """One JSON record of this process's failure (best effort: a failing disk must not hide the failure)."""
     if ctx.job_dir is None:
         return None
+    return store_record(ctx.job_dir, render_record(ctx, failure, **extra))
+
+
+def render_record(ctx: Context, failure: Failure, **extra: Any) -> dict[str, Any]:
+    """This process's failure as a record, stamped now (redacted; not yet written)."""
     now = time.time()
-    record = {
+    return {
         "schema_version": SCHEMA_VERSION, "replica": ctx.replica, "rank": ctx.rank, "host": socket.gethostname(),
         "pid": os.getpid(), "exit_code": failure.exit_code, "class": failure.cls.name,
         "retryable": is_retryable(failure.exit_code), "message": redact(failure.message, ctx.secrets),
         "traceback": redact(failure.traceback, ctx.secrets), "time": now,
         "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)), **extra,
     }
-    rank = "node" if ctx.rank is None else f"rank{ctx.rank}"
-    name = f"{time.time_ns()}-{ctx.replica}-{rank}-{os.getpid()}.json"
+
+
+def store_record(job_dir: str, record: dict[str, Any]) -> Path | None:
+    """Write ``record`` under the job's ``failures/`` (else the node's temp dir); its path, None if neither took it."""
+    rank = "node" if record.get("rank") is None else f"rank{record['rank']}"
+    name = f"{time.time_ns()}-{record['replica']}-{rank}-{record['pid']}.json"
     text = json.dumps(record, indent=2, sort_keys=True)
-    for directory in (record_dir(ctx.job_dir), Path(tempfile.gettempdir()) / "trainer-failures"):
+    for directory in (record_dir(job_dir), Path(tempfile.gettempdir()) / "trainer-failures"):
         try:
             directory.mkdir(parents=True, exist_ok=True)
             (directory / name).write_text(text)
@@ -232,7 +241,8 @@ def conclude(ctx: Context, own: dict[str, Any]) -> int:
     """Print the job's root cause as the last line (this process's failure unless an earlier one caused it)."""
     cause = own
     if own.get("class") in errors.CONSEQUENCES:
-        earlier = root_cause([r for r in read_records(ctx.job_dir, ctx.started) if r.get("pid") != os.getpid()])
+        earlier = root_cause([r for r in read_records(ctx.job_dir, ctx.started)
+                             if r.get("pid") != own.get("pid", os.getpid())])
         if earlier is not None and earlier.get("class") not in errors.CONSEQUENCES:
             print(f"entrypoint: {own['replica']} failed with {own['class']} because of an earlier failure",
                   file=sys.stderr)
@@ -261,10 +271,14 @@ def fail(ctx: Context, failure: Failure) -> int:
         print(redact(failure.traceback, ctx.secrets), file=sys.stderr)
     write_record(ctx, failure)
     _torch_error_file(ctx, failure)
-    own = as_record(ctx, failure)
+    return report(ctx, as_record(ctx, failure))
+
+
+def report(ctx: Context, own: dict[str, Any]) -> int:
+    """End with the last line: the job's root cause in a top-level process, else this process's own failure."""
     if not ctx.top_level:
         print(last_line(own), file=sys.stderr, flush=True)
-        return failure.exit_code
+        return int(own["exit_code"])
     return conclude(ctx, own)
 
 

@@ -1,4 +1,6 @@
-"""The hang watchdog: when no training step completes for ``--hang-timeout``, dump every Python stack and fail.
+"""Watchdogs: a training loop that stops stepping, and a framework start that never returns.
+
+The hang watchdog: when no training step completes for ``--hang-timeout``, dump every Python stack and fail.
 
 A collective's own timeout catches a peer that died; it does not catch a rank stuck in a data loader,
 a deadlocked thread or an NCCL call that never returns. The loop calls ``beat(step)`` after each step
@@ -6,17 +8,31 @@ and sets ``phase``; a thread checks the time since the last beat. On expiry the 
 its threads' stacks (faulthandler), writes its failure record (class ``hang``, naming its rank, the
 last step and where it stood) and exits with the retryable code, so the job restarts from its newest
 checkpoint instead of burning its reservation.
+
+The start deadline: TensorFlow's cluster start holds the GIL while it waits for a lost peer, so no thread of
+the process can act. A small watcher process (``python -m entrypoint.watchdog``, prepared before the wait)
+writes the failure record and the job's last line at the deadline, then ends the waiting process with
+SIGALRM (exit 142); the kernel's own alarm stays as a backstop.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import faulthandler
+import json
 import os
+import signal
+import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from typing import Any
 
-from entrypoint import errors, failures
+from entrypoint import errors, failures, signals
+
+BACKSTOP = 3.0  # seconds after the watcher's deadline: the kernel's alarm, should the watcher be gone
 
 
 class HangWatchdog:
@@ -63,3 +79,41 @@ class HangWatchdog:
         sys.stderr.flush()
         sys.stdout.flush()
         os._exit(failure.exit_code)
+
+
+@contextlib.contextmanager
+def start_deadline(seconds: float, ctx: failures.Context, failure: failures.Failure) -> Iterator[None]:
+    """End this process with ``failure`` (record, last line, exit 142) if the block outlasts ``seconds``."""
+    job = {"pid": os.getpid(), "seconds": seconds, "record": failures.render_record(ctx, failure),
+           "context": {k: v for k, v in dataclasses.asdict(ctx).items() if k not in ("secrets", "outputs")}}
+    watcher = subprocess.Popen([sys.executable, "-m", "entrypoint.watchdog"], stdin=subprocess.PIPE,
+                               preexec_fn=signals.child_preexec)
+    assert watcher.stdin is not None
+    with contextlib.suppress(OSError):  # a watcher that could not start leaves the backstop to end the wait
+        watcher.stdin.write(json.dumps(job).encode())
+        watcher.stdin.close()
+    try:
+        with signals.deadline(seconds + BACKSTOP):
+            yield
+    finally:
+        watcher.kill()
+        watcher.wait()
+
+
+def _watch_start(job: dict[str, Any]) -> int:
+    """The watcher: at the deadline, record the parent's failure, print the job's last line, send SIGALRM."""
+    pid = int(job["pid"])
+    signals.die_with_parent(signal.SIGKILL, expected_parent=pid)
+    time.sleep(float(job["seconds"]))
+    ctx = failures.Context(**job["context"])
+    now = time.time()
+    record = {**job["record"], "time": now, "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))}
+    if ctx.job_dir is not None:
+        failures.store_record(ctx.job_dir, record)
+    failures.report(ctx, record)
+    os.kill(pid, signal.SIGALRM)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_watch_start(json.loads(sys.stdin.read())))

@@ -120,15 +120,15 @@ class Job:
             self.proc.wait(timeout=10)
 
 
-def processes_with(marker: str) -> list[int]:
-    """Live processes whose environment carries ``marker`` (zombies excluded)."""
-    needle = f"{MARKER_VARIABLE}={marker}".encode()
+def processes_with(marker: str, where: str = "environ") -> list[int]:
+    """Live processes whose environment (``where="cmdline"``: command line) carries ``marker`` (zombies excluded)."""
+    needle = (f"{MARKER_VARIABLE}={marker}" if where == "environ" else marker).encode()
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            if needle in (entry / "environ").read_bytes() and "\nState:\tZ" not in (entry / "status").read_text():
+            if needle in (entry / where).read_bytes() and "\nState:\tZ" not in (entry / "status").read_text():
                 found.append(int(entry.name))
         except OSError:
             continue

@@ -5,9 +5,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from entrypoint import errors, failures, watchdog
 from entrypoint.errors import ConfigError
 from entrypoint.plan import Plan
-from entrypoint.signals import deadline
 from entrypoint.tensorflow.framework import STRATEGIES
 
 log = logging.getLogger("entrypoint.tensorflow")
@@ -66,7 +66,9 @@ def peers(plan: Plan) -> str:
 def start_deadline(seconds: float, what: str) -> Any:
     """A backstop for TensorFlow's cluster start (the peers already met at the start-up barrier)."""
     log.info("%s; if one is lost meanwhile this replica ends after --timeout %.0f s with exit code 142", what, seconds)
-    return deadline(seconds)
+    failure = failures.Failure(errors.START_DEADLINE, f"TensorFlow's cluster start outlived --timeout {seconds:g} s "
+                                                      f"while {what}")
+    return watchdog.start_deadline(seconds, failures.active(), failure)
 
 
 def is_multi_worker(strategy: Any) -> bool:

@@ -14,7 +14,7 @@ import pytest
 from entrypoint import checkpoints
 from entrypoint.supervisor import free_ports
 from tests.conftest import PYTHON, ROOT, subprocess_env
-from tests.jobs import entrypoint, failure_text, hypertune_files, summary
+from tests.jobs import entrypoint, failure_text, hypertune_files, processes_with, summary
 
 pytest.importorskip("torch")
 pytestmark = [pytest.mark.pytorch, pytest.mark.slow]
@@ -174,14 +174,7 @@ def test_ctrl_c_reaches_every_replica_and_their_workers(tmp_path: Path) -> None:
 
     def workers() -> list[int]:
         """Processes (other than the emulator) whose command line carries the marker."""
-        found = []
-        for entry in Path("/proc").iterdir():
-            try:
-                if entry.name.isdigit() and marker.encode() in (entry / "cmdline").read_bytes():
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-        return [pid for pid in found if pid != job.pid]
+        return [pid for pid in processes_with(marker, "cmdline") if pid != job.pid]
 
     try:
         deadline = time.monotonic() + 120

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tests import jobs
 from tests.conftest import PYTHON, ROOT, subprocess_env
 from tests.jobs import summary
 
@@ -124,11 +125,4 @@ def logged_steps(lines: list[str]) -> list[int]:
 
 def processes_with(marker: str) -> list[int]:
     """Processes whose command line carries ``marker``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and marker.encode() in (entry / "cmdline").read_bytes():
-                found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
+    return jobs.processes_with(marker, "cmdline")

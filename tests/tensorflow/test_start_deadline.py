@@ -1,4 +1,7 @@
-"""Exit 142: a peer that passed the start-up barrier but never starts TensorFlow ends the chief at --timeout."""
+"""Exit 142: a peer that passed the start-up barrier but never starts TensorFlow ends the chief at --timeout.
+
+TensorFlow holds the GIL while it waits, so the record and the last line come from the watcher process.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from entrypoint.failures import read_records
 from entrypoint.supervisor import free_ports
 from tests.conftest import PYTHON, ROOT, subprocess_env
 from tests.tensorflow.jobs import TOY, run_args
@@ -51,3 +55,8 @@ def test_a_peer_lost_after_the_barrier_ends_tensorflows_start_at_the_timeout(tmp
     assert proc.returncode == -signal.SIGALRM, output[-3000:]  # the shell and `local` report 142: retryable
     assert time.monotonic() - released < 5 + 30
     assert f"worker[0] (127.0.0.1:{worker})" in output and "exit code 142" in output
+    last = output.strip().splitlines()[-1]
+    assert last.startswith("entrypoint: error: peer_lost on chief-0"), output[-3000:]
+    assert f"worker[0] (127.0.0.1:{worker})" in last and last.endswith("(exit 142, retryable)"), last
+    [record] = read_records(str(tmp_path), 0)
+    assert record["exit_code"] == 142 and record["pid"] == proc.pid and "--timeout 5 s" in record["message"]
