@@ -14,7 +14,7 @@ import pytest
 from entrypoint import checkpoints
 from entrypoint.supervisor import free_ports
 from tests.conftest import PYTHON, ROOT, subprocess_env
-from tests.jobs import entrypoint, failure_text, hypertune_files, processes_with, summary
+from tests.jobs import MARKER_VARIABLE, entrypoint, failure_text, hypertune_files, processes_with, summary, wait_gone
 
 pytest.importorskip("torch")
 pytestmark = [pytest.mark.pytorch, pytest.mark.slow]
@@ -168,22 +168,22 @@ def test_first_failing_replica_stops_the_others_and_sets_the_exit_code(tmp_path:
 def test_ctrl_c_reaches_every_replica_and_their_workers(tmp_path: Path) -> None:
     marker = f"sleep-marker-{os.getpid()}"
     args = [PYTHON, "-m", "entrypoint", "local", "--workers", "2", "--output-dir", str(tmp_path), "--", *RUN,
-            "--script", "tests/pytorch/sleep_script.py", "--", "120", marker]
-    job = subprocess.Popen(args, cwd=ROOT, env=subprocess_env(), stdout=subprocess.DEVNULL,
+            "--nproc-per-node", "2", "--script", "tests/pytorch/sleep_script.py", "--", "120"]
+    job = subprocess.Popen(args, cwd=ROOT, env=subprocess_env({MARKER_VARIABLE: marker}), stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL, start_new_session=True)
 
     def workers() -> list[int]:
-        """Processes (other than the emulator) whose command line carries the marker."""
-        return [pid for pid in processes_with(marker, "cmdline") if pid != job.pid]
+        """Processes the emulator started, and theirs (every one inherits the marker)."""
+        return [pid for pid in processes_with(marker) if pid != job.pid]
 
     try:
         deadline = time.monotonic() + 120
-        while len(workers()) < 4 and time.monotonic() < deadline:  # 2 replicas x (agent + worker)
+        while len(workers()) < 6 and time.monotonic() < deadline:  # 2 replicas x (elastic agent + 2 workers)
             time.sleep(0.5)
+        assert len(workers()) == 6
         job.send_signal(signal.SIGINT)
         assert job.wait(timeout=60) == 130
     finally:
         if job.poll() is None:
             os.killpg(job.pid, signal.SIGKILL)
-    time.sleep(1)
-    assert workers() == []
+    assert wait_gone(marker, timeout=10) == []
