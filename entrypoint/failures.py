@@ -173,14 +173,18 @@ def write_record(ctx: Context, failure: Failure, **extra: Any) -> Path | None:
 
 def render_record(ctx: Context, failure: Failure, **extra: Any) -> dict[str, Any]:
     """This process's failure as a record, stamped now (redacted; not yet written)."""
-    now = time.time()
-    return {
+    return stamped({
         "schema_version": SCHEMA_VERSION, "replica": ctx.replica, "rank": ctx.rank, "host": socket.gethostname(),
         "pid": os.getpid(), "exit_code": failure.exit_code, "class": failure.cls.name,
         "retryable": is_retryable(failure.exit_code), "message": redact(failure.message, ctx.secrets),
-        "traceback": redact(failure.traceback, ctx.secrets), "time": now,
-        "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)), **extra,
-    }
+        "traceback": redact(failure.traceback, ctx.secrets), **extra,
+    })
+
+
+def stamped(record: dict[str, Any]) -> dict[str, Any]:
+    """``record`` with the time it happened: now."""
+    now = time.time()
+    return {**record, "time": now, "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))}
 
 
 def store_record(job_dir: str, record: dict[str, Any]) -> Path | None:

@@ -106,8 +106,7 @@ def _watch_start(job: dict[str, Any]) -> int:
     signals.die_with_parent(signal.SIGKILL, expected_parent=pid)
     time.sleep(float(job["seconds"]))
     ctx = failures.Context(**job["context"])
-    now = time.time()
-    record = {**job["record"], "time": now, "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))}
+    record = failures.stamped(job["record"])
     if ctx.job_dir is not None:
         failures.store_record(ctx.job_dir, record)
     failures.report(ctx, record)
