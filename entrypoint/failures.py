@@ -316,10 +316,11 @@ def record_exit(ctx: Context, code: int, message: str) -> None:
         print(last_line(as_record(ctx, failure)), file=sys.stderr, flush=True)
 
 
-def conclude_exit(ctx: Context, code: int, who: str | None = None) -> int:
+def conclude_exit(ctx: Context, code: int, who: str | None = None, note: str = "") -> int:
     """A child (or the user's script) ended with ``code``: record it if nobody did, then name the root cause.
 
-    ``who`` names the child when it is not this process (its record is written on its behalf).
+    ``who`` names the child when it is not this process (its record is written on its behalf); ``note``
+    is added to the last line (why no restart followed, say).
     """
     records = read_records(ctx.job_dir, ctx.started)
     if not records or (who is not None and all(r.get("replica") != who for r in records)):
@@ -330,7 +331,9 @@ def conclude_exit(ctx: Context, code: int, who: str | None = None) -> int:
     cause = root_cause(records)
     if cause is None:  # not even a fallback record could be written
         cls = code_class(code)
-        return announce(ctx, as_record(ctx, Failure(cls, cls.meaning)))
+        cause = as_record(ctx, Failure(cls, cls.meaning))
+    if note:
+        cause = {**cause, "message": f"{cause['message']}; {note}"}
     return announce(ctx, cause)
 
 

@@ -1,17 +1,20 @@
-"""The launcher hands its workers the plan as data: a private JSON file named by TRAINER_PLAN_FILE.
+"""The launcher hands its workers the plan as data, in memory: nothing of it is ever on a disk.
 
-The file lives in a directory only this user can read (it holds the user's arguments), under the
-node's temporary directory, and is removed when the launcher is done. Workers never re-read the
-platform's variables: they load this plan and place themselves in it by local rank.
+The plan holds the user's arguments (tokens included), so it never goes to a file a crash could leave
+behind: the launcher writes it into an anonymous memory file (``memfd_create``, mode 0600, sealed
+read-only) that lives exactly as long as the launcher holds it, and names it to its children as
+``TRAINER_PLAN_FILE=/proc/<launcher pid>/fd/<n>``. A child of the same user opens that link (the
+kernel lets only processes that may inspect the launcher do so); when the launcher ends, SIGKILL
+included, the kernel frees the memory. Workers never re-read the platform's variables: they load
+this plan and place themselves in it by local rank.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,21 +24,24 @@ from entrypoint.environments.settings import read_handoff
 from entrypoint.errors import ConfigError
 from entrypoint.plan import Plan
 
-PLAN_FILE = "plan.json"
+_SEALS = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
 
 
 @contextlib.contextmanager
 def plan_file(plan: Plan) -> Iterator[dict[str, str]]:
-    """Write the plan to a private file for the duration of the block; yield the variables naming it."""
-    directory = Path(tempfile.mkdtemp(prefix="trainer-plan-"))  # mode 0700
-    path = directory / PLAN_FILE
+    """Hold the plan in a sealed memory file for the duration of the block; yield the variables naming it."""
+    data: dict[str, Any] = {"plan": plan.to_dict(), "launcher_pid": os.getpid()}
+    payload = json.dumps(data).encode()
+    fd = os.memfd_create("trainer-plan", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     try:
-        data: dict[str, Any] = {"plan": plan.to_dict(), "launcher_pid": os.getpid()}
-        path.write_text(json.dumps(data))
-        path.chmod(0o600)
-        yield {ev.TRAINER_PLAN_FILE: str(path)}
+        os.fchmod(fd, 0o600)
+        view = memoryview(payload)
+        while view:
+            view = view[os.write(fd, view):]
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS)
+        yield {ev.TRAINER_PLAN_FILE: f"/proc/{os.getpid()}/fd/{fd}"}
     finally:
-        shutil.rmtree(directory, ignore_errors=True)
+        os.close(fd)
 
 
 def load() -> tuple[Plan, int | None]:

@@ -1,8 +1,9 @@
-"""Supervise a set of local processes: prefixed output, first failure stops the rest, signals forwarded.
+"""Supervise a set of local processes: prefixed output, signals forwarded, failures handled by a restart policy.
 
-Used by ``local`` (one process per emulated replica) and by the Horovod launcher (one per GPU). Each
-child runs in its own process group and dies with its supervisor (``signals.child_preexec``); a stop
-reaches every group, and whatever still runs after the grace period is killed.
+Used by ``local`` (one process per emulated replica, restarted as the emulated platform would) and by the
+Horovod launcher (one per GPU; the first failure stops the rest). Each child runs in its own process group
+and dies with its supervisor (``signals.child_preexec``); a stop reaches every group, and whatever still
+runs after the grace period is killed.
 """
 
 from __future__ import annotations
@@ -13,35 +14,57 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO
 
+from entrypoint.errors import is_retryable
 from entrypoint.options import DEFAULT_GRACE_PERIOD
+from entrypoint.restarts import Counts, Decision, RestartPolicy, decide
 from entrypoint.signals import Forwarder, child_preexec, exit_code_of, terminate
+
+NEVER = RestartPolicy("never")
 
 
 @dataclass
 class Replica:
-    """One supervised process: its name parts, environment, command and (once started) process."""
+    """One supervised process: its name parts, environment, command, attempt and (once started) process."""
 
     pool: str
     index: int
     env: dict[str, str]
     argv: list[str] = field(default_factory=list)
+    cwd: str | None = None
+    attempt: int = 0  # 0 for the first start, n for the n-th restart
+    started_at: float = 0.0  # wall time of the latest start
     proc: subprocess.Popen[bytes] | None = None
     pump: threading.Thread | None = field(default=None, repr=False)
 
     @property
     def name(self) -> str:
-        """The replica name used as log prefix, e.g. ``workerpool1-0``."""
+        """The replica name, e.g. ``workerpool1-0``."""
         return f"{self.pool}-{self.index}"
+
+    @property
+    def prefix(self) -> str:
+        """The log prefix: the name, and the attempt once restarted (``workerpool1-0#2``)."""
+        return self.name if self.attempt == 0 else f"{self.name}#{self.attempt}"
 
     @property
     def exit_code(self) -> int | None:
         """Its exit status as the shell reports it (None while running)."""
         returncode = self.proc.poll() if self.proc is not None else None
         return None if returncode is None else exit_code_of(returncode)
+
+
+@dataclass
+class Outcome:
+    """How the supervised job ended: its exit code, the replica that ended it, and why."""
+
+    code: int
+    first: Replica | None = None  # the replica whose exit ended the job (None: success or a signal)
+    why: str = ""  # why no restart followed (a permanent failure, an exhausted budget, ...)
+    counts: Counts = field(default_factory=Counts)
 
 
 def free_ports(count: int) -> list[int]:
@@ -66,54 +89,109 @@ def _pump(prefix: str, stream: IO[bytes], lock: threading.Lock) -> None:
             sys.stdout.flush()
 
 
-def _start(replica: Replica, lock: threading.Lock) -> None:
-    replica.proc = subprocess.Popen(replica.argv, env=replica.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    start_new_session=True, preexec_fn=child_preexec)
-    assert replica.proc.stdout is not None
-    replica.pump = threading.Thread(target=_pump, args=(replica.name, replica.proc.stdout, lock), daemon=True)
-    replica.pump.start()
+class Supervisor:
+    """Starts replicas, prefixes their output, and applies a restart policy to the ones that fail.
 
-
-def run_replicas(replicas: list[Replica], label: str = "local",
-                 grace: float = DEFAULT_GRACE_PERIOD) -> tuple[int, Replica | None]:
-    """Start every replica and wait; a signal or the first failure stops the others.
-
-    Returns the exit code and the replica that failed first (None when all succeeded or a signal came).
+    ``prepare`` runs before every start (fresh scratch directories, the attempt number in the environment);
+    ``on_failure`` runs for every failed exit before the policy decides (a record on the replica's behalf).
     """
-    lock = threading.Lock()
-    procs = []
-    with Forwarder() as forwarder:
-        try:
-            for r in replicas:
-                _start(r, lock)
-                assert r.proc is not None
-                procs.append(r.proc)
-            code, first = _wait(replicas, procs, forwarder, label, grace)
-        except BaseException:
-            terminate(procs, signal.SIGKILL, 0)
-            raise
-    for r in replicas:
-        if r.pump is not None:
-            r.pump.join(timeout=5)
-    return code, first
+
+    def __init__(self, replicas: list[Replica], label: str = "local", grace: float = DEFAULT_GRACE_PERIOD,
+                 policy: RestartPolicy = NEVER, prepare: Callable[[Replica], None] | None = None,
+                 on_failure: Callable[[Replica, int], None] | None = None) -> None:
+        self.replicas, self.label, self.grace, self.policy = replicas, label, grace, policy
+        self.prepare, self.on_failure = prepare, on_failure
+        self.counts = Counts()
+        self._lock = threading.Lock()
+        self._chief_done = False
+
+    def say(self, text: str) -> None:
+        """One line of the supervisor's own, prefixed with its label."""
+        with self._lock:
+            sys.stdout.write(f"[{self.label}] {text}\n")
+            sys.stdout.flush()
+
+    def _start(self, replica: Replica) -> None:
+        if self.prepare is not None:
+            self.prepare(replica)
+        replica.started_at = time.time()
+        replica.proc = subprocess.Popen(replica.argv, env=replica.env, cwd=replica.cwd, stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=child_preexec)
+        assert replica.proc.stdout is not None
+        replica.pump = threading.Thread(target=_pump, args=(replica.prefix, replica.proc.stdout, self._lock),
+                                        daemon=True)
+        replica.pump.start()
+
+    def _procs(self) -> list[subprocess.Popen[bytes]]:
+        return [r.proc for r in self.replicas if r.proc is not None]
+
+    def run(self) -> Outcome:
+        """Run the job to its end; a stop signal is forwarded to every replica and ends it."""
+        with Forwarder() as forwarder:
+            try:
+                for r in self.replicas:
+                    self._start(r)
+                outcome = self._wait(forwarder)
+            except BaseException:
+                terminate(self._procs(), signal.SIGKILL, 0)
+                raise
+        for r in self.replicas:
+            if r.pump is not None:
+                r.pump.join(timeout=5)
+        outcome.counts = self.counts
+        return outcome
+
+    def _wait(self, forwarder: Forwarder) -> Outcome:
+        handled: set[int] = set()  # pids whose exit was dealt with
+        while True:
+            if forwarder.received:
+                sig = forwarder.received[0]
+                name = signal.Signals(sig).name
+                self.say(f"received {name}: forwarding it to every process (grace {self.grace:g} s)")
+                terminate(self._procs(), sig, self.grace)
+                return Outcome(128 + sig)
+            for r in self.replicas:
+                code = r.exit_code
+                if code is None or r.proc is None or r.proc.pid in handled:
+                    continue
+                handled.add(r.proc.pid)
+                if code == 0:
+                    self._chief_done |= r is self.replicas[0]
+                    continue
+                outcome = self._failed(r, code)
+                if outcome is not None:
+                    return outcome
+            if all(r.exit_code == 0 for r in self.replicas):
+                return Outcome(0)
+            time.sleep(0.1)
+
+    def _failed(self, replica: Replica, code: int) -> Outcome | None:
+        """Apply the policy to a failed exit; an Outcome when the job ends."""
+        if self.on_failure is not None:
+            self.on_failure(replica, code)
+        kind = "retryable" if is_retryable(code) else "permanent"
+        decision = decide(self.policy, self.counts, replica.name, code)
+        if self._chief_done and decision.action != "end":
+            decision = Decision("end", why="the chief already finished the job")
+        if decision.action == "restart_replica":
+            self.say(f"{replica.name} exited {code} ({kind}): restart {decision.number} of {decision.budget}")
+            replica.attempt += 1
+            self._start(replica)
+            return None
+        if decision.action == "restart_job":
+            self.say(f"{replica.name} exited {code} ({kind}): restarting every replica (job restart "
+                     f"{decision.number} of {decision.budget})")
+            terminate([p for p in self._procs() if p.poll() is None], signal.SIGTERM, self.grace)
+            for r in self.replicas:
+                r.attempt += 1
+                self._start(r)
+            return None
+        self.say(f"{replica.name} exited with {code} ({kind}): stopping the others")
+        terminate([p for p in self._procs() if p.poll() is None], signal.SIGTERM, self.grace)
+        return Outcome(code, replica, decision.why)
 
 
-def _wait(replicas: Sequence[Replica], procs: list[subprocess.Popen[bytes]], forwarder: Forwarder, label: str,
-          grace: float) -> tuple[int, Replica | None]:
-    while True:
-        if forwarder.received:
-            sig = forwarder.received[0]
-            print(f"[{label}] received {signal.Signals(sig).name}: forwarding it to every process (grace {grace:g} s)",
-                  flush=True)
-            terminate(procs, sig, grace)
-            return 128 + sig, None
-        failed = [r for r in replicas if r.exit_code not in (None, 0)]
-        if failed:
-            first = failed[0]
-            print(f"[{label}] {first.name} exited with {first.exit_code}: stopping the others", flush=True)
-            code = int(first.exit_code or 1)
-            terminate([p for p in procs if p.poll() is None], signal.SIGTERM, grace)
-            return code, first
-        if all(r.exit_code is not None for r in replicas):
-            return 0, None
-        time.sleep(0.1)
+def run_replicas(replicas: list[Replica], label: str = "local", grace: float = DEFAULT_GRACE_PERIOD,
+                 policy: RestartPolicy = NEVER) -> Outcome:
+    """Start every replica and wait; a signal or a failure the policy does not restart stops the others."""
+    return Supervisor(replicas, label, grace, policy).run()

@@ -91,7 +91,7 @@ def launch(plan: Plan) -> int:
     log.info("node %s/%s: %d Horovod process(es), world size %d, rendezvous %s:%d", topo.node_rank,
              topo.num_nodes, nproc, plan.world_size, host, port)
     try:
-        return run_replicas(replicas, label="horovod", grace=plan.options.grace_period)[0]
+        return run_replicas(replicas, label="horovod", grace=plan.options.grace_period).code
     finally:
         if server is not None:
             server.shutdown()
