@@ -4,6 +4,10 @@ A checkpoint counts only once its marker exists (rename is not atomic on GCS or 
 job killed mid-save leaves a torn directory that resume skips. The marker lists every file with its
 size and SHA-256; a committed checkpoint that fails to verify or load is named in a warning and the
 next older one is used, so a restarted job never crash-loops on one bad checkpoint.
+
+Retention (``Retention``) never deletes the newest checkpoint known to verify (the one restored from,
+or one this process committed since), and deletes the ones known not to load before any good one:
+at every moment at least one checkpoint that loads remains.
 """
 
 from __future__ import annotations
@@ -56,6 +60,16 @@ def commit(path: str | Path, meta: dict[str, Any], files: dict[str, dict[str, An
         files = {str(p.relative_to(root)): file_digest(p) for p in sorted(root.rglob("*"))
                  if p.is_file() and p.name != MARKER}
     (root / MARKER).write_text(json.dumps({**meta, "files": files, "committed_at": time.time()}, sort_keys=True))
+
+
+def check_sizes(path: str | Path) -> None:
+    """Every file the marker lists has the size it says (cheap: no reading; a lying disk shows up here)."""
+    root = Path(path)
+    for name, expected in (read_marker(root).get("files") or {}).items():
+        target = root / name
+        size = target.stat().st_size if target.is_file() else -1
+        if size != expected.get("size"):
+            raise CheckpointError(f"{name} is {size} bytes after the commit, the marker says {expected.get('size')}")
 
 
 def is_committed(path: str | Path) -> bool:
@@ -124,28 +138,36 @@ def _explicit(resume_from: str) -> Path:
     return path
 
 
-def load_newest(checkpoint_dir: str | Path, resume_from: str | None,
-                load: Callable[[Path], T]) -> tuple[Path, T] | None:
+def load_newest(checkpoint_dir: str | Path, resume_from: str | None, load: Callable[[Path], T],
+                retention: Retention | None = None) -> tuple[Path, T] | None:
     """Verify and ``load`` ``--resume-from`` (which must load), else the newest committed checkpoint that does.
 
-    A bad checkpoint met on the way back is named in a warning. When committed checkpoints exist and
-    none loads, the job cannot resume: a configuration error naming the directory (never a silent
-    fresh start over good work, never a crash loop on one torn file).
+    A bad checkpoint met on the way back is named in a warning (and ``retention`` learns it is bad, and
+    which one loaded). When committed checkpoints exist and none loads, the job cannot resume: a
+    configuration error naming the directory (never a silent fresh start over good work, never a crash
+    loop on one torn file).
     """
+    retention = retention or Retention(0)
     if resume_from is not None:
         path = _explicit(resume_from)
         try:
             verify(path)
-            return path, load(path)
+            loaded = load(path)
         except Exception as exc:
             raise ConfigError("--resume-from", f"{path} does not load: {_reason(exc)}") from None
+        retention.verified(path)
+        return path, loaded
     found = committed(checkpoint_dir)
     for _step, path in reversed(found):
         try:
             verify(path)
-            return path, load(path)
+            loaded = load(path)
         except Exception as exc:
             log.warning("checkpoint %s does not load (%s): trying the next older one", path, _reason(exc))
+            retention.bad[path] = _reason(exc)
+            continue
+        retention.verified(path)
+        return path, loaded
     if found:
         raise ConfigError(str(checkpoint_dir), f"none of the {len(found)} committed checkpoints loads; move them "
                           "away to start afresh or pass --resume-from")
@@ -157,15 +179,46 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[:200]}" if text else type(exc).__name__
 
 
-def prune(checkpoint_dir: str | Path, keep: int) -> None:
-    """Delete all but the newest ``keep`` committed checkpoints (and torn ones older than those)."""
-    found = committed(checkpoint_dir, warn=False)
-    if len(found) <= keep:
-        return
-    oldest_kept = found[-keep][0]
-    for _step, path in found[:-keep]:
-        shutil.rmtree(path, ignore_errors=True)
-    for child in Path(checkpoint_dir).iterdir():
-        match = _NAME.match(child.name)
-        if match and int(match.group(1)) < oldest_kept and not is_committed(child):
-            shutil.rmtree(child, ignore_errors=True)
+class Retention:
+    """Which committed checkpoints go after a save: the known-bad ones first, never the newest that verifies.
+
+    ``--keep-checkpoints K`` keeps K checkpoints; the newest checkpoint known to verify (the one restored
+    from, or the newest this process committed) is kept whatever its step, and checkpoints that failed to
+    verify or load at resume are deleted before any other (each named in a warning), so at every moment
+    at least one checkpoint that loads remains.
+    """
+
+    def __init__(self, keep: int) -> None:
+        self.keep = keep
+        self.good: set[Path] = set()  # known to verify: restored from, or committed by this process
+        self.bad: dict[Path, str] = {}  # committed, but failed to verify or load at resume: why
+
+    def verified(self, path: Path) -> None:
+        """``path`` is known to verify."""
+        self.good.add(Path(path))
+
+    def prune(self, checkpoint_dir: str | Path) -> list[Path]:
+        """Delete what exceeds the budget (bad first, then the oldest), and torn ones older than those kept."""
+        found = [path for _step, path in committed(checkpoint_dir, warn=False)]
+        good = [p for p in found if p in self.good]
+        protected = good[-1] if good else None
+        bad = [p for p in found if p in self.bad and p != protected]
+        others = [p for p in found if p not in self.bad and p != protected]
+        doomed = (bad + others)[: max(len(found) - self.keep, 0)]
+        for path in doomed:
+            if path in self.bad:
+                log.warning("deleting checkpoint %s: it does not load (%s)", path, self.bad.pop(path))
+            self.good.discard(path)
+            shutil.rmtree(path, ignore_errors=True)
+        kept = [p for p in found if p not in doomed]
+        oldest_kept = min((_step_of(p) for p in kept), default=None)
+        for child in Path(checkpoint_dir).iterdir():
+            match = _NAME.match(child.name)
+            if match and oldest_kept is not None and int(match.group(1)) < oldest_kept and not is_committed(child):
+                shutil.rmtree(child, ignore_errors=True)
+        return doomed
+
+
+def _step_of(path: Path) -> int:
+    match = _NAME.match(path.name)
+    return int(match.group(1)) if match else -1

@@ -12,6 +12,7 @@ class ExitCode(IntEnum):
     OK = 0
     USER_CODE = 1  # the user's code raised, exited early, or a script exited non-zero
     CONFIG = 2  # configuration or usage error: fix the job, do not retry
+    NONFINITE_LOSS = 65  # the training loss became NaN or infinite (sysexits EX_DATAERR): fix data or hyperparameters
     OUTPUT_NOT_WRITABLE = 73  # an output directory is read-only or not ours to write (sysexits EX_CANTCREAT)
     DISK_FULL = 74  # no space left where outputs go (sysexits EX_IOERR)
     PEER_LOST = 129  # a peer never came, died or froze; a rendezvous, collective or training step timed out
@@ -40,6 +41,7 @@ CONFIG = FailureClass("config", ExitCode.CONFIG, "configuration or usage error")
 OUTPUT_NOT_WRITABLE = FailureClass("output_not_writable", ExitCode.OUTPUT_NOT_WRITABLE,
                                    "an output directory is read-only or not writable")
 DISK_FULL = FailureClass("disk_full", ExitCode.DISK_FULL, "no space left on the output volume")
+NONFINITE_LOSS = FailureClass("nonfinite_loss", ExitCode.NONFINITE_LOSS, "the training loss became NaN or infinite")
 PEER_LOST = FailureClass("peer_lost", ExitCode.PEER_LOST, "a peer is missing, died, froze or timed out")
 HANG = FailureClass("hang", ExitCode.PEER_LOST, "no training step completed within --hang-timeout")
 HOST_UNRESOLVABLE = FailureClass("host_unresolvable", ExitCode.HOST_UNRESOLVABLE, "a peer's host name never resolved")
@@ -100,6 +102,12 @@ class OutputError(TrainerError):
     def __init__(self, failure: FailureClass, message: str) -> None:
         self.failure = failure
         super().__init__(message)
+
+
+class NonFiniteLoss(TrainerError):
+    """Every rank agreed that the loss of a step was NaN or infinite (``--on-nonfinite fail``)."""
+
+    failure = NONFINITE_LOSS
 
 
 class StopRequested(TrainerError):

@@ -41,6 +41,7 @@ class RunOptions:
     keep_checkpoints: int = 3
     checkpoint_mode: str = "async"
     resume_from: str | None = None
+    on_nonfinite: str = "fail"
     hypertune_metric: str | None = None
     bf16: bool = False
     clip_grad_norm: float | None = None
@@ -120,6 +121,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     loop.add_argument("--checkpoint-mode", choices=("async", "sync"), default="async",
                       help="async: training waits only for a CPU copy of the state (PyTorch/Horovod hooks)")
     loop.add_argument("--resume-from", help="checkpoint to resume from (must exist and load)")
+    loop.add_argument("--on-nonfinite", choices=("fail", "skip"), default="fail",
+                      help="a NaN/inf training loss: fail (exit 65, nothing exported; default) or skip that step's "
+                      "update (PyTorch/Horovod hooks)")
     loop.add_argument("--hypertune-metric", help="evaluation metric reported to Vertex hyperparameter tuning")
     loop.add_argument("--bf16", action="store_true", help="bf16 autocast on GPU")
     loop.add_argument("--clip-grad-norm", type=_positive_float)

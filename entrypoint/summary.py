@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,9 +44,22 @@ class TrainingSummary:
     schema_version: int = SCHEMA_VERSION
 
 
+def strict(value: Any) -> Any:
+    """``value`` made strict JSON: NaN and infinities become null (``json`` would write bare ``NaN``)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: strict(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict(v) for v in value]
+    if hasattr(value, "item") and callable(value.item):  # a numpy or torch scalar
+        return strict(value.item())
+    return value
+
+
 def write_summary(model_dir: Path, summary: TrainingSummary) -> Path:
-    """Write ``training_summary.json`` into ``model_dir``."""
+    """Write ``training_summary.json`` into ``model_dir`` (strict JSON: a non-finite number is null)."""
     path = model_dir / SUMMARY_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(asdict(summary), indent=2, sort_keys=True, default=float))
+    path.write_text(json.dumps(strict(asdict(summary)), indent=2, sort_keys=True, allow_nan=False))
     return path

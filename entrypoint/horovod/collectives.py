@@ -32,10 +32,15 @@ class HorovodCollectives:
         result: torch.Tensor = hvd.allreduce(tensor, op=hvd.Sum)
         return result
 
-    def start_vote(self, value: int) -> Vote:
-        """An asynchronous allreduce of one integer (one in flight at a time, so one name)."""
-        handle = hvd.allreduce_async(torch.tensor([value], dtype=torch.int64), op=hvd.Sum, name="trainer.stop_vote")
-        return Vote(lambda: int(hvd.synchronize(handle).item()))
+    def start_vote(self, flags: torch.Tensor) -> Vote:
+        """An asynchronous allreduce of a few integers (one in flight at a time, so one name)."""
+        handle = hvd.allreduce_async(flags, op=hvd.Sum, name="trainer.step_vote")
+        return Vote(lambda: [int(v) for v in hvd.synchronize(handle).tolist()])
+
+    def discard_step(self, optimizer: Any) -> None:
+        """Finish the gradient allreduces Horovod started in backward, then drop them."""
+        optimizer.synchronize()
+        optimizer.zero_grad()
 
     def prepare(
         self, model: nn.Module, optimizer: Any, device: torch.device, bucket_cap_mb: int

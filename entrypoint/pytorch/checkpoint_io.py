@@ -120,7 +120,7 @@ class SyncCheckpointIO:
     """Write, commit and prune in the training thread."""
 
     def __init__(self, keep: int) -> None:
-        self.keep = keep
+        self.retention = checkpoints.Retention(keep)
         self.blocked_seconds = 0.0
         self.write_seconds = 0.0
 
@@ -139,10 +139,12 @@ class SyncCheckpointIO:
         try:
             files = {STATE_FILE: write_file(state, path / STATE_FILE)}
             checkpoints.commit(path, meta, files)
+            checkpoints.check_sizes(path)
         except BaseException as exc:
             shutil.rmtree(path, ignore_errors=True)
             raise output_error(exc, path) from None
-        checkpoints.prune(path.parent, self.keep)
+        self.retention.verified(path)
+        self.retention.prune(path.parent)
 
     def wait(self) -> None:
         """Nothing is ever in flight."""

@@ -12,13 +12,13 @@ from torch.nn.parallel import DistributedDataParallel
 
 
 class Vote:
-    """A small all-reduce in flight; ``result()`` waits for it and returns the sum over ranks."""
+    """A small all-reduce in flight; ``result()`` waits for it and returns the element-wise sums over ranks."""
 
-    def __init__(self, wait: Callable[[], int]) -> None:
+    def __init__(self, wait: Callable[[], list[int]]) -> None:
         self._wait = wait
 
-    def result(self) -> int:
-        """The sum of every rank's vote."""
+    def result(self) -> list[int]:
+        """The sum of every rank's flags, element by element."""
         return self._wait()
 
 
@@ -38,8 +38,11 @@ class Collectives(Protocol):
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         """Element-wise sum over ranks."""
 
-    def start_vote(self, value: int) -> Vote:
-        """Start summing ``value`` over ranks without waiting (overlapped with the next training step)."""
+    def start_vote(self, flags: torch.Tensor) -> Vote:
+        """Start summing ``flags`` (int64, on the training device) over ranks without waiting."""
+
+    def discard_step(self, optimizer: Any) -> None:
+        """Drop the gradients of a step that will not be applied (after backward, instead of ``step``)."""
 
     def prepare(
         self, model: nn.Module, optimizer: Any, device: torch.device, bucket_cap_mb: int
@@ -79,18 +82,21 @@ class TorchDistributed:
             dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
         return tensor
 
-    def start_vote(self, value: int) -> Vote:
-        """An asynchronous all-reduce of one integer."""
+    def start_vote(self, flags: torch.Tensor) -> Vote:
+        """An asynchronous all-reduce of a few integers (no host sync until ``result``)."""
         if not self.active:
-            return Vote(lambda: value)
-        tensor = torch.tensor([value], dtype=torch.int64, device=self.device)
-        work = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, async_op=True)
+            return Vote(lambda: [int(v) for v in flags.tolist()])
+        work = dist.all_reduce(flags, op=dist.ReduceOp.SUM, async_op=True)
 
-        def wait() -> int:
+        def wait() -> list[int]:
             work.wait()
-            return int(tensor.item())
+            return [int(v) for v in flags.tolist()]
 
         return Vote(wait)
+
+    def discard_step(self, optimizer: Any) -> None:
+        """DDP's gradients are already reduced: dropping them is enough."""
+        optimizer.zero_grad()
 
     def prepare(
         self, model: nn.Module, optimizer: Any, device: torch.device, bucket_cap_mb: int

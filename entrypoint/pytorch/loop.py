@@ -24,7 +24,7 @@ from torch import nn
 from torch.utils.data import Dataset, DistributedSampler, Subset
 
 from entrypoint import checkpoints, failures
-from entrypoint.errors import ConfigError, StopRequested
+from entrypoint.errors import ConfigError, NonFiniteLoss, StopRequested
 from entrypoint.hypertune import MetricReporter
 from entrypoint.options import DEFAULT_BATCH_SIZE, DEFAULT_EPOCHS
 from entrypoint.outputs import ensure_writable, local_path
@@ -69,6 +69,7 @@ class _State:
     epoch: int = 0
     batch: int = 0  # position inside ``epoch`` (batches done)
     saved_step: int = -1
+    skipped: list[int] = field(default_factory=list)  # steps whose update was skipped (non-finite loss)
     metrics: dict[str, float] = field(default_factory=dict)
     history: dict[str, list[float]] = field(default_factory=dict)
 
@@ -98,28 +99,48 @@ def param_digest(model: nn.Module) -> str:
     return h.hexdigest()[:16]
 
 
-class StopVote:
-    """Every rank decides at the same step whether to stop: one small all-reduce per step, overlapped.
+@dataclass(frozen=True)
+class Verdict:
+    """What every rank learned about one step: whether any rank asked to stop, how many saw a NaN/inf loss."""
 
-    The vote started after step k is read after step k+1, so it costs no wait, and every rank reads
-    the same sum at the same step: a signal that reached any node stops them all together.
+    step: int
+    stop: bool
+    nonfinite: int
+
+
+class StepVote:
+    """Every rank decides at the same step whether to stop or fail: one small all-reduce per step, overlapped.
+
+    The vote started after step k (a stop request, a non-finite loss) is read after step k+1, so it costs no
+    wait, and every rank reads the same sums at the same step: a signal that reached any node stops them
+    all together. Before anything is saved, evaluated or exported the vote in flight is settled, so no
+    checkpoint ever holds the state of a step whose loss was not finite.
     """
 
-    def __init__(self, comm: Collectives, request: StopRequest) -> None:
-        self.comm, self.request = comm, request
-        self._pending: Vote | None = None
+    def __init__(self, comm: Collectives, request: StopRequest, device: torch.device) -> None:
+        self.comm, self.request, self.device = comm, request, device
+        self._pending: tuple[int, Vote] | None = None
 
-    def poll(self) -> bool:
-        """True once the ranks agreed to stop (at this step, on every rank)."""
-        agreed = self._pending is not None and self._pending.result() > 0
-        self._pending = None if agreed else self.comm.start_vote(int(self.request.requested))
-        return agreed
+    def poll(self, step: int, loss: torch.Tensor | None) -> Verdict | None:
+        """Read the previous step's vote (if any) and start this step's (``loss`` None: not checked here)."""
+        verdict = self.drain()
+        stop = torch.tensor([int(self.request.requested)], dtype=torch.int64, device=self.device)
+        bad = nonfinite(loss) if loss is not None else torch.zeros(1, dtype=torch.int64, device=self.device)
+        self._pending = (step, self.comm.start_vote(torch.cat([stop, bad])))
+        return verdict
 
-    def drain(self) -> None:
-        """Finish the vote in flight (before the final collectives)."""
-        if self._pending is not None:
-            self._pending.result()
-            self._pending = None
+    def drain(self) -> Verdict | None:
+        """Finish the vote in flight; its verdict (None when none was in flight)."""
+        if self._pending is None:
+            return None
+        (step, vote), self._pending = self._pending, None
+        stop, bad = vote.result()
+        return Verdict(step, stop > 0, bad)
+
+
+def nonfinite(loss: torch.Tensor) -> torch.Tensor:
+    """1 (int64, on the loss's device, no host sync) when the loss is NaN or infinite, else 0."""
+    return (~torch.isfinite(loss.detach())).reshape(-1)[:1].to(torch.int64)
 
 
 class Trainer:
@@ -142,7 +163,7 @@ class Trainer:
         self.reporter = MetricReporter(self.ctx.is_chief, topo.trial)
         self.io = make_io(options.checkpoint_mode, options.keep_checkpoints)
         self.request = StopRequest()
-        self.vote = StopVote(comm, self.request)
+        self.vote = StepVote(comm, self.request, device)
         self.watchdog = HangWatchdog(options.hang_timeout, failures.active())
         self.writer: Any = None
         self.digests: dict[str, list[Any]] = {}
@@ -197,9 +218,7 @@ class Trainer:
                 loss = loss_fn(ddp, to_device(batch, ctx.device), ctx)
             state.optimizer.zero_grad()  # set_to_none is the default (Horovod's optimizer takes no argument)
             loss.backward()
-            if opts.clip_grad_norm:
-                torch.nn.utils.clip_grad_norm_(ddp.parameters(), opts.clip_grad_norm)
-            state.optimizer.step()
+            applied = self._apply(state, loss, ddp)
             state.step, state.batch = state.step + 1, i + 1
             self.watchdog.beat(state.step, "waiting for the next batch")
             self.io.check()
@@ -207,13 +226,55 @@ class Trainer:
                 value = float(loss.detach())
                 log.info(progress.line(epoch + 1, self.epochs, state.step, value))
                 self._scalars("train", {"loss": value}, state.step)
-            if self.vote.poll():
+            verdict = self.vote.poll(state.step, loss if applied is None else None)
+            if verdict is not None and verdict.nonfinite:
+                self._nonfinite(state, verdict)
+            if verdict is not None and verdict.stop:
                 self._stop(state)
             if opts.checkpoint_every and state.step % opts.checkpoint_every == 0 and i + 1 < steps_per_epoch:
                 self._save(state)
 
+    def _apply(self, state: _State, loss: torch.Tensor, ddp: nn.Module) -> bool | None:
+        """The optimizer step; with ``--on-nonfinite skip`` every rank first agrees the loss is finite.
+
+        Returns None when the loss is checked later by the step vote (``fail``), else whether the update
+        was applied (``skip``: one small synchronous all-reduce per step).
+        """
+        checked = self.options.on_nonfinite == "skip"
+        if checked and (bad := int(self.comm.all_reduce_sum(nonfinite(loss)).item())):
+            self.comm.discard_step(state.optimizer)
+            state.skipped.append(state.step + 1)
+            if self.ctx.is_chief:
+                log.warning("step %d: the loss is NaN or infinite on %d of %d ranks: update skipped "
+                            "(--on-nonfinite skip; %d skipped so far)", state.step + 1, bad, self.ctx.world_size,
+                            len(state.skipped))
+            return False
+        if self.options.clip_grad_norm:
+            torch.nn.utils.clip_grad_norm_(ddp.parameters(), self.options.clip_grad_norm)
+        state.optimizer.step()
+        return True if checked else None
+
+    def _settle(self, state: _State) -> bool:
+        """Finish the vote in flight before saving, evaluating or exporting; True when the ranks agreed to stop."""
+        verdict = self.vote.drain()
+        if verdict is not None and verdict.nonfinite:
+            self._nonfinite(state, verdict)
+        return verdict is not None and verdict.stop
+
+    def _nonfinite(self, state: _State, verdict: Verdict) -> None:
+        """Every rank saw the same non-finite step: keep what is committed (all finite), export nothing, fail."""
+        self.io.wait()
+        newest = checkpoints.checkpoint_path(self.ctx.checkpoint_dir, state.saved_step)
+        kept = f"the newest committed checkpoint, {newest}, is from before it" if state.saved_step >= 0 else \
+            "no checkpoint was committed"
+        raise NonFiniteLoss(f"the training loss was NaN or infinite at step {verdict.step} on {verdict.nonfinite} of "
+                            f"{self.ctx.world_size} ranks: nothing exported, no metric reported; {kept} "
+                            "(lower the learning rate, check the data, or pass --on-nonfinite skip)")
+
     def _end_epoch(self, state: _State, eval_set: Dataset[Any], epoch: int) -> None:
         ctx = self.ctx
+        if self._settle(state):
+            self._stop(state)
         if state.scheduler is not None:
             state.scheduler.step()
         self.watchdog.phase = "evaluating"
@@ -235,6 +296,7 @@ class Trainer:
         signum = self.request.signum or signal.SIGTERM
         name = signal.Signals(signum).name
         self.watchdog.phase = "saving before stopping"
+        self._settle(state)  # the stop step itself must be finite before it is committed
         if state.saved_step != state.step:
             self._save(state)
         self.io.wait()
@@ -246,6 +308,8 @@ class Trainer:
     # ---- checkpoints -------------------------------------------------------------------------
     def _save(self, state: _State) -> None:
         """Every rank gives its RNG state; the chief hands the full state to the checkpoint I/O."""
+        if self._settle(state):
+            self._stop(state)
         self.watchdog.phase = "checkpointing"
         rngs = self.comm.gather_object(rng.rng_state())
         state.saved_step = state.step
@@ -266,7 +330,7 @@ class Trainer:
         if self.ctx.is_chief:
             try:
                 found = checkpoints.load_newest(self.ctx.checkpoint_dir, self.options.resume_from,
-                                                lambda path: self._load(path, state))
+                                                lambda path: self._load(path, state), self.io.retention)
                 choice = (str(found[0]) if found else None, None)
             except ConfigError as exc:
                 choice = (None, (exc.source, exc.problem))
@@ -341,7 +405,7 @@ class Trainer:
                 self.writer.add_scalar(f"{prefix}/{key}", value, step)
 
     def _finish(self, state: _State, start_step: int, start_epoch: int, total: int, seconds: float) -> None:
-        self.vote.drain()
+        self._settle(state)  # a stop asked for at the very end is moot: training is complete
         self.io.wait()
         digests = self.comm.gather_object(param_digest(state.model))
         ranks = self.comm.gather_object(self.ctx.rank)
@@ -365,7 +429,8 @@ class Trainer:
             hypertune_file=self.reporter.path, ranks=ranks, param_digests=digests,
             load_with="torch.load('model.pt', weights_only=False)  # or state_dict.pt into build_model(); "
                       f"a checkpoint: {LOAD_WITH}",
-            details={"init_param_digests": self.digests["init"], "start_param_digests": self.digests["start"]},
+            details={"init_param_digests": self.digests["init"], "start_param_digests": self.digests["start"],
+                     **({"skipped_nonfinite_steps": state.skipped} if state.skipped else {})},
         ))
         tuning = f"'{self.metric_name}' in {self.reporter.path}" if self.reporter.path else "not reported"
         log.info("model exported to %s; checkpoints in %s; TensorBoard logs in %s; tuning metric %s",

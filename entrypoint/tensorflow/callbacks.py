@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import logging
+import math
 from pathlib import Path
 from typing import Any
 
 import tensorflow as tf
 
-from entrypoint.checkpoints import checkpoint_path, prune
+from entrypoint.checkpoints import Retention, check_sizes, checkpoint_path
+from entrypoint.errors import NonFiniteLoss
 from entrypoint.hypertune import MetricReporter
 from entrypoint.progress import Progress
 from entrypoint.tensorflow.export import save_checkpoint
@@ -36,9 +38,10 @@ def global_step(model: Any) -> int:
 class CommitCheckpoints(tf.keras.callbacks.Callback):
     """At each epoch end every worker saves; the chief commits ``ckpt-<step>`` and prunes old ones."""
 
-    def __init__(self, checkpoint_dir: Path, is_chief: bool, keep: int, strategy: str) -> None:
+    def __init__(self, checkpoint_dir: Path, is_chief: bool, retention: Retention, strategy: str) -> None:
         super().__init__()
-        self.checkpoint_dir, self.is_chief, self.keep, self.strategy = checkpoint_dir, is_chief, keep, strategy
+        self.checkpoint_dir, self.is_chief, self.strategy = checkpoint_dir, is_chief, strategy
+        self.retention = retention
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         """Save, commit (chief), prune (chief)."""
@@ -54,12 +57,35 @@ class CommitCheckpoints(tf.keras.callbacks.Callback):
         meta = {"epoch": epochs_done, "step": step, "framework": "tensorflow", "strategy": self.strategy, **extra}
         path = save_checkpoint(self.model, self.checkpoint_dir, step, self.is_chief, meta)
         if self.is_chief:
-            prune(self.checkpoint_dir, self.keep)
+            check_sizes(path)
+            self.retention.verified(path)
+            self.retention.prune(self.checkpoint_dir)
         return path
 
     def path(self, step: int) -> Path:
         """Where the checkpoint of ``step`` is committed."""
         return checkpoint_path(self.checkpoint_dir, step)
+
+
+class FailOnNonFiniteLoss(tf.keras.callbacks.Callback):
+    """``--on-nonfinite fail`` for Keras: a batch whose loss is NaN or infinite ends training at once.
+
+    First among the callbacks, so nothing (a backup, a checkpoint, a metric) sees the state it left.
+    Under MultiWorkerMirroredStrategy every worker logs the same reduced loss, so all stop at that batch.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._supports_tf_logs = True
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        """Raise NonFiniteLoss when this batch's loss is not finite."""
+        loss = (fetched(logs) or {}).get("loss")
+        if loss is not None and not math.isfinite(to_float(loss)):
+            step = global_step(self.model)
+            raise NonFiniteLoss(f"the training loss was NaN or infinite at step {step}: nothing exported, no metric "
+                                "reported; the committed checkpoints are from before it (lower the learning rate "
+                                "or check the data)")
 
 
 class ReportTuningMetric(tf.keras.callbacks.Callback):

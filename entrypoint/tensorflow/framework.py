@@ -45,6 +45,9 @@ def plan(topo: ClusterTopology, options: RunOptions, settings: PlatformSettings,
     strategy, reason = choose_strategy(topo, options.strategy, gpus)
     if options.nproc_per_node not in (None, 1):
         raise ConfigError("--nproc-per-node", "TensorFlow runs one process per node (it drives every GPU itself)")
+    if options.on_nonfinite == "skip":
+        raise ConfigError("--on-nonfinite", "skip needs the PyTorch or Horovod hooks loop: Keras applies every "
+                          "step's update; use fail (the default)")
     server_pool: ServerPool | None = None
     if topo.servers:
         server_pool = "parameter_servers" if strategy == "ParameterServerStrategy" else "reduction_server"

@@ -10,7 +10,7 @@ from types import ModuleType
 from typing import Any
 
 from entrypoint import failures
-from entrypoint.checkpoints import load_newest, read_marker
+from entrypoint.checkpoints import Retention, load_newest, read_marker
 from entrypoint.errors import ConfigError, ExitCode
 from entrypoint.hypertune import MetricReporter
 from entrypoint.outputs import ensure_writable
@@ -58,14 +58,14 @@ def fit_inputs(module: ModuleType, args: argparse.Namespace, ctx: TFContext) -> 
     return inputs
 
 
-def resume(model: Any, ctx: TFContext, resume_from: str | None) -> int:
+def resume(model: Any, ctx: TFContext, resume_from: str | None, retention: Retention) -> int:
     """Load ``--resume-from`` or the newest committed checkpoint that loads; the epoch to start from (0: none)."""
 
     def load(path: Path) -> int:
         model.load_weights(str(path / "weights")).expect_partial()
         return int(read_marker(path).get("epoch", 0))
 
-    found = load_newest(ctx.checkpoint_dir, resume_from, load)
+    found = load_newest(ctx.checkpoint_dir, resume_from, load, retention)
     if found is None:
         return 0
     path, epoch = found
@@ -90,18 +90,25 @@ def gather_steps(strategy: Any, batches: int) -> list[int]:
 
 
 def make_callbacks(plan: Plan, ctx: TFContext, reporter: MetricReporter, metric: str | None,
-                   request: StopRequest | None, watchdog: HangWatchdog) -> tuple[list[Any], Any]:
+                   request: StopRequest | None, watchdog: HangWatchdog,
+                   retention: Retention) -> tuple[list[Any], Any]:
     """Backup, restore and save-before-preemption first (it restores before the others look), then ours."""
     import tensorflow as tf
 
-    from entrypoint.tensorflow.callbacks import CommitCheckpoints, ProgressAndSteps, ReportTuningMetric
+    from entrypoint.tensorflow.callbacks import (
+        CommitCheckpoints,
+        FailOnNonFiniteLoss,
+        ProgressAndSteps,
+        ReportTuningMetric,
+    )
     from entrypoint.tensorflow.preemption import SaveBeforePreemption
 
     options, ckpt = plan.options, Path(ctx.checkpoint_dir)
     progress = ProgressAndSteps(ctx.epochs, ctx.global_batch_size, ctx.num_replicas_in_sync, options.log_every,
                                 ctx.is_chief, watchdog)
-    commit = CommitCheckpoints(ckpt, ctx.is_chief, options.keep_checkpoints, plan.strategy)
+    commit = CommitCheckpoints(ckpt, ctx.is_chief, retention, plan.strategy)
     callbacks: list[Any] = [
+        FailOnNonFiniteLoss(),
         SaveBeforePreemption(str(ckpt / "backup"), options.checkpoint_every or "epoch", request, commit),
         progress,
         commit,
@@ -141,10 +148,11 @@ def _train(plan: Plan, module: ModuleType, args: argparse.Namespace, strategy: A
         clear_done(Path(ctx.checkpoint_dir))
     model = build_compiled_model(module, args, ctx)
     inputs = fit_inputs(module, args, ctx)
-    initial_epoch = resume(model, ctx, options.resume_from)
+    retention = Retention(options.keep_checkpoints)
+    initial_epoch = resume(model, ctx, options.resume_from, retention)
     metric = options.hypertune_metric or getattr(module, "HYPERTUNE_METRIC", None)
     reporter = MetricReporter(ctx.is_chief, ctx.trial)
-    callbacks, progress = make_callbacks(plan, ctx, reporter, metric, request, watchdog)
+    callbacks, progress = make_callbacks(plan, ctx, reporter, metric, request, watchdog, retention)
     log.info("training %d epoch(s), global batch %d (%d per replica x %d)", ctx.epochs, ctx.global_batch_size,
              ctx.per_replica_batch_size, ctx.num_replicas_in_sync)
     history = model.fit(**inputs, epochs=ctx.epochs, initial_epoch=initial_epoch, callbacks=callbacks, verbose=0)

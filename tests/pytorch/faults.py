@@ -1,8 +1,9 @@
 """The digits hooks, misbehaving on request (options after ``--``), for the failure and preemption tests.
 
 ``--fault raise`` raises at ``--at-step`` with every secret it can reach in the message; ``--fault exit``
-calls ``sys.exit(0)`` in ``build_model``; ``--fault hang`` blocks rank 0 at ``--at-step``; ``--step-sleep``
-slows every step so a test can interrupt mid-epoch; ``--blob-a/--blob-b`` are echoed back by length.
+calls ``sys.exit(0)`` in ``build_model``; ``--fault hang`` blocks rank 0 at ``--at-step``; ``--fault nan`` makes
+the loss NaN from ``--at-step`` on (``nan-once``: at that step only), on ``--fault-rank`` (default: every rank);
+``--step-sleep`` slows every step so a test can interrupt mid-epoch; ``--blob-a/--blob-b`` are echoed back by length.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ _state: dict[str, Any] = {"steps": 0}
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The digits options plus the faults."""
     digits_torch.add_arguments(parser)
-    parser.add_argument("--fault", choices=["none", "raise", "exit", "hang"], default="none")
+    parser.add_argument("--fault", choices=["none", "raise", "exit", "hang", "nan", "nan-once"], default="none")
+    parser.add_argument("--fault-rank", type=int, default=-1)
     parser.add_argument("--at-step", type=int, default=5)
     parser.add_argument("--step-sleep", type=float, default=0.0)
     parser.add_argument("--api-token", default="")
@@ -59,4 +61,8 @@ def compute_loss(model: nn.Module, batch: Any, ctx: Any) -> Any:
     if args.step_sleep:
         time.sleep(args.step_sleep)
     inputs, labels = batch
-    return F.cross_entropy(model(inputs), labels)
+    loss = F.cross_entropy(model(inputs), labels)
+    poisoned = _state["steps"] >= args.at_step if args.fault == "nan" else _state["steps"] == args.at_step
+    if args.fault in ("nan", "nan-once") and poisoned and args.fault_rank in (-1, ctx.rank):
+        loss = loss * float("nan")
+    return loss

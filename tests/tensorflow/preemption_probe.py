@@ -20,7 +20,7 @@ os.environ["TF_USE_LEGACY_KERAS"] = "1"
 import tensorflow as tf
 from tensorflow.python.distribute.failure_handling import failure_handling_util as util
 
-from entrypoint.checkpoints import committed, read_marker
+from entrypoint.checkpoints import Retention, committed, read_marker
 from entrypoint.errors import StopRequested
 from entrypoint.signals import StopRequest
 from entrypoint.tensorflow.callbacks import CommitCheckpoints
@@ -62,7 +62,7 @@ def fit(root: Path, request: StopRequest | None) -> tuple[Observe, Any, BaseExce
     args = argparse.Namespace(samples=512, pause=0.004)
     train = build_datasets(args, None)[0].batch(16)
     model = build_model(args, None)
-    commit = CommitCheckpoints(root / "checkpoints", True, 3, "default")
+    commit = CommitCheckpoints(root / "checkpoints", True, Retention(3), "default")
     saver = SaveBeforePreemption(str(root / "checkpoints" / "backup"), "epoch", request or StopRequest(), commit)
     observe = Observe(saver, request)
     try:

@@ -103,10 +103,58 @@ def test_resume_from(tmp_path: Path) -> None:
         checkpoints.load_newest(tmp_path, str(good), read)  # an explicit bad checkpoint never falls back
 
 
+def steps(root: Path) -> list[int]:
+    return [s for s, _ in checkpoints.committed(root, warn=False)]
+
+
 def test_prune_keeps_the_newest_committed(tmp_path: Path) -> None:
     for step in (1, 2, 3, 4):
         make(tmp_path, step)
     make(tmp_path, 0, commit=False)
-    checkpoints.prune(tmp_path, keep=2)
-    assert [s for s, _ in checkpoints.committed(tmp_path)] == [3, 4]
+    checkpoints.Retention(2).prune(tmp_path)
+    assert steps(tmp_path) == [3, 4]
     assert not checkpoints.checkpoint_path(tmp_path, 0).exists()
+
+
+def corrupt(path: Path) -> None:
+    (path / "state.pt").write_bytes(b"garbage of another size")
+
+
+@pytest.mark.parametrize("keep", [1, 2, 3])
+def test_retention_deletes_the_bad_first_and_never_the_newest_that_verifies(
+        tmp_path: Path, keep: int, caplog: pytest.LogCaptureFixture) -> None:
+    """The two newest of four are corrupt: resume takes 20, a save at 25 must leave 25 (and never only bad ones)."""
+    for step in (10, 20, 30, 40):
+        make(tmp_path, step)
+    corrupt(checkpoints.checkpoint_path(tmp_path, 30))
+    corrupt(checkpoints.checkpoint_path(tmp_path, 40))
+    retention = checkpoints.Retention(keep)
+    restored = checkpoints.load_newest(tmp_path, None, read, retention)
+    assert restored is not None and restored[0].name == "ckpt-00000020"
+    assert steps(tmp_path) == [10, 20, 30, 40]  # resuming deletes nothing
+    retention.verified(make(tmp_path, 25))
+    retention.prune(tmp_path)
+    assert steps(tmp_path) == {1: [25], 2: [20, 25], 3: [10, 20, 25]}[keep]
+    assert "deleting checkpoint" in caplog.text and "ckpt-00000030" in caplog.text  # the bad ones are named
+    assert checkpoints.load_newest(tmp_path, None, read)[0].name == "ckpt-00000025"  # type: ignore[index]
+
+
+def test_retention_keeps_the_restored_checkpoint_until_a_newer_one_verifies(tmp_path: Path) -> None:
+    """Saves of other processes' (unknown) checkpoints never push out the only one known to load."""
+    make(tmp_path, 10)
+    retention = checkpoints.Retention(1)
+    checkpoints.load_newest(tmp_path, None, read, retention)
+    make(tmp_path, 20)  # committed by someone else: not known to verify
+    retention.prune(tmp_path)
+    assert steps(tmp_path) == [10]
+    retention.verified(make(tmp_path, 30))
+    retention.prune(tmp_path)
+    assert steps(tmp_path) == [30]
+
+
+def test_check_sizes_catches_a_file_that_shrank_after_the_commit(tmp_path: Path) -> None:
+    path = make(tmp_path, 5, payload=b"12345")
+    checkpoints.check_sizes(path)
+    (path / "state.pt").write_bytes(b"12")
+    with pytest.raises(checkpoints.CheckpointError, match="2 bytes after the commit"):
+        checkpoints.check_sizes(path)

@@ -1,0 +1,107 @@
+"""Nothing a job wrote is lost or leaked, with real PyTorch processes: retention that keeps what loads,
+non-finite losses, plan files, named peers, misclassified permissions.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+
+from entrypoint import checkpoints
+from tests.jobs import Job, entrypoint, failure_records, failure_text, last_line, summary
+
+pytestmark = [pytest.mark.pytorch, pytest.mark.slow]
+FAULTS = ["--module", "tests.pytorch.faults", "--log-every", "2", "--timeout", "60"]
+
+
+def local_args(output: Path, *extra: str, policy: str = "never") -> list[str]:
+    return ["local", "--workers", "2", "--output-dir", str(output), "--restart-policy", policy, "--", "run",
+            "--framework", "pytorch", *FAULTS, *extra]
+
+
+def run_args(job_dir: Path, *extra: str) -> list[str]:
+    return ["run", "--framework", "pytorch", "--job-dir", str(job_dir), *FAULTS, *extra]
+
+
+def strict_json(path: Path) -> object:
+    """Parse ``path`` refusing NaN and infinities (what a strict JSON reader does)."""
+    def refuse(token: str) -> object:
+        raise AssertionError(f"{path} is not strict JSON: {token}")
+    return json.loads(path.read_text(), parse_constant=refuse)
+
+
+def all_finite(path: Path) -> bool:
+    state = torch.load(path / "state.pt", weights_only=False)
+    return all(bool(torch.isfinite(t).all()) for t in state["model"].values())
+
+
+# ---- non-finite losses ------------------------------------------------------------------------------
+def test_a_nan_loss_fails_permanently_keeps_finite_checkpoints_and_exports_nothing(tmp_path: Path) -> None:
+    """NaN on one rank from step 5: every rank stops, exit 65, nothing exported, every checkpoint finite."""
+    proc = entrypoint(*local_args(tmp_path, "--checkpoint-every", "2", "--hypertune-metric", "accuracy", "--",
+                                  "--fault", "nan", "--at-step", "5", "--fault-rank", "1"))
+    assert proc.returncode == 65, failure_text(proc)
+    line = last_line(proc)
+    assert line.startswith("entrypoint: error: nonfinite_loss on ") and line.endswith("(exit 65, permanent)"), line
+    assert "at step 5" in line
+    assert not (tmp_path / "model" / "model.pt").exists()
+    assert not (tmp_path / "model" / "training_summary.json").exists()
+    found = checkpoints.committed(tmp_path / "checkpoints", warn=False)
+    assert found and max(step for step, _ in found) < 5
+    assert all(all_finite(path) for _, path in found)
+    assert not list(tmp_path.glob(".replicas/*/hypertune/output.metrics"))  # no metric after (or before) it
+    assert {r["class"] for r in failure_records(tmp_path)} == {"nonfinite_loss"}
+
+
+def test_on_nonfinite_skip_drops_that_steps_update_and_trains_on(tmp_path: Path) -> None:
+    proc = entrypoint(*local_args(tmp_path, "--epochs", "1", "--on-nonfinite", "skip", "--", "--fault", "nan-once",
+                                  "--at-step", "3", "--fault-rank", "0"))
+    assert proc.returncode == 0, failure_text(proc)
+    assert "step 3: the loss is NaN or infinite on 1 of 2 ranks: update skipped" in proc.stdout
+    result = strict_json(tmp_path / "model" / "training_summary.json")
+    assert isinstance(result, dict) and result["details"]["skipped_nonfinite_steps"] == [3]
+    assert len(set(result["param_digests"])) == 1  # the replicas stayed in sync
+    weights = torch.load(tmp_path / "model" / "state_dict.pt")
+    assert all(bool(torch.isfinite(t).all()) for t in weights.values())
+    assert all(v is None or math.isfinite(v) for v in result["metrics"].values())
+
+
+# ---- retention --------------------------------------------------------------------------------------
+def test_retention_never_leaves_only_checkpoints_that_do_not_load(tmp_path: Path) -> None:
+    """Four checkpoints, the two newest corrupt; a resumed run saves and is SIGKILLed at once; the next resumes."""
+    ckpt = tmp_path / "checkpoints"
+    first = Job(*run_args(tmp_path, "--epochs", "2", "--checkpoint-every", "5", "--keep-checkpoints", "4", "--",
+                          "--step-sleep", "0.02"))
+    try:
+        first.wait_for("checkpoint ckpt-00000020 committed")
+        os.killpg(first.proc.pid, signal.SIGKILL)
+        first.wait()
+    finally:
+        first.cleanup()
+    assert [s for s, _ in checkpoints.committed(ckpt, warn=False)] == [5, 10, 15, 20]
+    for step in (15, 20):
+        state = checkpoints.checkpoint_path(ckpt, step) / "state.pt"
+        state.write_bytes(state.read_bytes()[:1000])  # truncated
+    resumed_args = run_args(tmp_path, "--epochs", "2", "--checkpoint-every", "7", "--keep-checkpoints", "2", "--",
+                            "--step-sleep", "0.02")
+    second = Job(*resumed_args)
+    try:
+        second.wait_for("checkpoint ckpt-00000014 committed")
+        os.killpg(second.proc.pid, signal.SIGKILL)  # right after the first save of the resumed run
+        second.wait()
+    finally:
+        second.cleanup()
+    output = second.output()
+    assert "resumed from" in output and "ckpt-00000010 at step 10" in output
+    assert "deleting checkpoint" in output and "ckpt-00000020" in output  # the bad ones went first, named
+    assert [s for s, _ in checkpoints.committed(ckpt, warn=False)] == [10, 14]
+    third = entrypoint(*resumed_args)
+    assert third.returncode == 0, failure_text(third)
+    assert f"resumed from {checkpoints.checkpoint_path(ckpt, 14)} at step 14" in third.stdout
+    assert summary(tmp_path / "model")["start_step"] == 14
