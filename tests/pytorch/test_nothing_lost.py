@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from entrypoint import checkpoints
-from tests.jobs import Job, entrypoint, failure_records, failure_text, last_line, summary
+from tests.jobs import Job, entrypoint, failure_records, failure_text, last_line, summary, wait_gone
 
 pytestmark = [pytest.mark.pytorch, pytest.mark.slow]
 FAULTS = ["--module", "tests.pytorch.faults", "--log-every", "2", "--timeout", "60"]
@@ -105,3 +105,40 @@ def test_retention_never_leaves_only_checkpoints_that_do_not_load(tmp_path: Path
     assert third.returncode == 0, failure_text(third)
     assert f"resumed from {checkpoints.checkpoint_path(ckpt, 14)} at step 14" in third.stdout
     assert summary(tmp_path / "model")["start_step"] == 14
+
+
+# ---- secrets ------------------------------------------------------------------------------------------
+def files_containing(root: Path, needle: bytes) -> list[Path]:
+    found = []
+    for path in root.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            try:
+                if needle in path.read_bytes():
+                    found.append(path)
+            except OSError:
+                continue
+    return found
+
+
+@pytest.mark.parametrize("nproc", ["1", "2"])
+def test_a_sigkilled_job_leaves_no_plan_and_no_secret_on_disk(tmp_path: Path, nproc: str) -> None:
+    """The plan (the user's arguments, a token among them) lives in memory: SIGKILL leaves nothing behind."""
+    token = "canary-token-5e4d3c"
+    system_tmp, output = tmp_path / "tmp", tmp_path / "out"
+    system_tmp.mkdir()
+    job = Job(*local_args(output, "--nproc-per-node", nproc, "--", "--api-token", token, "--step-sleep", "0.05"),
+              env={"TMPDIR": str(system_tmp)})
+    try:
+        job.wait_for_step(4)
+        if nproc == "2":  # the agent's workers were handed the plan in memory (environ shows a start's variables)
+            plans = [Path(f"/proc/{pid}/environ").read_bytes() for pid in job.left()]
+            assert any(b"TRAINER_PLAN_FILE=/proc/" in environ for environ in plans)
+        os.killpg(job.proc.pid, signal.SIGKILL)  # local and its whole process tree's leader
+        job.wait()
+        assert wait_gone(job.marker) == []
+    finally:
+        job.cleanup()
+    assert files_containing(output, token.encode()) == []
+    assert files_containing(system_tmp, token.encode()) == []
+    assert not list(output.rglob("plan.json")) and not list(system_tmp.rglob("plan.json"))
+    assert not (output / ".replicas").exists() or all(p.name == "hypertune" for p in output.glob(".replicas/*/*"))
