@@ -1,7 +1,8 @@
 """Strict readers for JSON cluster specs and integer variables, ending in one-line ConfigErrors.
 
-Messages name the variable and the JSON path at fault and never echo the whole value: the
-``job`` field of CLUSTER_SPEC can carry user arguments, which may include secrets.
+Messages name the variable and the JSON path at fault and what kind of value was found there, never the
+value itself: CLUSTER_SPEC can carry user arguments (its ``job`` field), which may include secrets, and
+anything printed reaches logs, failure records and Kubernetes' termination message.
 """
 
 from __future__ import annotations
@@ -14,8 +15,6 @@ from typing import Any
 from entrypoint.errors import ConfigError
 from entrypoint.topology import ProcessInfo
 
-_MAX_SHOWN = 40
-
 
 def is_uint(text: str) -> bool:
     """ASCII digits only, short enough to be a sane count or index."""
@@ -23,13 +22,16 @@ def is_uint(text: str) -> bool:
 
 
 def shown(value: object) -> str:
-    """A short, safe rendering of a scalar for an error message (never a whole object)."""
-    if isinstance(value, dict):
-        return "an object"
-    if isinstance(value, list):
-        return "a list"
-    text = json.dumps(value) if not isinstance(value, str) else repr(value)
-    return text if len(text) <= _MAX_SHOWN else text[: _MAX_SHOWN - 3] + "..."
+    """What kind of JSON value ``value`` is, for an error message: never the value itself."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true/false"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "an empty string" if not value else "a string"
+    return "an object" if isinstance(value, dict) else "a list"
 
 
 def load_object(variable: str, raw: str) -> dict[str, Any]:
@@ -67,7 +69,7 @@ def get_index(variable: str, task: Mapping[str, Any], path: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(variable, f"must be a non-negative integer, got {shown(value)}", path)
     if value < 0:
-        raise ConfigError(variable, f"must be a non-negative integer, got {value}", path)
+        raise ConfigError(variable, "must be a non-negative integer, got a negative one", path)
     return value
 
 
@@ -100,9 +102,9 @@ def check_address(variable: str, item: object, path: str) -> str:
         raise ConfigError(variable, f"must be a 'host:port' string, got {shown(item)}", path)
     host, sep, port = item.rpartition(":")
     if not sep or not host or not host.strip() or any(c.isspace() for c in item):
-        raise ConfigError(variable, f"must be 'host:port', got {shown(item)}", path)
+        raise ConfigError(variable, "must be 'host:port' (a host name or address, a colon, a port)", path)
     if not is_uint(port) or not 0 < int(port) < 65536:
-        raise ConfigError(variable, f"has an invalid port in {shown(item)}", path)
+        raise ConfigError(variable, "has an invalid port (1-65535 after the last colon)", path)
     return item
 
 
@@ -113,10 +115,10 @@ def get_int(environ: Mapping[str, str], name: str, *, minimum: int = 0) -> int |
         return None
     text = raw.strip()
     if not is_uint(text):
-        raise ConfigError(name, f"must be an integer >= {minimum}, got {shown(raw)}")
+        raise ConfigError(name, f"must be an integer >= {minimum}")
     value = int(text)
     if value < minimum:
-        raise ConfigError(name, f"must be an integer >= {minimum}, got {value}")
+        raise ConfigError(name, f"must be an integer >= {minimum}")
     return value
 
 
@@ -134,10 +136,10 @@ def host_port(environ: Mapping[str, str], addr_var: str, port_var: str, because:
     if not host:
         raise ConfigError(addr_var, f"missing ({because})")
     if any(c.isspace() for c in host) or len(host) > 253:
-        raise ConfigError(addr_var, f"is not a host name or address: {shown(host)}")
+        raise ConfigError(addr_var, "is not a host name or address (it has spaces or is too long)")
     port = require_int(environ, port_var, because, minimum=1)
     if port > 65535:
-        raise ConfigError(port_var, f"must be a port number (1-65535), got {port}")
+        raise ConfigError(port_var, "must be a port number (1-65535)")
     return f"{host}:{port}"
 
 
@@ -162,15 +164,15 @@ def process_ranks(environ: Mapping[str, str], names: ProcessVariables, because: 
                   else get_int(environ, names.local_rank) or 0)
     local_size = get_int(environ, names.local_size, minimum=1) or 1
     if rank >= size:
-        raise ConfigError(names.rank, f"{rank} is out of range for {names.size} {size}")
+        raise ConfigError(names.rank, f"is out of range: it must be below {names.size}")
     if local_rank >= local_size:
-        raise ConfigError(names.local_rank, f"{local_rank} is out of range for {names.local_size} {local_size}")
+        raise ConfigError(names.local_rank, f"is out of range: it must be below {names.local_size}")
     if local_size > size:
-        raise ConfigError(names.local_size, f"{local_size} is larger than {names.size} {size}")
+        raise ConfigError(names.local_size, f"is larger than {names.size}")
     node_rank = get_int(environ, names.node_rank)
     if node_rank is None:
         node_rank = rank // local_size
     nodes = get_int(environ, names.nodes, minimum=1) or -(-size // local_size)
     if node_rank >= nodes:
-        raise ConfigError(names.node_rank, f"{node_rank} is out of range for {nodes} nodes")
+        raise ConfigError(names.node_rank, f"is out of range: it must be below {names.nodes} (the node count)")
     return ProcessInfo(rank, size, local_rank, local_size), node_rank, nodes

@@ -30,17 +30,16 @@ def topology_from_spec(
         raise ConfigError(variable, "missing", "task.type")
     task_type = task["type"]
     if not isinstance(task_type, str) or task_type not in roles:
-        raise ConfigError(variable, f"unknown task type {shown(task_type)}; expected one of {', '.join(roles)}",
+        raise ConfigError(variable, f"unknown task type ({shown(task_type)}); expected one of {', '.join(roles)}",
                           "task.type")
     role = roles[task_type]
     index = get_index(variable, task, "task.index")
     members = pools.get(role)
     if members is None:
         if role != "evaluator":
-            raise ConfigError(variable, f"task type {task_type!r} has no replicas in cluster", "task.type")
+            raise ConfigError(variable, f"names {task_type}, which has no replicas in cluster", "task.type")
     elif index >= len(members):
-        raise ConfigError(variable, f"{index} is out of range for {task_type} ({len(members)} replicas)",
-                          "task.index")
+        raise ConfigError(variable, f"is out of range for {task_type} ({len(members)} replicas)", "task.index")
     names.setdefault(role, task_type)  # an evaluator outside ``cluster`` is still named by its task type
     return ClusterTopology.from_pools(
         source, role, index, chief=pools.get("chief", ()), workers=pools.get("worker", ()),
@@ -55,10 +54,11 @@ def _read_pools(variable: str, spec: Mapping[str, Any], roles: Mapping[str, Role
     cluster = get_object(variable, spec, "cluster", "cluster")
     pools: dict[Role, tuple[str, ...]] = {}
     names: dict[Role, str] = {}
-    for key, value in cluster.items():
-        path = f"cluster.{key}" if len(key) <= 40 and key.isprintable() else "cluster"
+    for position, (key, value) in enumerate(cluster.items()):
         if key not in roles:
-            raise ConfigError(variable, f"unknown pool {shown(key)}; expected one of {', '.join(roles)}", path)
+            raise ConfigError(variable, f"pool #{position + 1} has an unknown name; expected one of "
+                              f"{', '.join(roles)}", "cluster")
+        path = f"cluster.{key}"
         role = roles[key]
         if role in names:
             raise ConfigError(variable, f"two chiefs: both {names[role]!r} and {key!r} are given", path)

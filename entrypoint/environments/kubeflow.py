@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from entrypoint import envvars as ev
-from entrypoint.environments._parse import get_int, host_port, is_uint, shown
+from entrypoint.environments._parse import get_int, host_port, is_uint
 from entrypoint.environments.base import ClusterEnvironment
 from entrypoint.errors import ConfigError
 from entrypoint.topology import ClusterTopology
@@ -20,9 +20,9 @@ def _nnodes(raw: str) -> int:
     low, _, high = raw.strip().partition(":")
     high = high or low
     if not (is_uint(low) and is_uint(high)) or int(low) < 1:
-        raise ConfigError(ev.PET_NNODES, f"must be a node count N or N:N, got {shown(raw)}")
+        raise ConfigError(ev.PET_NNODES, "must be a node count N or N:N")
     if low != high:
-        raise ConfigError(ev.PET_NNODES, f"elastic range {low}:{high} is not supported; use a fixed count")
+        raise ConfigError(ev.PET_NNODES, "an elastic range (MIN:MAX) is not supported; use a fixed count")
     return int(low)
 
 
@@ -45,10 +45,10 @@ class KubeflowEnvironment(ClusterEnvironment):
         node_rank = get_int(env, ev.PET_NODE_RANK)
         if node_rank is None:
             if nnodes > 1:
-                raise ConfigError(ev.PET_NODE_RANK, f"missing (PET_NNODES is {nnodes})")
+                raise ConfigError(ev.PET_NODE_RANK, "missing (PET_NNODES says there are several nodes)")
             node_rank = 0
         if node_rank >= nnodes:
-            raise ConfigError(ev.PET_NODE_RANK, f"{node_rank} is out of range for PET_NNODES {nnodes}")
+            raise ConfigError(ev.PET_NODE_RANK, "is out of range: it must be below PET_NNODES")
         address: str | None = None
         if ev.PET_MASTER_ADDR in env:
             address = host_port(env, ev.PET_MASTER_ADDR, ev.PET_MASTER_PORT, "PET_MASTER_ADDR is set")
@@ -57,6 +57,6 @@ class KubeflowEnvironment(ClusterEnvironment):
         nproc_raw = env.get(ev.PET_NPROC_PER_NODE, "").strip()
         nproc = get_int(env, ev.PET_NPROC_PER_NODE, minimum=1) if is_uint(nproc_raw) else None
         if nproc_raw and nproc is None and nproc_raw not in ("auto", "gpu", "cpu"):
-            raise ConfigError(ev.PET_NPROC_PER_NODE, f"must be a count or auto/gpu/cpu, got {shown(nproc_raw)}")
+            raise ConfigError(ev.PET_NPROC_PER_NODE, "must be a count or auto/gpu/cpu")
         return ClusterTopology.for_node("kubeflow", node_rank, nnodes, address, self.platform_trial(),
                                         nproc_per_node=nproc)

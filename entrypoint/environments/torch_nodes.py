@@ -41,12 +41,12 @@ class TorchEnvironment(ClusterEnvironment):
         address: str | None
         if world > 1:
             if rank is None:
-                raise ConfigError(ev.RANK, f"missing (WORLD_SIZE is {world})")
+                raise ConfigError(ev.RANK, "missing (WORLD_SIZE says there are several nodes)")
             address = host_port(env, ev.MASTER_ADDR, ev.MASTER_PORT, f"WORLD_SIZE is {world}")
         else:
             rank = 0 if rank is None else rank
             address = (host_port(env, ev.MASTER_ADDR, ev.MASTER_PORT, "MASTER_ADDR is set")
                        if ev.MASTER_ADDR in env else None)
         if rank >= world:
-            raise ConfigError(ev.RANK, f"{rank} is out of range for WORLD_SIZE {world}")
+            raise ConfigError(ev.RANK, "is out of range: it must be below WORLD_SIZE")
         return ClusterTopology.for_node("torch", rank, world, address, self.platform_trial())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -80,6 +81,41 @@ def test_cli_exits_2_with_one_line_and_no_traceback(case: str) -> None:
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("entrypoint: error: "), proc.stderr
     assert "Traceback" not in proc.stderr and SECRET not in proc.stderr
+
+
+CANARY = "canary-value-8f7e"
+ECHOES = [
+    ("task.type", spec(GOOD_CLUSTER, {"type": CANARY, "index": 0})),
+    ("task.type", spec(GOOD_CLUSTER, {"type": 17, "index": 0})),
+    ("task.index", spec(GOOD_CLUSTER, {"type": "workerpool1", "index": CANARY})),
+    ("task.index", spec(GOOD_CLUSTER, {"type": "workerpool1", "index": 31337})),
+    ("cluster.workerpool1[1]", spec({**GOOD_CLUSTER, "workerpool1": ["w0:2222", CANARY]}, {"type": "workerpool0"})),
+    ("cluster.workerpool1[0]", spec({**GOOD_CLUSTER, "workerpool1": [f"{CANARY}:99999"]}, {"type": "workerpool0"})),
+    ("cluster", spec({**GOOD_CLUSTER, CANARY: ["x:1"]}, {"type": "workerpool0"})),
+    ("task.trial", spec(GOOD_CLUSTER, {"type": "workerpool0", "trial": {"x": CANARY}})),
+]
+
+
+@pytest.mark.parametrize(("path", "value"), ECHOES)
+def test_config_errors_name_the_variable_and_path_never_the_value(path: str, value: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        resolve({"CLUSTER_SPEC": value})
+    message = str(info.value)
+    assert message.startswith(f"CLUSTER_SPEC: {path}:"), message
+    assert CANARY not in message and "31337" not in message and "99999" not in message
+
+
+def test_run_with_a_bad_spec_prints_and_records_no_value(tmp_path: Path) -> None:
+    """``run`` (which writes failure records) with a task.type carrying a canary: nowhere to be read."""
+    env = {"CLUSTER_SPEC": spec(GOOD_CLUSTER, {"type": CANARY, "index": 0}), "TRAINER_JOB_DIR": str(tmp_path)}
+    proc = subprocess.run([PYTHON, "-m", "entrypoint", "run", "--framework", "pytorch", "--module",
+                           "trainers.digits_torch"], cwd=ROOT, env=subprocess_env(env), capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert "CLUSTER_SPEC: task.type" in proc.stderr
+    assert CANARY not in proc.stdout + proc.stderr
+    records = list(tmp_path.rglob("*.json"))
+    assert records and all(CANARY not in r.read_text() for r in records)
 
 
 # ---- fuzzing: no input produces anything but a topology or a ConfigError --------------------------
