@@ -28,7 +28,7 @@ from typing import Any
 
 from entrypoint import errors
 from entrypoint.errors import ExitCode, FailureClass, TrainerError, is_retryable
-from entrypoint.outputs import local_path
+from entrypoint.outputs import local_path, missing_fuse_mount
 
 log = logging.getLogger("entrypoint")
 FAILURES_DIR = "failures"
@@ -108,7 +108,7 @@ def _os_failure(exc: OSError, outputs: Iterable[str]) -> Failure | None:
     if exc.errno == errno.EROFS:
         return Failure(errors.OUTPUT_NOT_WRITABLE, f"read-only file system{where}")
     if exc.errno in (errno.EACCES, errno.EPERM) and exc.filename and _under(str(exc.filename), outputs):
-        return Failure(errors.OUTPUT_NOT_WRITABLE, f"permission denied{where}")
+        return Failure(errors.OUTPUT_NOT_WRITABLE, f"permission denied{where} for uid {os.getuid()}")
     return None
 
 
@@ -124,8 +124,13 @@ def _is_peer_failure(exc: BaseException, text: str) -> bool:
 
 
 def _under(path: str, outputs: Iterable[str]) -> bool:
-    resolved = os.path.abspath(path)
-    return any(resolved.startswith(os.path.abspath(local_path(o))) for o in outputs)
+    """``path`` is an output directory, inside one, or a parent one had to be created in."""
+    resolved = Path(os.path.abspath(path))
+    for out in outputs:
+        output = Path(os.path.abspath(local_path(out)))
+        if resolved == output or output in resolved.parents or resolved in output.parents:
+            return True
+    return False
 
 
 def _nearly_full(outputs: Iterable[str]) -> bool:
@@ -192,14 +197,20 @@ def store_record(job_dir: str, record: dict[str, Any]) -> Path | None:
     rank = "node" if record.get("rank") is None else f"rank{record['rank']}"
     name = f"{time.time_ns()}-{record['replica']}-{rank}-{record['pid']}.json"
     text = json.dumps(record, indent=2, sort_keys=True)
+    failed = ""
     for directory in (record_dir(job_dir), Path(tempfile.gettempdir()) / "trainer-failures"):
         try:
+            if missing_fuse_mount(directory) is not None:  # never create /gcs/... on the container's own disk
+                raise OSError(errno.ENOENT, "no Cloud Storage FUSE mount there")
             directory.mkdir(parents=True, exist_ok=True)
             (directory / name).write_text(text)
         except OSError as exc:  # a read-only or full job dir: the node's temp dir still takes it
-            print(f"entrypoint: could not write the failure record to {directory}: {exc.strerror}", file=sys.stderr)
+            failed = f"could not write the failure record to {directory} ({exc.strerror})"
             continue
+        if failed:
+            print(f"entrypoint: {failed}; it went to {directory / name} instead", file=sys.stderr)
         return directory / name
+    print(f"entrypoint: {failed}, nor to the temp dir: this failure has no record", file=sys.stderr)
     return None
 
 

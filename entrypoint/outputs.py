@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+
+from entrypoint import errors
+from entrypoint.errors import OutputError
 
 DEFAULT_JOB_DIR = "./outputs"
 
@@ -70,24 +74,65 @@ def resolve_outputs(
     )
 
 
+FUSE_ROOT = "/gcs"
+
+
 def local_path(uri: str) -> str:
     """A path the process can open: ``gs://b/p`` becomes Vertex's Cloud Storage FUSE mount ``/gcs/b/p``."""
     if uri.startswith("gs://"):
-        return "/gcs/" + uri[len("gs://"):]
+        return f"{FUSE_ROOT}/" + uri[len("gs://"):]
     return uri
+
+
+def missing_fuse_mount(path: str | Path) -> str | None:
+    """For a path under /gcs with no Cloud Storage FUSE mount there, the bucket's ``gs://`` name; else None.
+
+    Without the mount, /gcs/... is a plain directory of the container: whatever is written there is lost
+    with it, so nothing may be created there.
+    """
+    parts = Path(path).parts
+    if len(parts) < 3 or parts[:2] != ("/", FUSE_ROOT.strip("/")):
+        return None
+    bucket = Path(FUSE_ROOT) / parts[2]
+    if os.path.ismount(FUSE_ROOT) or os.path.ismount(bucket):
+        return None
+    return f"gs://{parts[2]}"
+
+
+def not_writable(path: Path, exc: OSError) -> OutputError:
+    """A directory this user may not create or write: one line naming it, the user, and who owns the parent."""
+    parent = path
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    try:
+        info = parent.stat()
+        owner = f"{parent} belongs to uid {info.st_uid}, mode {stat.S_IMODE(info.st_mode):04o}"
+    except OSError:
+        owner = f"{parent} cannot be read"
+    reason = (exc.strerror or "not writable").lower()
+    return OutputError(errors.OUTPUT_NOT_WRITABLE, f"cannot write {path}: {reason} for uid {os.getuid()} ({owner}); "
+                       "mount a volume this user can write, or pick another directory")
 
 
 def ensure_writable(directories: Iterable[str | Path]) -> None:
     """Create each output directory and prove it takes a file (before any training time is spent).
 
-    Fails with the file system's own error (read-only, permission denied, no space), which the
+    A /gcs path without its FUSE mount, or a directory this user may not write, is an output failure
+    (73) naming the directory; other errors (read-only, no space) are the file system's own, which the
     failure funnel classifies; nothing is left behind.
     """
     for directory in directories:
         path = Path(local_path(str(directory)))
-        path.mkdir(parents=True, exist_ok=True)
+        bucket = missing_fuse_mount(path)
+        if bucket is not None:
+            raise OutputError(errors.OUTPUT_NOT_WRITABLE, f"{path}: no Cloud Storage FUSE mount at {FUSE_ROOT} for "
+                              f"{bucket} (Vertex AI mounts one; elsewhere mount the bucket at {FUSE_ROOT}/"
+                              f"{bucket[len('gs://'):]} or write to a local directory)")
         probe = path / f".write-probe-{os.getpid()}"
         try:
+            path.mkdir(parents=True, exist_ok=True)
             probe.write_bytes(b"ok")
+        except PermissionError as exc:
+            raise not_writable(path, exc) from None
         finally:
             probe.unlink(missing_ok=True)

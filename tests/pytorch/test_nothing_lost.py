@@ -142,3 +142,19 @@ def test_a_sigkilled_job_leaves_no_plan_and_no_secret_on_disk(tmp_path: Path, np
     assert files_containing(system_tmp, token.encode()) == []
     assert not list(output.rglob("plan.json")) and not list(system_tmp.rglob("plan.json"))
     assert not (output / ".replicas").exists() or all(p.name == "hypertune" for p in output.glob(".replicas/*/*"))
+
+
+# ---- outputs that cannot be written -------------------------------------------------------------------
+def test_a_gcs_path_without_its_mount_is_an_output_failure_and_says_where_the_record_went(tmp_path: Path) -> None:
+    if os.path.ismount("/gcs"):
+        pytest.skip("this machine has a /gcs mount")
+    proc = entrypoint("run", "--framework", "pytorch", "--module", "tests.pytorch.faults",
+                      "--model-dir", "gs://bucket-canary-3b2a/model", env={"TMPDIR": str(tmp_path)})
+    assert proc.returncode == 73, failure_text(proc)
+    line = last_line(proc)
+    assert line.startswith("entrypoint: error: output_not_writable") and "no Cloud Storage FUSE mount" in line, line
+    assert "Traceback" not in proc.stderr
+    assert not Path("/gcs/bucket-canary-3b2a").exists()  # nothing created on the container's own disk
+    fallback = tmp_path / "trainer-failures"
+    (record,) = list(fallback.glob("*.json"))
+    assert f"it went to {record} instead" in proc.stderr
