@@ -170,7 +170,8 @@ def _record_exit(ctx: failures.Context) -> Callable[[Replica, int], None]:
     """A failed replica that left no failure record of its own (SIGKILLed, say) gets one on its behalf."""
 
     def record(replica: Replica, code: int) -> None:
-        mine = [r for r in failures.read_records(ctx.job_dir, replica.started_at) if r.get("replica") == replica.name]
+        mine = [r for r in failures.read_records(ctx.job_dir, replica.started_at)
+                if r.get("replica") == replica.name and not r.get("reported_by")]
         if not mine:
             cls = failures.code_class(code)
             failures.write_record(replace(ctx, replica=replica.name, rank=None),

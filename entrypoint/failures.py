@@ -77,6 +77,7 @@ class Context:
     error_file: str | None = None  # torch elastic's TORCHELASTIC_ERROR_FILE, when a worker of its agent
     termination_log: bool = False  # Kubernetes: the message also goes to /dev/termination-log
     started: float = field(default_factory=time.time)
+    step: int | None = None  # the training step this process reached (the hooks loops keep it current)
 
 
 def classify(exc: BaseException, outputs: Iterable[str] = (), hooks: bool = False) -> Failure:
@@ -180,7 +181,7 @@ def render_record(ctx: Context, failure: Failure, **extra: Any) -> dict[str, Any
     """This process's failure as a record, stamped now (redacted; not yet written)."""
     return stamped({
         "schema_version": SCHEMA_VERSION, "replica": ctx.replica, "rank": ctx.rank, "host": socket.gethostname(),
-        "pid": os.getpid(), "exit_code": failure.exit_code, "class": failure.cls.name,
+        "pid": os.getpid(), "step": ctx.step, "exit_code": failure.exit_code, "class": failure.cls.name,
         "retryable": is_retryable(failure.exit_code), "message": redact(failure.message, ctx.secrets),
         "traceback": redact(failure.traceback, ctx.secrets), **extra,
     })
@@ -230,11 +231,24 @@ def read_records(job_dir: str | None, since: float) -> list[dict[str, Any]]:
 
 
 def root_cause(records: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The earliest failure that is not a consequence of another (a lost peer, a hang), else the earliest."""
+    """The earliest failure that is not a consequence of another (a lost peer, a hang), else the earliest.
+
+    A survivor's verdict about a peer that stopped responding (``reported_by``) names the culprit: it
+    comes before every consequence, after what the culprit (or its supervisor) recorded itself.
+    """
     for record in records:
-        if record.get("class") not in errors.CONSEQUENCES:
+        if record.get("class") not in errors.CONSEQUENCES and not record.get("reported_by"):
+            return record
+    for record in records:
+        if record.get("reported_by"):
             return record
     return records[0] if records else None
+
+
+def record_verdict(ctx: Context, replica: str, rank: int | None, cls: FailureClass, message: str) -> None:
+    """Record, on a silent peer's behalf, that it stopped responding (this process is the witness)."""
+    witness = ctx.replica if ctx.rank is None else f"{ctx.replica} (rank {ctx.rank})"
+    write_record(replace(ctx, replica=replica, rank=rank, step=None), Failure(cls, message), reported_by=witness)
 
 
 def last_line(record: dict[str, Any]) -> str:
@@ -257,8 +271,8 @@ def conclude(ctx: Context, own: dict[str, Any]) -> int:
     cause = own
     if own.get("class") in errors.CONSEQUENCES:
         earlier = root_cause([r for r in read_records(ctx.job_dir, ctx.started)
-                             if r.get("pid") != own.get("pid", os.getpid())])
-        if earlier is not None and earlier.get("class") not in errors.CONSEQUENCES:
+                             if r.get("pid") != own.get("pid", os.getpid()) or r.get("reported_by")])
+        if earlier is not None and (earlier.get("class") not in errors.CONSEQUENCES or earlier.get("reported_by")):
             print(f"entrypoint: {own['replica']} failed with {own['class']} because of an earlier failure",
                   file=sys.stderr)
             cause = earlier

@@ -28,9 +28,11 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
-from entrypoint import errors, failures, signals
+from entrypoint import errors, failures, peers, signals
+from entrypoint.peers import PeerBoard
 
 BACKSTOP = 3.0  # seconds after the watcher's deadline: the kernel's alarm, should the watcher be gone
 
@@ -40,6 +42,7 @@ class HangWatchdog:
 
     def __init__(self, timeout: float, ctx: failures.Context) -> None:
         self.timeout, self.ctx = timeout, ctx
+        self.board: PeerBoard | None = None  # the peers' heartbeats, to name who this rank waits for
         self.phase = "starting"
         self._step = 0
         self._last = time.monotonic()
@@ -55,8 +58,11 @@ class HangWatchdog:
         return self
 
     def beat(self, step: int, phase: str = "training") -> None:
-        """A training step completed (cheap: two assignments)."""
+        """A training step completed (cheap: a few assignments)."""
         self._step, self._last, self.phase = step, time.monotonic(), phase
+        self.ctx.step = step
+        if self.board is not None:
+            self.board.step = step
 
     def stop(self) -> None:
         """Stop watching."""
@@ -73,9 +79,19 @@ class HangWatchdog:
                    f"stalled after step {self._step} while {self.phase}")
         sys.stderr.write(f"entrypoint: {message}; Python stacks of every thread follow\n")
         faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        silent = self.board.silent() if self.board is not None else []
+        verdict = None
+        if silent:  # this rank waits for peers that stopped: they are the cause, named by their heartbeats
+            message += f", waiting for {peers.describe(silent)}"
+            for lost in silent:
+                text = f"{peers.describe([lost])}; the others waited {self.timeout:g} s (--hang-timeout)"
+                failures.record_verdict(self.ctx, lost.member.replica, lost.member.rank, errors.HANG, text)
+                verdict = verdict or {**failures.as_record(replace(self.ctx, replica=lost.member.replica,
+                                                                    rank=lost.member.rank),
+                                                            failures.Failure(errors.HANG, text))}
         failure = failures.Failure(errors.HANG, message)
         failures.write_record(self.ctx, failure)
-        sys.stderr.write(failures.last_line(failures.as_record(self.ctx, failure)) + "\n")
+        sys.stderr.write(failures.last_line(verdict or failures.as_record(self.ctx, failure)) + "\n")
         sys.stderr.flush()
         sys.stdout.flush()
         os._exit(failure.exit_code)

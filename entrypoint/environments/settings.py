@@ -62,15 +62,18 @@ class Handoff:
     plan_file: str | None
     local_rank: int
     error_file: str | None
+    horovod_rendezvous: tuple[str, int] | None = None  # our Horovod launcher's rendezvous server (a KV store)
 
 
 def read_handoff(environ: Mapping[str, str] | None = None) -> Handoff:
     """TRAINER_PLAN_FILE, and LOCAL_RANK (torch elastic) or HOROVOD_LOCAL_RANK (our Horovod launcher)."""
     env = os.environ if environ is None else environ
     raw = env.get(ev.LOCAL_RANK) or env.get(ev.HOROVOD_LOCAL_RANK) or "0"
+    host, port = env.get(ev.HOROVOD_GLOO_RENDEZVOUS_ADDR, ""), env.get(ev.HOROVOD_GLOO_RENDEZVOUS_PORT, "")
     return Handoff(plan_file=env.get(ev.TRAINER_PLAN_FILE) or None,
                    local_rank=int(raw) if raw.isdigit() else 0,
-                   error_file=env.get(ev.TORCHELASTIC_ERROR_FILE) or None)
+                   error_file=env.get(ev.TORCHELASTIC_ERROR_FILE) or None,
+                   horovod_rendezvous=(host, int(port)) if host and port.isdigit() else None)
 
 
 def user_overrides(names: tuple[str, ...], environ: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -2,13 +2,46 @@
 
 from __future__ import annotations
 
+import urllib.error
+import urllib.parse
+import urllib.request
 from typing import Any
 
 import horovod.torch as hvd
 import torch
 from torch import nn
 
+from entrypoint.environments.settings import read_handoff
+from entrypoint.peers import KeyValue
 from entrypoint.pytorch.collectives import Vote
+
+_SCOPE = "trainer"
+
+
+class HttpStore:
+    """The scope ``trainer`` of Horovod's rendezvous server (GET/PUT /scope/key), with a short timeout."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.base = f"http://{host}:{port}/{_SCOPE}/"
+
+    def put(self, key: str, value: str) -> None:
+        """Set ``key``."""
+        request = urllib.request.Request(self.base + _quote(key), data=value.encode(), method="PUT")
+        urllib.request.urlopen(request, timeout=5).close()
+
+    def fetch(self, key: str) -> str | None:
+        """``key``'s value, or None when it was never set."""
+        try:
+            with urllib.request.urlopen(self.base + _quote(key), timeout=5) as response:
+                return bytes(response.read()).decode()
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                return None
+            raise
+
+
+def _quote(key: str) -> str:
+    return urllib.parse.quote(key, safe="")
 
 
 class HorovodCollectives:
@@ -36,6 +69,11 @@ class HorovodCollectives:
         """An asynchronous allreduce of a few integers (one in flight at a time, so one name)."""
         handle = hvd.allreduce_async(flags, op=hvd.Sum, name="trainer.step_vote")
         return Vote(lambda: [int(v) for v in hvd.synchronize(handle).tolist()])
+
+    def heartbeat_store(self) -> KeyValue | None:
+        """Horovod's rendezvous server (on the chief node) is a key-value store over HTTP."""
+        where = read_handoff().horovod_rendezvous
+        return None if where is None or self.world_size == 1 else HttpStore(*where)
 
     def discard_step(self, optimizer: Any) -> None:
         """Finish the gradient allreduces Horovod started in backward, then drop them."""

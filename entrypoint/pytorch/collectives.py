@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
+
+from entrypoint.peers import KeyValue
 
 
 class Vote:
@@ -48,6 +51,9 @@ class Collectives(Protocol):
         self, model: nn.Module, optimizer: Any, device: torch.device, bucket_cap_mb: int
     ) -> tuple[nn.Module, Any]:
         """Wrap model and optimizer for data-parallel training; rank 0's state reaches every rank."""
+
+    def heartbeat_store(self) -> KeyValue | None:
+        """A client of the job's key-value store of its own (for heartbeats), None for a single process."""
 
 
 class TorchDistributed:
@@ -106,3 +112,32 @@ class TorchDistributed:
             return model, optimizer
         ids = [device.index] if device.type == "cuda" else None
         return DistributedDataParallel(model, device_ids=ids, bucket_cap_mb=bucket_cap_mb), optimizer
+
+    def heartbeat_store(self) -> KeyValue | None:
+        """A client of the process group's TCPStore of its own, with a short timeout (the chief hosts it)."""
+        if not self.active:
+            return None
+        store = dist.distributed_c10d._get_default_store()
+        while hasattr(store, "underlying_store"):
+            store = store.underlying_store
+        if not isinstance(store, dist.TCPStore):
+            return None
+        return TorchStore(dist.TCPStore(store.host, store.port, is_master=False, timeout=timedelta(seconds=5),
+                                        wait_for_workers=False))
+
+
+class TorchStore:
+    """A c10d store as the heartbeats' key-value store."""
+
+    def __init__(self, store: dist.Store) -> None:
+        self.store = store
+
+    def put(self, key: str, value: str) -> None:
+        """Set ``key``."""
+        self.store.set(key, value)
+
+    def fetch(self, key: str) -> str | None:
+        """``key``'s value, or None when it was never set."""
+        if not self.store.check([key]):
+            return None
+        return bytes(self.store.get(key)).decode()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import signal
+import socket
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -23,8 +24,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset, DistributedSampler, Subset
 
-from entrypoint import checkpoints, failures
-from entrypoint.errors import ConfigError, NonFiniteLoss, StopRequested
+from entrypoint import checkpoints, errors, failures, peers
+from entrypoint.errors import ConfigError, NonFiniteLoss, PeerError, StopRequested
 from entrypoint.hypertune import MetricReporter
 from entrypoint.options import DEFAULT_BATCH_SIZE, DEFAULT_EPOCHS
 from entrypoint.outputs import ensure_writable, local_path
@@ -165,6 +166,7 @@ class Trainer:
         self.request = StopRequest()
         self.vote = StepVote(comm, self.request, device)
         self.watchdog = HangWatchdog(options.hang_timeout, failures.active())
+        self.board: peers.PeerBoard | None = None
         self.writer: Any = None
         self.digests: dict[str, list[Any]] = {}
 
@@ -174,15 +176,47 @@ class Trainer:
         self.request.install()
         try:
             self._fit()
+        except BaseException as exc:
+            named = self._name_the_lost(exc)
+            if named is not exc:
+                raise named from None
+            raise
         finally:
             self.request.uninstall()
             self.watchdog.stop()
+            if self.board is not None:
+                self.board.stop()
+
+    def _join_board(self) -> None:
+        """Every rank says who it is and starts its heartbeat (survivors use them to name a lost peer)."""
+        names = self.comm.gather_object((self.plan.topology.replica_name, socket.gethostname()))
+        store = self.comm.heartbeat_store()
+        if store is None:
+            return
+        members = [peers.Member(rank, replica, host) for rank, (replica, host) in enumerate(names)]
+        self.board = peers.PeerBoard(store, members[self.ctx.rank], members).start()
+        self.watchdog.board = self.board
+
+    def _name_the_lost(self, exc: BaseException) -> BaseException:
+        """A lost peer, named by the heartbeats (gloo only says an address and a port); ``exc`` otherwise."""
+        if self.board is None or failures.classify(exc).cls.name != "peer_lost":
+            return exc
+        silent = self.board.silent()
+        if not silent:
+            return exc
+        step = self.board.step
+        for lost in silent:
+            failures.record_verdict(failures.active(), lost.member.replica, lost.member.rank, errors.PEER_LOST,
+                                    f"{peers.describe([lost])}; the others stopped at step {step}")
+        return PeerError(f"lost {peers.describe(silent)} at step {step} ({type(exc).__name__}: "
+                         f"{' '.join(str(exc).split())[:200]})")
 
     def _fit(self) -> None:
         ctx, opts = self.ctx, self.options
         if ctx.is_chief:
             ensure_writable([ctx.model_dir, ctx.checkpoint_dir, ctx.tensorboard_dir])
         torch.manual_seed(opts.seed)
+        self._join_board()
         train_set, eval_set = self.module.build_datasets(self.args, ctx)
         model = self.module.build_model(self.args, ctx).to(ctx.device)
         state = _State(model, *self._optimizer(model))

@@ -4,6 +4,7 @@ non-finite losses, plan files, named peers, misclassified permissions.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -158,3 +159,34 @@ def test_a_gcs_path_without_its_mount_is_an_output_failure_and_says_where_the_re
     fallback = tmp_path / "trainer-failures"
     (record,) = list(fallback.glob("*.json"))
     assert f"it went to {record} instead" in proc.stderr
+
+
+# ---- named peers --------------------------------------------------------------------------------------
+def replica_group(job: Job, replica: str) -> int:
+    """The process group of an emulated replica (its own session, its children included)."""
+    for pid in job.left():
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"TRAINER_REPLICA={replica}".encode() in environ:
+            return os.getpgid(pid)
+    raise AssertionError(f"no process of {replica}")
+
+
+def test_a_frozen_worker_under_local_is_named_by_the_hang_watchdog_as_the_root_cause(tmp_path: Path) -> None:
+    job = Job(*local_args(tmp_path, "--hang-timeout", "8", "--grace-period", "2", "--", "--step-sleep", "0.05"))
+    group = 0
+    try:
+        job.wait_for_step(6)
+        group = replica_group(job, "workerpool1-0")
+        os.killpg(group, signal.SIGSTOP)
+        assert job.wait(120) == 129, job.output()[-3000:]
+    finally:
+        if group:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(group, signal.SIGCONT)
+        job.cleanup()
+    line = last_line(job)
+    assert line.startswith("entrypoint: error: hang on workerpool1-0, rank 1"), line
+    assert "stopped responding" in line and "--hang-timeout" in line
