@@ -183,5 +183,6 @@ def main(argv: Sequence[str]) -> int:
     if args.spec is not None:
         from entrypoint.jobs.specfile import spec_pools
 
-        return run_cluster(spec_pools(args.spec), args.output_dir, args.trial)
+        job = spec_pools(args.spec)
+        return run_cluster(job.pools, args.output_dir, args.trial or job.trial)
     return run_cluster(vertex_pools(args.workers, args.ps, args.evaluators, args.command), args.output_dir, args.trial)
