@@ -38,7 +38,11 @@ class _Parser(argparse.ArgumentParser):
         if message.startswith("unrecognized arguments:"):
             names = sorted({a.split("=", 1)[0] for a in message.split(":", 1)[1].split() if a.startswith("-")})
             message = f"unknown options: {', '.join(names) or 'positional arguments'} (run args go after '--')"
-        raise ConfigError(self.prog, readable(message))
+        named = {word.strip(":,") for word in message.split()}
+        choices = [f"{a.option_strings[-1]} {'|'.join(map(str, a.choices))}" for a in self._actions
+                   if a.choices and a.option_strings and a.option_strings[-1] in named
+                   and ("required" in message or "expected one argument" in message)]
+        raise ConfigError(self.prog, readable(message) + (f" (choose {'; '.join(choices)})" if choices else ""))
 
 
 def _common(parser: argparse.ArgumentParser) -> None:

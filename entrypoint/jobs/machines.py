@@ -192,5 +192,5 @@ def cuda_refusal(kind: str, cuda_major: int) -> str | None:
     minimum = CUDA_MIN_CAPABILITY[cuda_major]
     if capability is None or capability >= minimum:
         return None
-    return (f"{kind} (compute capability {capability}) cannot run CUDA {cuda_major}, which needs {minimum} or newer "
-            "(Turing: T4, L4, A100, H100, ...)")
+    newer = " (Turing and newer: T4, L4, A100, H100, ...)" if minimum == 7.5 else ""
+    return f"{kind} (compute capability {capability}) cannot run CUDA {cuda_major}, which needs {minimum}{newer}"

@@ -25,8 +25,9 @@ from entrypoint.jobs.tuning import trial_values
 DEFAULT_TRIAL = "1"
 # Fields local --spec reads (the rest is named as not emulated): pools, their machines and containers,
 # the output directory, and the two scheduling flags the emulator's restart policy follows.
-_HANDLED = ("workerPoolSpecs", "replicaCount", "machineSpec", "containerSpec", "pythonPackageSpec", "scheduling",
-            "restartJobOnWorkerRestart", "disableRetries", "baseOutputDirectory", "studySpec", "trialJobSpec")
+_HANDLED = ("jobSpec", "workerPoolSpecs", "replicaCount", "machineSpec", "containerSpec", "pythonPackageSpec",
+            "scheduling", "restartJobOnWorkerRestart", "disableRetries", "baseOutputDirectory", "studySpec",
+            "trialJobSpec")
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -220,7 +219,8 @@ def test_gcloud_command_identity_flags(capsys: pytest.CaptureFixture[str], tmp_p
     """Service account, network, web access, labels, persistent resource and KMS key are gcloud flags."""
     options = ["--image", TORCH_IMAGE, "--service-account", "sa@p.iam.gserviceaccount.com", "--network",
                "projects/1/global/networks/n", "--enable-web-access", "--labels", "a=b", "--labels", "c=d",
-               "--persistent-resource-id", "pr", "--kms-key", "projects/p/locations/us-central1/keyRings/r/cryptoKeys/k"]
+               "--persistent-resource-id", "pr", "--kms-key",
+               "projects/p/locations/us-central1/keyRings/r/cryptoKeys/k"]
     code, out, err = job(capsys, "vertex", *options, "--format", "gcloud-command", "--", "--module", "m")
     assert code == 0, err
     argv = shell_argv(out, tmp_path)
