@@ -99,19 +99,19 @@ def parse_pairs(items: list[str], flag: str, split_commas: bool) -> list[tuple[s
 
 
 def _label_ok(text: str, key: bool) -> bool:
-    if len(text) > 63 or (key and not (text and text[0].isalpha() and text[0].islower())):
+    if len(text) > 64 or (key and not (text and text[0].isalpha() and text[0].islower())):
         return False
     return all(c.isdigit() or c in "_-" or (c.isalpha() and c.islower()) for c in text)
 
 
 def check_labels(labels: list[tuple[str, str]]) -> None:
-    """Google Cloud's label rules: at most 64; keys start with a lowercase letter; <= 63 of [a-z0-9_-]."""
+    """CustomJob.labels' rules: at most 64; keys start with a lowercase letter; <= 64 of [a-z0-9_-] (any script)."""
     if len(labels) > 64:
         raise ConfigError("--labels", "at most 64 labels")
     for key, value in labels:
         if not _label_ok(key, True) or not _label_ok(value, False):
-            raise ConfigError("--labels", f"{key}: keys start with a lowercase letter; keys and values have at "
-                              "most 63 lowercase letters, digits, '_' or '-'")
+            raise ConfigError("--labels", f"{key[:64]}: keys start with a lowercase letter; keys and values have at "
+                              "most 64 lowercase letters, digits, '_' or '-'")
 
 
 def check_env(env: list[tuple[str, str]], flag: str) -> list[str]:
@@ -159,8 +159,8 @@ def _check_identity(ns: argparse.Namespace, region: str) -> None:
         if not _TENSORBOARD.fullmatch(ns.tensorboard):
             raise ConfigError("--tensorboard", "expected projects/PROJECT/locations/LOCATION/tensorboards/ID")
         if ns.service_account is None:
-            raise ConfigError("--tensorboard", "uploading to a TensorBoard needs --service-account (Vertex AI's "
-                              "TensorBoard guide: the default service agent cannot write to it)")
+            raise ConfigError("--tensorboard", "uploading to a TensorBoard needs --service-account (the SDK "
+                              "requires one with a tensorboard)")
     if ns.kms_key is not None:
         match = _KMS.fullmatch(ns.kms_key)
         if match is None:
