@@ -27,6 +27,7 @@ MIN_OPERATOR = "v1.5.0"
 CLEAN_POD_POLICIES = ("None", "Running", "All")
 DEFAULT_BACKOFF_LIMIT = 3
 _DNS_1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+_DNS_1123 = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,9 @@ def check(req: KubeflowRequest) -> str:
         raise ConfigError("--ps", "ParameterServerStrategy needs at least one worker besides the chief "
                           "(--workers >= 2)")
     check_name(req.name or default_name(req.image))
+    for flag, value in (("--namespace", req.namespace), ("--runtime", req.runtime)):
+        if value is not None and not (_DNS_1123.fullmatch(value) and len(value) <= 63):
+            raise ConfigError(flag, "must be a DNS-1123 label: lowercase letters, digits and '-', at most 63")
     return framework or ("tensorflow" if req.kind == "tfjob" else "pytorch")
 
 

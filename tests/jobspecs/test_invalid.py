@@ -144,6 +144,8 @@ def test_values_in_kubeflow_errors_are_never_echoed(capsys: pytest.CaptureFixtur
     (["--kind", "pytorchjob", "--image", TORCH_IMAGE, "--name", "My_Job", *RUN], "DNS-1035"),
     (["--kind", "pytorchjob", "--image", TORCH_IMAGE, "--name", "2024-run", *RUN], "DNS-1035"),
     (["--kind", "trainjob", "--image", TF_IMAGE, *RUN], "no TensorFlow runtime"),
+    (["--kind", "trainjob", "--image", TORCH_IMAGE, "--runtime", "Torch_Distributed", *RUN], "--runtime"),
+    (["--kind", "tfjob", "--image", TF_IMAGE, "--namespace", "ML", *RUN], "--namespace"),
     (["--kind", "trainjob", "--image", TORCH_IMAGE, "--backoff-limit", "2", *RUN], "a TrainJob has no such field"),
     (["--kind", "pytorchjob", "--image", TORCH_IMAGE, "--env", "HF_TOKEN=s3cr3t-value", *RUN], "--env-secret"),
     (["--kind", "pytorchjob", "--image", TORCH_IMAGE, "--env", "PET_NNODES=3", *RUN], "set by the operator"),
