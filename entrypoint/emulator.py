@@ -274,6 +274,8 @@ def main(argv: Sequence[str]) -> int:
     if args.spec is not None:
         from entrypoint.jobs.specfile import spec_pools
 
-        return run_cluster(spec_pools(args.spec), args.output_dir, args.trial, restart_policy(args))
+        job = spec_pools(args.spec)
+        kind = "never" if job.disable_retries else "job" if job.restart_job_on_worker_restart else "vertex"
+        return run_cluster(job.pools, args.output_dir, args.trial or job.trial, restart_policy(args, kind))
     return run_cluster(vertex_pools(args.workers, args.ps, args.evaluators, args.command), args.output_dir,
                        args.trial, restart_policy(args))

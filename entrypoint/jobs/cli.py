@@ -1,4 +1,4 @@
-"""``python -m entrypoint job vertex|kubeflow [options] -- RUN ARGS``: print the job for an image.
+"""``python -m entrypoint job vertex|vertex-tuning|kubeflow [options] -- RUN ARGS``: print the job for an image.
 
 The job goes to stdout; notes (how ``--reduction-servers auto`` sized the reducers) and warnings go
 to stderr, so ``job vertex ... > spec.json`` keeps the file clean.
@@ -13,22 +13,36 @@ from typing import NoReturn
 
 from entrypoint import registry
 from entrypoint.errors import ConfigError, ExitCode
-from entrypoint.jobs import formats, machines, yamltext
-from entrypoint.jobs.kubeflow import KINDS, KubeflowRequest, build_manifest
-from entrypoint.jobs.vertex import DEFAULT_MACHINE, DEFAULT_REGION, VertexRequest, build, split_run_args
+from entrypoint.jobs import formats, kubeflow, network, pods, pyformat, tuning, vertexopts, yamltext
+from entrypoint.jobs.kubeflow import KINDS, KubeflowRequest
+from entrypoint.jobs.rules import readable
+from entrypoint.jobs.trainjob import build_trainjob
+from entrypoint.jobs.vertex import (
+    DEFAULT_MACHINE,
+    DEFAULT_REGION,
+    VertexRequest,
+    build,
+    split_run_args,
+    with_run_option,
+)
 
-USAGE = "python -m entrypoint job {vertex,kubeflow} --image URI [options] -- RUN ARGS"
+USAGE = "python -m entrypoint job {vertex,vertex-tuning,kubeflow} --image URI [options] -- RUN ARGS"
+TUNING_FORMATS = ("json", "gcloud-config", "python")
 
 
 class _Parser(argparse.ArgumentParser):
     """argparse whose errors are one ConfigError line naming options, never their values."""
 
     def error(self, message: str) -> NoReturn:
-        """Unknown options by name only (their values may be secrets)."""
+        """Unknown options by name only (their values may be secrets); a missing choice lists the choices."""
         if message.startswith("unrecognized arguments:"):
             names = sorted({a.split("=", 1)[0] for a in message.split(":", 1)[1].split() if a.startswith("-")})
             message = f"unknown options: {', '.join(names) or 'positional arguments'} (run args go after '--')"
-        raise ConfigError(self.prog, message)
+        named = {word.strip(":,") for word in message.split()}
+        choices = [f"{a.option_strings[-1]} {'|'.join(map(str, a.choices))}" for a in self._actions
+                   if a.choices and a.option_strings and a.option_strings[-1] in named
+                   and ("required" in message or "expected one argument" in message)]
+        raise ConfigError(self.prog, readable(message) + (f" (choose {'; '.join(choices)})" if choices else ""))
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -41,76 +55,119 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--evaluators", type=int, default=0, help="evaluators (TensorFlow)")
 
 
-def _vertex_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
-    p = sub.add_parser("vertex", help="a Vertex AI CustomJob", description="a Vertex AI CustomJob for an image")
+def _vertex_options(p: argparse.ArgumentParser, formats_: tuple[str, ...]) -> None:
     _common(p)
     p.add_argument("--machine-type", default=DEFAULT_MACHINE, help=f"every pool of ours (default {DEFAULT_MACHINE})")
-    p.add_argument("--accelerator", metavar="TYPE:COUNT", help="e.g. NVIDIA_TESLA_T4:1 (implied by A2/A3/G2 types)")
+    p.add_argument("--accelerator", metavar="TYPE:COUNT", help="e.g. NVIDIA_TESLA_T4:1 (implied by A2/A3/A4/G2 types)")
     p.add_argument("--ps-machine-type", help="parameter servers' machine type (default: --machine-type)")
     p.add_argument("--reduction-servers", metavar="N|auto", help="a Reduction Server pool (GPU jobs using NCCL); "
-                   "auto: sized so the reducers' bandwidth matches the training VMs'")
-    p.add_argument("--reduction-server-machine-type", default=machines.DEFAULT_REDUCER_MACHINE,
-                   help=f"default {machines.DEFAULT_REDUCER_MACHINE} (32 Gbps)")
+                   "auto: sized so the reducers' bandwidth matches the training VMs' general-purpose network")
+    p.add_argument("--reduction-server-machine-type", default=network.DEFAULT_REDUCER_MACHINE,
+                   help=f"default {network.DEFAULT_REDUCER_MACHINE} (32 Gbps)")
     p.add_argument("--display-name", help="default: the image's name")
     p.add_argument("--base-output-dir", metavar="gs://...", help="Vertex sets AIP_MODEL_DIR etc. under it "
                    "(per trial in a tuning job)")
     p.add_argument("--region", default=DEFAULT_REGION, help="for the gcloud/python formats and the reducer image")
     p.add_argument("--project", help="for the gcloud-command and python formats (default: gcloud's)")
-    p.add_argument("--format", choices=formats.FORMATS, default="json")
-
-
-def _kubeflow_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
-    p = sub.add_parser("kubeflow", help="a Kubeflow PyTorchJob or TFJob",
-                       description="a Kubeflow Training Operator manifest for an image")
-    p.add_argument("--kind", choices=tuple(KINDS), required=True)
-    _common(p)
-    p.add_argument("--gpus", type=int, default=0, help="nvidia.com/gpu per pod (PyTorchJob: also nprocPerNode)")
-    p.add_argument("--name", help="metadata.name (default: <image name>-job)")
-    p.add_argument("--namespace")
-    p.add_argument("--backoff-limit", type=int, default=3, help="runPolicy.backoffLimit: restarts before failing")
+    p.add_argument("--format", choices=formats_, default="json")
+    vertexopts.add_arguments(p)
 
 
 def parser() -> _Parser:
     """``job``'s command line."""
     top = _Parser(prog="python -m entrypoint job", description=f"print the job for an image: {USAGE}")
     sub = top.add_subparsers(dest="target", required=True, parser_class=_Parser)
-    _vertex_parser(sub)
-    _kubeflow_parser(sub)
+    _vertex_options(sub.add_parser("vertex", help="a Vertex AI CustomJob",
+                                   description="a Vertex AI CustomJob for an image"), formats.FORMATS)
+    tune = sub.add_parser("vertex-tuning", help="a Vertex AI HyperparameterTuningJob",
+                          description="a Vertex AI HyperparameterTuningJob whose trials are job vertex's CustomJob")
+    _vertex_options(tune, TUNING_FORMATS)
+    tuning.add_arguments(tune)
+    kf = sub.add_parser("kubeflow", help="a Kubeflow PyTorchJob, TFJob or Trainer v2 TrainJob",
+                        description="a Kubeflow Training Operator or Trainer v2 manifest for an image")
+    kf.add_argument("--kind", choices=tuple(KINDS), required=True)
+    _common(kf)
+    kubeflow.add_arguments(kf)
+    pods.add_arguments(kf)
     return top
 
 
-def _vertex(ns: argparse.Namespace, run_args: tuple[str, ...]) -> str:
+def _request(ns: argparse.Namespace, run_args: tuple[str, ...]) -> tuple[VertexRequest, list[str]]:
+    extras, warnings = vertexopts.pool_extras(ns)
     req = VertexRequest(
         image=ns.image, run_args=run_args, framework=ns.framework, workers=ns.workers,
         machine_type=ns.machine_type, accelerator=ns.accelerator, ps=ns.ps, ps_machine_type=ns.ps_machine_type,
         evaluators=ns.evaluators, reduction_servers=ns.reduction_servers,
         reduction_server_machine_type=ns.reduction_server_machine_type, display_name=ns.display_name,
-        base_output_dir=ns.base_output_dir, region=ns.region,
+        base_output_dir=ns.base_output_dir, region=ns.region, settings=vertexopts.settings(ns, ns.region),
+        extras=extras,
     )
-    job, notes, warnings = build(req)
+    return req, warnings
+
+
+def _vertex(ns: argparse.Namespace, run_args: tuple[str, ...]) -> tuple[str, list[str], list[str]]:
+    req, warnings = _request(ns, run_args)
+    job, notes, more = build(req)
+    warnings += more
     if ns.format == "json":
-        text = formats.render_json(job)
+        text = formats.render_json(job.rest_custom_job())
     elif ns.format == "gcloud-config":
         text = formats.render_gcloud_config(job, ns.region)
     elif ns.format == "gcloud-command":
         text, more = formats.render_gcloud_command(job, ns.region, ns.project)
         warnings += more
     else:
-        text = formats.render_python(job, ns.region, ns.project)
-    for note in notes:
-        print(f"entrypoint: note: {note}", file=sys.stderr)
-    for warning in warnings:
-        print(f"entrypoint: warning: {warning}", file=sys.stderr)
-    return text
+        text = pyformat.render_python(job, ns.region, ns.project)
+    return text, notes, warnings
+
+
+def tuning_run_args(run_args: tuple[str, ...], metric: str) -> tuple[tuple[str, ...], list[str]]:
+    """The trials' args: run's --hypertune-metric the study's, and a '--' for the values Vertex appends."""
+    notes = []
+    ours = run_args[: run_args.index("--")] if "--" in run_args else run_args
+    given = [ours[i + 1] for i, a in enumerate(ours[:-1]) if a == "--hypertune-metric"]
+    given += [a.split("=", 1)[1] for a in ours if a.startswith("--hypertune-metric=")]
+    if given and given[-1] != metric:
+        raise ConfigError("--hypertune-metric", "differs from the run args' --hypertune-metric: the study would "
+                          "wait for a metric the trials never report")
+    if not given:
+        run_args = with_run_option(run_args, "--hypertune-metric", metric)
+        notes.append(f"the args report the study's metric: --hypertune-metric {metric} added")
+    if "--" not in run_args:
+        run_args = (*run_args, "--")
+        notes.append("the args end with '--': Vertex AI appends each trial's --PARAMETER=VALUE after them, "
+                     "where your code reads its arguments")
+    return run_args, notes
+
+
+def _vertex_tuning(ns: argparse.Namespace, run_args: tuple[str, ...]) -> tuple[str, list[str], list[str]]:
+    study, warnings = tuning.study(ns)
+    run_args, notes = tuning_run_args(run_args, study.metric)
+    req, more = _request(ns, run_args)
+    job, more_notes, checks = build(req)
+    warnings += more + checks
+    resource = {"displayName": job.display_name, **study.rest_fields(), "trialJobSpec": job.rest_job_spec(),
+                **job.settings.rest_resource_fields()}
+    if ns.format == "json":
+        text = formats.render_json(resource)
+    elif ns.format == "gcloud-config":
+        document = {k: v for k, v in resource.items() if k not in ("displayName", "labels", "encryptionSpec")}
+        text = formats.render_gcloud_config(job, ns.region, "hp-tuning-jobs", document)
+    else:
+        text = pyformat.render_python_tuning(job, study, ns.region, ns.project)
+    return text, notes + more_notes, warnings
 
 
 def _kubeflow(ns: argparse.Namespace, run_args: tuple[str, ...]) -> str:
     req = KubeflowRequest(
         kind=ns.kind, image=ns.image, run_args=run_args, framework=ns.framework, workers=ns.workers,
-        gpus=ns.gpus, ps=ns.ps, evaluators=ns.evaluators, name=ns.name, namespace=ns.namespace,
-        backoff_limit=ns.backoff_limit,
+        ps=ns.ps, evaluators=ns.evaluators, name=ns.name, namespace=ns.namespace,
+        backoff_limit=ns.backoff_limit, clean_pod_policy=ns.clean_pod_policy,
+        ttl_seconds_after_finished=ns.ttl_seconds_after_finished,
+        active_deadline_seconds=ns.active_deadline_seconds, runtime=ns.runtime, pods=pods.from_namespace(ns),
     )
-    return yamltext.dump(build_manifest(req))
+    manifest = build_trainjob(req) if ns.kind == "trainjob" else kubeflow.build_v1(req)
+    return kubeflow.header(ns.kind) + yamltext.dump(manifest)
 
 
 def main(argv: Sequence[str]) -> int:
@@ -120,6 +177,17 @@ def main(argv: Sequence[str]) -> int:
         parser().print_help()
         return ExitCode.OK if ours else ExitCode.CONFIG
     ns = parser().parse_args(ours)
-    text = _vertex(ns, run_args) if ns.target == "vertex" else _kubeflow(ns, run_args)
+    notes: list[str] = []
+    warnings: list[str] = []
+    if ns.target == "vertex":
+        text, notes, warnings = _vertex(ns, run_args)
+    elif ns.target == "vertex-tuning":
+        text, notes, warnings = _vertex_tuning(ns, run_args)
+    else:
+        text = _kubeflow(ns, run_args)
+    for note in notes:
+        print(f"entrypoint: note: {note}", file=sys.stderr)
+    for warning in warnings:
+        print(f"entrypoint: warning: {warning}", file=sys.stderr)
     sys.stdout.write(text)
     return ExitCode.OK

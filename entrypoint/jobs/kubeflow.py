@@ -1,22 +1,32 @@
-"""``job kubeflow``: a Kubeflow Training Operator (kubeflow.org/v1) PyTorchJob or TFJob for our image.
+"""``job kubeflow``: a Training Operator (kubeflow.org/v1) PyTorchJob or TFJob, or a Trainer v2 TrainJob.
 
-Every replica restarts with ``restartPolicy: ExitCode``: the operator restarts a pod whose container
-exits with a retryable code (>= 128: preemption, a peer that never came) and fails the job on a
-permanent one (1 user code, 2 configuration), which is how docs/EXIT_CODES.md splits ours.
-Horovod jobs are PyTorchJobs: the operator's PET_* / MASTER_ADDR variables are all our launcher needs.
+Every v1 replica restarts with ``restartPolicy: ExitCode``: from training-operator v1.5.0 on (its
+kubeflow/common v0.4.3) the operator recreates a pod whose container exits with a code >= 128 (preemption, a
+peer that never came) and fails the job on a lower one (1 user code, 2 configuration), which is how
+docs/EXIT_CODES.md splits ours; older operators retry only 130, 137, 138 and 143. ``runPolicy.backoffLimit``
+counts container restarts, which a recreated pod does not have: it does not bound these restarts
+(kubeflow/trainer#2045); ``activeDeadlineSeconds`` does. Horovod jobs are PyTorchJobs: the operator's
+PET_* / MASTER_ADDR variables are all our launcher needs.
 """
 
 from __future__ import annotations
 
+import argparse
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from entrypoint.errors import ConfigError
+from entrypoint.jobs import pods
+from entrypoint.jobs.pods import PodOptions
 from entrypoint.jobs.rules import infer_framework, run_options
 
-KINDS = {"pytorchjob": "PyTorchJob", "tfjob": "TFJob"}
+KINDS = {"pytorchjob": "PyTorchJob", "tfjob": "TFJob", "trainjob": "TrainJob"}
 API_VERSION = "kubeflow.org/v1"
+MIN_OPERATOR = "v1.5.0"
+CLEAN_POD_POLICIES = ("None", "Running", "All")
+DEFAULT_BACKOFF_LIMIT = 3
+_DNS_1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 _DNS_1123 = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 
 
@@ -29,81 +39,127 @@ class KubeflowRequest:
     run_args: tuple[str, ...]
     framework: str | None = None
     workers: int = 1
-    gpus: int = 0
     ps: int = 0
     evaluators: int = 0
     name: str | None = None
     namespace: str | None = None
-    backoff_limit: int = 3
+    backoff_limit: int | None = None
+    clean_pod_policy: str | None = None
+    ttl_seconds_after_finished: int | None = None
+    active_deadline_seconds: int | None = None
+    runtime: str = "torch-distributed"
+    pods: PodOptions = field(default_factory=PodOptions)
 
 
-def _container(req: KubeflowRequest, name: str, gpus: int) -> dict[str, Any]:
-    container: dict[str, Any] = {"name": name, "image": req.image}
-    if req.run_args:
-        container["args"] = list(req.run_args)  # the image's ENTRYPOINT is `python -m entrypoint run`
-    if gpus:
-        container["resources"] = {"limits": {"nvidia.com/gpu": str(gpus)}}  # a Quantity
-    return container
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The job-level options of ``job kubeflow`` (the pods' are in jobs.pods)."""
+    p.add_argument("--name", help="metadata.name, a DNS-1035 label (default: <image name>-job)")
+    p.add_argument("--namespace")
+    g = p.add_argument_group("run policy (PyTorchJob/TFJob runPolicy; TrainJob: --active-deadline only)")
+    g.add_argument("--backoff-limit", type=int, help=f"runPolicy.backoffLimit (default {DEFAULT_BACKOFF_LIMIT}); "
+                   "it does not bound ExitCode restarts: see --active-deadline")
+    g.add_argument("--clean-pod-policy", choices=CLEAN_POD_POLICIES, help="pods to delete when the job ends")
+    g.add_argument("--ttl-seconds-after-finished", type=int, metavar="S", help="delete the finished job after S")
+    g.add_argument("--active-deadline", type=int, metavar="S", dest="active_deadline_seconds",
+                   help="activeDeadlineSeconds: fail the job after S seconds, restarts included")
+    p.add_argument("--runtime", default="torch-distributed", help="TrainJob: the ClusterTrainingRuntime "
+                   "(default torch-distributed)")
 
 
-def _replica(req: KubeflowRequest, container: str, replicas: int, gpus: int) -> dict[str, Any]:
-    return {
-        "replicas": replicas,
-        "restartPolicy": "ExitCode",
-        "template": {"spec": {"containers": [_container(req, container, gpus)]}},
-    }
+def check_name(name: str, flag: str = "--name") -> None:
+    """The operators' rule for job names: a DNS-1035 label (a lowercase letter first), at most 63."""
+    if not (_DNS_1035.fullmatch(name) and len(name) <= 63):
+        raise ConfigError(flag, "must be a DNS-1035 label: a lowercase letter, then lowercase letters, digits "
+                          "and '-', at most 63, not ending in '-'")
 
 
-def _check(req: KubeflowRequest) -> str:
+def default_name(image: str) -> str:
+    """A valid job name from the image's name (``pytorch-job`` for ``.../pytorch:v1``, ``job-3d`` for ``3d``)."""
+    base = image.rsplit("/", 1)[-1].split("@", 1)[0].split(":", 1)[0].lower()
+    base = re.sub(r"[^a-z0-9-]+", "-", base).strip("-")[:50] or "trainer"
+    return f"{base}-job" if base[0].isalpha() else f"job-{base}"
+
+
+def check(req: KubeflowRequest) -> str:
     """Validate the request; return the framework."""
     if req.kind not in KINDS:
         raise ConfigError("--kind", f"expected one of {', '.join(KINDS)}")
-    if req.workers < 1 or req.gpus < 0 or req.ps < 0 or req.evaluators < 0 or req.backoff_limit < 0:
-        raise ConfigError("job kubeflow", "--workers must be >= 1; --gpus, --ps, --evaluators, --backoff-limit >= 0")
+    numbers = (req.ps, req.evaluators, req.backoff_limit or 0, req.ttl_seconds_after_finished or 0)
+    if req.workers < 1 or min(numbers) < 0 or (req.active_deadline_seconds is not None
+                                               and req.active_deadline_seconds < 1):
+        raise ConfigError("job kubeflow", "--workers and --active-deadline must be >= 1; --ps, --evaluators, "
+                          "--backoff-limit, --ttl-seconds-after-finished >= 0")
     options = run_options(req.run_args, "job kubeflow")
     framework = infer_framework(req.framework, req.image, options.framework)
     if req.kind == "tfjob" and framework not in (None, "tensorflow"):
         raise ConfigError("--kind", f"a TFJob runs TensorFlow, not {framework}; use --kind pytorchjob")
-    if req.kind == "pytorchjob":
+    if req.kind in ("pytorchjob", "trainjob"):
         if framework == "tensorflow":
-            raise ConfigError("--kind", "a TensorFlow job is a TFJob; use --kind tfjob")
+            raise ConfigError("--kind", "a TensorFlow job is a TFJob (Trainer v2 has no TensorFlow runtime); "
+                              "use --kind tfjob")
         if req.ps or req.evaluators:
             raise ConfigError("--ps/--evaluators", "parameter servers and evaluators are TensorFlow only (TFJob)")
     if req.ps and req.workers < 2:
         raise ConfigError("--ps", "ParameterServerStrategy needs at least one worker besides the chief "
                           "(--workers >= 2)")
-    if req.name is not None and not (_DNS_1123.fullmatch(req.name) and len(req.name) <= 63):
-        raise ConfigError("--name", "must be a DNS-1123 label: lowercase letters, digits and '-', at most 63")
+    check_name(req.name or default_name(req.image))
+    for flag, value in (("--namespace", req.namespace), ("--runtime", req.runtime)):
+        if value is not None and not (_DNS_1123.fullmatch(value) and len(value) <= 63):
+            raise ConfigError(flag, "must be a DNS-1123 label: lowercase letters, digits and '-', at most 63")
     return framework or ("tensorflow" if req.kind == "tfjob" else "pytorch")
 
 
-def default_name(image: str) -> str:
-    """A valid job name from the image's name (``pytorch-job`` for ``.../pytorch:v1``)."""
-    base = image.rsplit("/", 1)[-1].split("@", 1)[0].split(":", 1)[0].lower()
-    base = re.sub(r"[^a-z0-9-]+", "-", base).strip("-")[:50] or "trainer"
-    return f"{base}-job"
+def _replica(req: KubeflowRequest, container: str, replicas: int, gpus: int) -> dict[str, Any]:
+    spec = {**pods.pod_fields(req.pods),
+            "containers": [pods.container(req.pods, container, req.image, list(req.run_args), gpus)]}
+    return {"replicas": replicas, "restartPolicy": "ExitCode", "template": {"spec": _ordered(spec)}}
 
 
-def build_manifest(req: KubeflowRequest) -> dict[str, Any]:
+def _ordered(spec: dict[str, Any]) -> dict[str, Any]:
+    """containers first, as people write pod specs."""
+    return {"containers": spec.pop("containers"), **spec}
+
+
+def _run_policy(req: KubeflowRequest) -> dict[str, Any]:
+    items: list[tuple[str, Any]] = [
+        ("cleanPodPolicy", req.clean_pod_policy),
+        ("ttlSecondsAfterFinished", req.ttl_seconds_after_finished),
+        ("activeDeadlineSeconds", req.active_deadline_seconds),
+        ("backoffLimit", DEFAULT_BACKOFF_LIMIT if req.backoff_limit is None else req.backoff_limit),
+    ]
+    return {k: v for k, v in items if v is not None}
+
+
+def build_v1(req: KubeflowRequest) -> dict[str, Any]:
     """The PyTorchJob or TFJob manifest; ConfigError when the combination is invalid."""
-    _check(req)
+    check(req)
     metadata: dict[str, Any] = {"name": req.name or default_name(req.image)}
     if req.namespace:
         metadata["namespace"] = req.namespace
-    run_policy = {"backoffLimit": req.backoff_limit}
+    gpus = req.pods.gpus
     if req.kind == "pytorchjob":
-        replicas = {"Master": _replica(req, "pytorch", 1, req.gpus)}
+        replicas = {"Master": _replica(req, "pytorch", 1, gpus)}
         if req.workers > 1:
-            replicas["Worker"] = _replica(req, "pytorch", req.workers - 1, req.gpus)
-        spec: dict[str, Any] = {"nprocPerNode": str(req.gpus or 1), "runPolicy": run_policy,
+            replicas["Worker"] = _replica(req, "pytorch", req.workers - 1, gpus)
+        spec: dict[str, Any] = {"nprocPerNode": str(gpus or 1), "runPolicy": _run_policy(req),
                                 "pytorchReplicaSpecs": replicas}
     else:
-        replicas = {"Chief": _replica(req, "tensorflow", 1, req.gpus)}
+        replicas = {"Chief": _replica(req, "tensorflow", 1, gpus)}
         if req.workers > 1:
-            replicas["Worker"] = _replica(req, "tensorflow", req.workers - 1, req.gpus)
+            replicas["Worker"] = _replica(req, "tensorflow", req.workers - 1, gpus)
         if req.ps:
             replicas["PS"] = _replica(req, "tensorflow", req.ps, 0)
         if req.evaluators:
-            replicas["Evaluator"] = _replica(req, "tensorflow", req.evaluators, req.gpus)
-        spec = {"runPolicy": run_policy, "tfReplicaSpecs": replicas}
+            replicas["Evaluator"] = _replica(req, "tensorflow", req.evaluators, gpus)
+        spec = {"runPolicy": _run_policy(req), "tfReplicaSpecs": replicas}
     return {"apiVersion": API_VERSION, "kind": KINDS[req.kind], "metadata": metadata, "spec": spec}
+
+
+def header(kind: str) -> str:
+    """The manifest's first comment lines: which operator version reads it as we mean it."""
+    if kind == "trainjob":
+        return ("# Kubeflow Trainer v2.2 or later (runtimePatches, activeDeadlineSeconds); restarts follow the "
+                "runtime's JobSet and Job policies\n")
+    return (f"# Kubeflow Training Operator {MIN_OPERATOR} or later: restartPolicy ExitCode retries exit codes >= 128 "
+            "(older operators: only 130, 137, 138, 143).\n# runPolicy.backoffLimit does not bound those restarts; "
+            "activeDeadlineSeconds (--active-deadline) does.\n")

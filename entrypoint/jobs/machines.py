@@ -1,61 +1,58 @@
-"""Machine facts the job builder checks against: GPUs per machine type, network bandwidth, reducer images.
+"""Machine facts the job builder checks against: machine types, the GPUs they take, and which CUDA our images need.
 
 Sources (public Google Cloud documentation, read 2026):
-- Accelerator-optimized machine types, their attached GPUs and maximum network bandwidth:
-  https://cloud.google.com/compute/docs/accelerator-optimized-machines and
-  https://cloud.google.com/compute/docs/gpus/gpu-network-bandwidth ("Max total bandwidth" per machine type;
-  N1 with P100/P4: 32 Gbps; N1 with 8 V100 on 96 vCPUs: 100 Gbps).
+- Accelerator-optimized machine types and their attached GPUs:
+  https://cloud.google.com/compute/docs/accelerator-optimized-machines
 - GPUs that attach to N1 machines, and their counts: https://cloud.google.com/compute/docs/gpus
-- Reduction Server: images, "n1-highcpu-16 / n2-highcpu-16 at 32 Gbps egress" and the sizing rule
-  (reducers' total bandwidth >= the training nodes'):
-  https://cloud.google.com/vertex-ai/docs/training/distributed-training#reduce_training_time_with_reduction_server
+- Predefined machine types (family-class-vCPUs) and custom machine types (FAMILY-custom-VCPUS-MEMORY_MB,
+  ``custom-VCPUS-MEMORY_MB`` for N1): https://cloud.google.com/compute/docs/machine-resource and
+  https://cloud.google.com/compute/docs/instances/creating-instance-with-custom-machine-type
 - Accelerator type names: the AcceleratorType enum of
-  https://cloud.google.com/vertex-ai/docs/reference/rest/v1/MachineSpec
+  https://cloud.google.com/vertex-ai/docs/reference/rest/v1/MachineSpec (K80: end of support,
+  https://cloud.google.com/compute/docs/eol/k80-eol)
+- GPU architectures CUDA 13 dropped (Maxwell, Pascal, Volta: compute capability below 7.5):
+  https://docs.nvidia.com/cuda/cuda-toolkit-release-notes/ ; compute capabilities per GPU:
+  https://developer.nvidia.com/cuda-gpus
 """
 
 from __future__ import annotations
 
-import math
+import difflib
+import re
+from dataclasses import dataclass
 
 from entrypoint.errors import ConfigError
 
-BANDWIDTH_SOURCE = "https://cloud.google.com/compute/docs/gpus/gpu-network-bandwidth"
-
-# MachineSpec.acceleratorType values (GPUs and TPUs) Vertex AI custom training accepts.
+# MachineSpec.acceleratorType values (GPUs and TPUs) Vertex AI custom training knows.
 ACCELERATOR_TYPES = (
-    "NVIDIA_TESLA_P100", "NVIDIA_TESLA_V100", "NVIDIA_TESLA_P4", "NVIDIA_TESLA_T4", "NVIDIA_TESLA_A100",
-    "NVIDIA_A100_80GB", "NVIDIA_L4", "NVIDIA_H100_80GB", "NVIDIA_H100_MEGA_80GB", "NVIDIA_H200_141GB",
-    "NVIDIA_B200", "TPU_V2", "TPU_V3", "TPU_V4_POD", "TPU_V5_LITEPOD",
+    "NVIDIA_TESLA_K80", "NVIDIA_TESLA_P100", "NVIDIA_TESLA_V100", "NVIDIA_TESLA_P4", "NVIDIA_TESLA_T4",
+    "NVIDIA_TESLA_A100", "NVIDIA_A100_80GB", "NVIDIA_L4", "NVIDIA_H100_80GB", "NVIDIA_H100_MEGA_80GB",
+    "NVIDIA_H200_141GB", "NVIDIA_B200", "NVIDIA_GB200", "NVIDIA_RTX_PRO_6000",
+    "TPU_V2", "TPU_V3", "TPU_V4_POD", "TPU_V5_LITEPOD",
 )
-
-# Accelerator-optimized machine types: (GPU attached, how many, maximum total network bandwidth in Gbps).
-# A3 High's 1,000 Gbps is 200 on its general-purpose NIC plus 800 on the GPU-to-GPU NICs.
-GPU_MACHINES: dict[str, tuple[str, int, int]] = {
-    "a2-highgpu-1g": ("NVIDIA_TESLA_A100", 1, 24),
-    "a2-highgpu-2g": ("NVIDIA_TESLA_A100", 2, 32),
-    "a2-highgpu-4g": ("NVIDIA_TESLA_A100", 4, 50),
-    "a2-highgpu-8g": ("NVIDIA_TESLA_A100", 8, 100),
-    "a2-megagpu-16g": ("NVIDIA_TESLA_A100", 16, 100),
-    "a2-ultragpu-1g": ("NVIDIA_A100_80GB", 1, 24),
-    "a2-ultragpu-2g": ("NVIDIA_A100_80GB", 2, 32),
-    "a2-ultragpu-4g": ("NVIDIA_A100_80GB", 4, 50),
-    "a2-ultragpu-8g": ("NVIDIA_A100_80GB", 8, 100),
-    "a3-highgpu-1g": ("NVIDIA_H100_80GB", 1, 25),
-    "a3-highgpu-2g": ("NVIDIA_H100_80GB", 2, 50),
-    "a3-highgpu-4g": ("NVIDIA_H100_80GB", 4, 100),
-    "a3-highgpu-8g": ("NVIDIA_H100_80GB", 8, 1000),
-    "a3-megagpu-8g": ("NVIDIA_H100_MEGA_80GB", 8, 1800),
-    "a3-ultragpu-8g": ("NVIDIA_H200_141GB", 8, 3600),
-    "a4-highgpu-8g": ("NVIDIA_B200", 8, 3600),
-    "g2-standard-4": ("NVIDIA_L4", 1, 10),
-    "g2-standard-8": ("NVIDIA_L4", 1, 16),
-    "g2-standard-12": ("NVIDIA_L4", 1, 16),
-    "g2-standard-16": ("NVIDIA_L4", 1, 32),
-    "g2-standard-24": ("NVIDIA_L4", 2, 32),
-    "g2-standard-32": ("NVIDIA_L4", 1, 32),
-    "g2-standard-48": ("NVIDIA_L4", 4, 50),
-    "g2-standard-96": ("NVIDIA_L4", 8, 100),
+# CUDA compute capability of each GPU (NVIDIA's table).
+COMPUTE_CAPABILITY = {
+    "NVIDIA_TESLA_K80": 3.7, "NVIDIA_TESLA_P100": 6.0, "NVIDIA_TESLA_P4": 6.1, "NVIDIA_TESLA_V100": 7.0,
+    "NVIDIA_TESLA_T4": 7.5, "NVIDIA_TESLA_A100": 8.0, "NVIDIA_A100_80GB": 8.0, "NVIDIA_L4": 8.9,
+    "NVIDIA_H100_80GB": 9.0, "NVIDIA_H100_MEGA_80GB": 9.0, "NVIDIA_H200_141GB": 9.0, "NVIDIA_B200": 10.0,
+    "NVIDIA_GB200": 10.0, "NVIDIA_RTX_PRO_6000": 12.0,
 }
+# The oldest architecture each CUDA major version our GPU images are built on still runs.
+CUDA_MIN_CAPABILITY = {13: 7.5, 12: 5.0}
+
+# Accelerator-optimized machine types: the GPU attached and how many.
+GPU_MACHINES: dict[str, tuple[str, int]] = {
+    **{f"a2-highgpu-{n}g": ("NVIDIA_TESLA_A100", n) for n in (1, 2, 4, 8)},
+    "a2-megagpu-16g": ("NVIDIA_TESLA_A100", 16),
+    **{f"a2-ultragpu-{n}g": ("NVIDIA_A100_80GB", n) for n in (1, 2, 4, 8)},
+    **{f"a3-highgpu-{n}g": ("NVIDIA_H100_80GB", n) for n in (1, 2, 4, 8)},
+    "a3-megagpu-8g": ("NVIDIA_H100_MEGA_80GB", 8),
+    "a3-ultragpu-8g": ("NVIDIA_H200_141GB", 8),
+    "a4-highgpu-8g": ("NVIDIA_B200", 8),
+    **{f"g2-standard-{v}": ("NVIDIA_L4", n) for v, n in ((4, 1), (8, 1), (12, 1), (16, 1), (24, 2), (32, 1),
+                                                           (48, 4), (96, 8))},
+}
+GPU_FAMILIES = ("a2", "a3", "a4", "g2")
 
 # GPUs that attach to N1 machine types, with the counts allowed.
 N1_GPUS: dict[str, tuple[int, ...]] = {
@@ -64,38 +61,98 @@ N1_GPUS: dict[str, tuple[int, ...]] = {
     "NVIDIA_TESLA_P100": (1, 2, 4),
     "NVIDIA_TESLA_P4": (1, 2, 4),
 }
-# N1 bandwidth with GPUs depends on GPU and vCPU count; these are the documented fixed points.
-N1_GPU_BANDWIDTH = {"NVIDIA_TESLA_P100": 32, "NVIDIA_TESLA_P4": 32}
-N1_V100_FULL = (8, 96, 100)  # 8 V100 on 96 vCPUs: 100 Gbps (the Vertex guide's example)
 
+# Predefined general-purpose types: family -> class -> vCPU counts (Compute Engine's tables).
+PREDEFINED: dict[str, dict[str, tuple[int, ...]]] = {
+    "n1": {"standard": (1, 2, 4, 8, 16, 32, 64, 96), "highmem": (2, 4, 8, 16, 32, 64, 96),
+           "highcpu": (2, 4, 8, 16, 32, 64, 96)},
+    "n2": {"standard": (2, 4, 8, 16, 32, 48, 64, 80, 96, 128), "highmem": (2, 4, 8, 16, 32, 48, 64, 80, 96, 128),
+           "highcpu": (2, 4, 8, 16, 32, 48, 64, 80, 96)},
+    "e2": {"standard": (2, 4, 8, 16, 32), "highmem": (2, 4, 8, 16), "highcpu": (2, 4, 8, 16, 32)},
+    "c2": {"standard": (4, 8, 16, 30, 60)},
+}
 # Families that take no GPUs at all.
 NO_GPU_FAMILIES = ("e2", "n2", "n2d", "n4", "c2", "c2d", "c3", "c3d", "c4", "t2d", "t2a", "m1", "m2", "m3")
+TPU_MACHINE_PREFIXES = ("cloud-tpu", "ct5lp-", "ct4p-", "ct5p-", "ct6e-")
 
-# Reducer machines: general-purpose egress is 2 Gbps per vCPU, at most 32 Gbps (default tier).
-REDUCER_FAMILIES = ("n1", "n2")
-DEFAULT_REDUCER_MACHINE = "n1-highcpu-16"
-REDUCTION_SERVER_IMAGES = {
-    "us": "us-docker.pkg.dev/vertex-ai-restricted/training/reductionserver:latest",
-    "europe": "europe-docker.pkg.dev/vertex-ai-restricted/training/reductionserver:latest",
-    "asia": "asia-docker.pkg.dev/vertex-ai-restricted/training/reductionserver:latest",
-}
+_NAME = re.compile(r"[a-z][a-z0-9]*(-[a-z0-9]+)+")
+_CUSTOM = re.compile(r"(?:(?P<family>[a-z][a-z0-9]*)-)?custom-(?P<cpus>\d+)-(?P<mem>\d+)(?P<ext>-ext)?")
+
+
+@dataclass(frozen=True)
+class MachineType:
+    """A machine type name read apart: ``n2-custom-8-16384`` is family n2, custom, 8 vCPUs, 16384 MB."""
+
+    name: str
+    family: str
+    vcpus: int | None
+    custom: bool = False
+    memory_mb: int | None = None
 
 
 def family(machine_type: str) -> str:
-    """``n1`` for ``n1-standard-8``."""
-    return machine_type.split("-", 1)[0]
+    """``n1`` for ``n1-standard-8`` (and for N1's ``custom-8-16384``)."""
+    return parse_machine_type(machine_type).family
+
+
+def parse_machine_type(name: str) -> MachineType:
+    """Split a predefined or custom machine type name; vcpus is None where the name does not say."""
+    custom = _CUSTOM.fullmatch(name)
+    if custom:
+        return MachineType(name, custom["family"] or "n1", int(custom["cpus"]), True, int(custom["mem"]))
+    fam = name.split("-", 1)[0]
+    tail = name.rsplit("-", 1)[-1]
+    return MachineType(name, fam, int(tail) if tail.isdigit() else None)
 
 
 def vcpus(machine_type: str) -> int | None:
-    """The vCPU count at the end of a predefined machine type name, if it has one."""
-    tail = machine_type.rsplit("-", 1)[-1]
-    return int(tail) if tail.isdigit() else None
+    """The vCPU count a predefined or custom machine type name carries, if it has one."""
+    return parse_machine_type(machine_type).vcpus
+
+
+def check_machine_type(flag: str, name: str) -> list[str]:
+    """Raise ConfigError for a machine type that cannot exist; return warnings for one this table does not know."""
+    if name.startswith(TPU_MACHINE_PREFIXES):
+        raise ConfigError(flag, f"{name} is a TPU machine type; our images have no TPU runtime (GPU or CPU only)")
+    if not _NAME.fullmatch(name):
+        raise ConfigError(flag, "is not a machine type name (e.g. n1-standard-8, a2-highgpu-1g)")
+    machine = parse_machine_type(name)
+    if machine.custom:
+        return [f"{flag}: {name} is a custom machine type ({machine.vcpus} vCPUs, {machine.memory_mb} MB); "
+                "Vertex AI training documents predefined machine types only and may refuse it"]
+    if machine.family in GPU_FAMILIES:
+        if name not in GPU_MACHINES:
+            near = difflib.get_close_matches(name, GPU_MACHINES, n=3, cutoff=0.8)
+            hint = f"did you mean {' or '.join(near)}?" if near else "see the accelerator-optimized machine types"
+            raise ConfigError(flag, f"unknown {machine.family.upper()} machine type; {hint}")
+        return []
+    classes = PREDEFINED.get(machine.family)
+    if classes is None:
+        return [f"{flag}: {name} is not in this tool's machine tables; Vertex AI checks it when the job is created"]
+    klass = name.split("-")[1] if name.count("-") == 2 else ""
+    if klass not in classes or machine.vcpus not in classes[klass]:
+        valid = "; ".join(f"{machine.family}-{k}-{{{','.join(map(str, v))}}}" for k, v in classes.items())
+        raise ConfigError(flag, f"unknown {machine.family.upper()} machine type; predefined ones are {valid}")
+    return []
 
 
 def implied_accelerator(machine_type: str) -> tuple[str, int] | None:
     """The GPUs an accelerator-optimized machine type always comes with."""
-    known = GPU_MACHINES.get(machine_type)
-    return (known[0], known[1]) if known else None
+    return GPU_MACHINES.get(machine_type)
+
+
+def accelerator_name(text: str, flag: str) -> str:
+    """An accelerator type as the API spells it; a near miss gets 'did you mean'."""
+    if text in ACCELERATOR_TYPES:
+        return text
+    normal = re.sub(r"[^A-Z0-9]+", "_", text.upper()).strip("_")
+    guess = normal if normal in ACCELERATOR_TYPES else None
+    if guess is None:
+        close = difflib.get_close_matches(normal, ACCELERATOR_TYPES, n=1, cutoff=0.6)
+        guess = close[0] if close else None
+    if guess is not None:
+        raise ConfigError(flag, f"unknown accelerator type; did you mean {guess}?")
+    raise ConfigError(flag, f"unknown accelerator type; expected one of {', '.join(ACCELERATOR_TYPES)}")
 
 
 def check_accelerator(flag: str, machine_type: str, accelerator: tuple[str, int] | None) -> None:
@@ -105,17 +162,20 @@ def check_accelerator(flag: str, machine_type: str, accelerator: tuple[str, int]
             raise ConfigError(flag, f"{machine_type} always has GPUs attached; leave the accelerator out or match it")
         return
     kind, count = accelerator
-    if kind not in ACCELERATOR_TYPES:
-        raise ConfigError(flag, f"unknown accelerator type; expected one of {', '.join(ACCELERATOR_TYPES)}")
+    accelerator_name(kind, flag)
+    if kind.startswith("TPU_"):
+        raise ConfigError(flag, f"{kind}: our images have no TPU runtime (GPU or CPU only)")
+    if kind == "NVIDIA_TESLA_K80":
+        raise ConfigError(flag, "NVIDIA_TESLA_K80 has reached end of support on Google Cloud; use T4, L4 or newer")
     if count < 1:
         raise ConfigError(flag, "the accelerator count must be >= 1")
     fixed = GPU_MACHINES.get(machine_type)
     if fixed is not None:
-        if (kind, count) != fixed[:2]:
+        if (kind, count) != fixed:
             raise ConfigError(flag, f"{machine_type} comes with exactly {fixed[1]} x {fixed[0]}, not {count} x {kind}")
         return
     fam = family(machine_type)
-    if fam == "n1" and kind.startswith("NVIDIA"):
+    if fam == "n1":
         allowed = N1_GPUS.get(kind)
         if allowed is None:
             raise ConfigError(flag, f"{kind} does not attach to N1 machines; N1 takes {', '.join(N1_GPUS)}")
@@ -123,45 +183,14 @@ def check_accelerator(flag: str, machine_type: str, accelerator: tuple[str, int]
             raise ConfigError(flag, f"{count} x {kind} is not valid on {machine_type}: "
                               f"use {', '.join(map(str, allowed))}")
     elif fam in NO_GPU_FAMILIES:
-        raise ConfigError(flag, f"{machine_type} takes no GPUs; use an N1, A2, A3 or G2 machine type")
+        raise ConfigError(flag, f"{machine_type} takes no GPUs; use an N1, A2, A3, A4 or G2 machine type")
 
 
-def training_bandwidth(machine_type: str, accelerator: tuple[str, int] | None) -> int | None:
-    """Maximum network bandwidth (Gbps) of one training VM, where documented."""
-    if machine_type in GPU_MACHINES:
-        return GPU_MACHINES[machine_type][2]
-    if accelerator is None or family(machine_type) != "n1":
+def cuda_refusal(kind: str, cuda_major: int) -> str | None:
+    """Why a GPU cannot run an image built on CUDA ``cuda_major`` (None when it can)."""
+    capability = COMPUTE_CAPABILITY.get(kind)
+    minimum = CUDA_MIN_CAPABILITY[cuda_major]
+    if capability is None or capability >= minimum:
         return None
-    kind, count = accelerator
-    if kind in N1_GPU_BANDWIDTH:
-        return N1_GPU_BANDWIDTH[kind]
-    if kind == "NVIDIA_TESLA_V100" and (count, vcpus(machine_type)) == N1_V100_FULL[:2]:
-        return N1_V100_FULL[2]
-    return None
-
-
-def reducer_bandwidth(machine_type: str) -> int | None:
-    """Egress bandwidth (Gbps) of a CPU-only N1/N2 reducer: 2 Gbps per vCPU, at most 32."""
-    cpus = vcpus(machine_type)
-    if family(machine_type) not in REDUCER_FAMILIES or cpus is None:
-        return None
-    return min(2 * cpus, 32)
-
-
-def reducers_needed(training_vms: int, per_vm_gbps: float, reducer_gbps: float) -> int:
-    """The sizing rule: reducers' total bandwidth at least the training VMs' (8 x 100 / 32 -> 25)."""
-    return max(1, math.ceil(training_vms * per_vm_gbps / reducer_gbps))
-
-
-def reduction_server_image(region: str) -> str:
-    """Google's reducer image from the multi-region closest to ``region``."""
-    if region.startswith(("europe", "me-")):
-        return REDUCTION_SERVER_IMAGES["europe"]
-    if region.startswith(("asia", "australia")):
-        return REDUCTION_SERVER_IMAGES["asia"]
-    return REDUCTION_SERVER_IMAGES["us"]
-
-
-def is_reduction_server(image_uri: str) -> bool:
-    """Whether ``image_uri`` is Google's Reduction Server image (any multi-region or tag)."""
-    return "/vertex-ai-restricted/training/reductionserver" in image_uri
+    newer = " (Turing and newer: T4, L4, A100, H100, ...)" if minimum == 7.5 else ""
+    return f"{kind} (compute capability {capability}) cannot run CUDA {cuda_major}, which needs {minimum}{newer}"

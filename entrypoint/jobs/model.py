@@ -1,19 +1,20 @@
-"""A Vertex AI job as plain data: up to four positional worker pools, and their REST (camelCase) form."""
+"""A Vertex AI job as plain data: up to four positional worker pools, job-wide settings, their REST (camelCase) form."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from entrypoint.environments.vertex import VERTEX_POOLS
 
 POOL_NAMES = tuple(VERTEX_POOLS)  # workerpool0 (chief), 1 (workers), 2 (ps or reducers), 3 (evaluators)
 POOL_ROLES = ("chief", "workers", "parameter servers or Reduction Server", "evaluators")
+RESERVATION_KEY = "compute.googleapis.com/reservation-name"
 
 
 @dataclass(frozen=True)
 class PoolSpec:
-    """One worker pool: machines, replicas and the container they run."""
+    """One worker pool: machines, replicas, boot disk, reservation and the container they run."""
 
     index: int
     replicas: int
@@ -23,6 +24,9 @@ class PoolSpec:
     args: tuple[str, ...] = ()
     command: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
+    disk_type: str | None = None
+    disk_size_gb: int | None = None
+    reservation: tuple[str, tuple[str, ...]] | None = None  # (reservationAffinityType, values)
 
     @property
     def name(self) -> str:
@@ -40,6 +44,11 @@ class PoolSpec:
         machine: dict[str, Any] = {"machineType": self.machine_type}
         if self.accelerator is not None:
             machine["acceleratorType"], machine["acceleratorCount"] = self.accelerator
+        if self.reservation is not None:
+            kind, values = self.reservation
+            machine["reservationAffinity"] = {"reservationAffinityType": kind}
+            if values:
+                machine["reservationAffinity"].update({"key": RESERVATION_KEY, "values": list(values)})
         container: dict[str, Any] = {"imageUri": self.image_uri}
         if self.command:
             container["command"] = list(self.command)
@@ -47,16 +56,73 @@ class PoolSpec:
             container["args"] = list(self.args)
         if self.env:
             container["env"] = [{"name": k, "value": v} for k, v in self.env]
-        return {"machineSpec": machine, "replicaCount": self.replicas, "containerSpec": container}
+        pool: dict[str, Any] = {"machineSpec": machine, "replicaCount": self.replicas, "containerSpec": container}
+        disk = {k: v for k, v in (("bootDiskType", self.disk_type), ("bootDiskSizeGb", self.disk_size_gb)) if v}
+        if disk:
+            pool["diskSpec"] = disk
+        return pool
+
+
+@dataclass(frozen=True)
+class JobSettings:
+    """Job-wide options: scheduling, identity and network (CustomJobSpec), labels and CMEK (CustomJob)."""
+
+    timeout_s: int | None = None
+    max_wait_s: int | None = None
+    strategy: str | None = None  # Scheduling.Strategy: SPOT, FLEX_START, STANDARD
+    restart_job_on_worker_restart: bool = False
+    disable_retries: bool = False
+    service_account: str | None = None
+    network: str | None = None
+    reserved_ip_ranges: tuple[str, ...] = ()
+    enable_web_access: bool = False
+    tensorboard: str | None = None
+    persistent_resource_id: str | None = None
+    labels: tuple[tuple[str, str], ...] = ()
+    kms_key: str | None = None
+
+    def rest_scheduling(self) -> dict[str, Any]:
+        """Scheduling, camelCase; durations as proto JSON writes them (``3600s``)."""
+        items: list[tuple[str, Any]] = [
+            ("timeout", f"{self.timeout_s}s" if self.timeout_s is not None else None),
+            ("restartJobOnWorkerRestart", self.restart_job_on_worker_restart or None),
+            ("strategy", self.strategy),
+            ("disableRetries", self.disable_retries or None),
+            ("maxWaitDuration", f"{self.max_wait_s}s" if self.max_wait_s is not None else None),
+        ]
+        return {k: v for k, v in items if v is not None}
+
+    def rest_spec_fields(self) -> dict[str, Any]:
+        """The CustomJobSpec fields these settings fill."""
+        items: list[tuple[str, Any]] = [
+            ("persistentResourceId", self.persistent_resource_id),
+            ("scheduling", self.rest_scheduling() or None),
+            ("serviceAccount", self.service_account),
+            ("network", self.network),
+            ("reservedIpRanges", list(self.reserved_ip_ranges) or None),
+            ("tensorboard", self.tensorboard),
+            ("enableWebAccess", self.enable_web_access or None),
+        ]
+        return {k: v for k, v in items if v is not None}
+
+    def rest_resource_fields(self) -> dict[str, Any]:
+        """The fields of the resource itself (CustomJob, HyperparameterTuningJob): labels and encryptionSpec."""
+        out: dict[str, Any] = {}
+        if self.labels:
+            out["labels"] = dict(self.labels)
+        if self.kms_key:
+            out["encryptionSpec"] = {"kmsKeyName": self.kms_key}
+        return out
 
 
 @dataclass(frozen=True)
 class JobSpec:
-    """A CustomJob: display name, pools by position (None where skipped), base output directory."""
+    """A CustomJob: display name, pools by position (None where skipped), base output directory, settings."""
 
     display_name: str
     pools: tuple[PoolSpec | None, ...]
     base_output_dir: str | None = None
+    settings: JobSettings = field(default_factory=JobSettings)
 
     def pool(self, index: int) -> PoolSpec | None:
         """The pool at ``index`` (None when absent or skipped)."""
@@ -76,11 +142,13 @@ class JobSpec:
         spec: dict[str, Any] = {"workerPoolSpecs": self.rest_pools()}
         if self.base_output_dir:
             spec["baseOutputDirectory"] = {"outputUriPrefix": self.base_output_dir}
+        spec.update(self.settings.rest_spec_fields())
         return spec
 
     def rest_custom_job(self) -> dict[str, Any]:
         """The CustomJob resource the REST API's ``customJobs.create`` takes."""
-        return {"displayName": self.display_name, "jobSpec": self.rest_job_spec()}
+        return {"displayName": self.display_name, "jobSpec": self.rest_job_spec(),
+                **self.settings.rest_resource_fields()}
 
     def gaps(self) -> list[int]:
         """Indexes of skipped pools before the last one present."""

@@ -13,9 +13,27 @@ from typing import NoReturn
 
 from entrypoint import registry
 from entrypoint.errors import ConfigError
-from entrypoint.jobs import machines
+from entrypoint.jobs import machines, network
 from entrypoint.jobs.model import JobSpec, PoolSpec
 from entrypoint.options import add_run_arguments
+
+# The CUDA major version our GPU images are built on (docs/images.md): torch 2.13's wheels are CUDA 13.
+CUDA_MAJOR = {"pytorch": 13, "horovod": 13, "tensorflow": 12}
+
+
+# argparse names a failed conversion by its function: say what the value must be instead.
+_TYPE_WORDS = {"int": "a whole number", "float": "a number", "_positive_int": "a whole number >= 1",
+               "_non_negative_int": "a whole number >= 0", "_positive_float": "a number > 0",
+               "_non_negative_float": "a number >= 0"}
+
+
+def readable(message: str) -> str:
+    """An argparse error without values (they may be secrets) or internal names: what is wrong, by option."""
+    message = re.sub(r"invalid (\w+) value(: '.*?')?",
+                     lambda m: f"expects {_TYPE_WORDS.get(m[1], m[1].strip('_').replace('_', ' '))}", message)
+    message = re.sub(r"invalid choice: '.*?' \(choose from (.*)\)", r"expects one of \1", message)
+    message = re.sub(r"(value|choice): '.*?'", r"\1", message)
+    return re.sub(r", got .*$", "", message)  # ArgumentTypeError texts end with the value
 
 
 class _RunArgsParser(argparse.ArgumentParser):
@@ -31,8 +49,7 @@ class _RunArgsParser(argparse.ArgumentParser):
             names = sorted({a.split("=", 1)[0] for a in message.split(":", 1)[1].split() if a.startswith("-")})
             message = (f"not accepted by run: {', '.join(names) or 'positional arguments'} "
                        "(user arguments go after '--')")
-        message = re.sub(r"(value|choice): '.*?'", r"\1", message)
-        raise ConfigError(self.source, f"run args: {message}")
+        raise ConfigError(self.source, f"run args: {readable(message)}")
 
 
 def run_options(args: Sequence[str], source: str) -> argparse.Namespace:
@@ -64,7 +81,7 @@ def _is_gpu(pool: PoolSpec | None) -> bool:
     return pool is not None and pool.accelerator is not None and pool.accelerator[0].startswith("NVIDIA")
 
 
-def _check_reducers(job: JobSpec, source: str, strategy: str | None) -> list[str]:
+def _check_reducers(job: JobSpec, source: str, framework: str | None, strategy: str | None) -> list[str]:
     reducers = job.pool(2)
     assert reducers is not None
     chief, workers = job.pool(0), job.pool(1)
@@ -77,19 +94,50 @@ def _check_reducers(job: JobSpec, source: str, strategy: str | None) -> list[str
     if strategy == "ParameterServerStrategy":
         raise ConfigError(source, "a Reduction Server cannot serve ParameterServerStrategy: workerpool2 is "
                           "either parameter servers or reducers")
+    if framework == "tensorflow" and strategy != "MultiWorkerMirroredStrategy":
+        raise ConfigError(source, "TensorFlow with a Reduction Server in workerpool2 needs --strategy "
+                          "MultiWorkerMirroredStrategy in the args: without it, workerpool2 reads as parameter "
+                          "servers at run time")
     training = 1 + (workers.replicas if workers else 0)
     if training < 2:
         raise ConfigError(source, "a Reduction Server needs at least 2 training VMs (chief + workers)")
     assert chief is not None
-    per_vm = machines.training_bandwidth(chief.machine_type, chief.accelerator)
-    per_reducer = machines.reducer_bandwidth(reducers.machine_type)
+    warnings = []
+    if not network.carries_plugin(chief.image_uri):
+        warnings.append(f"{chief.image_uri.rsplit('/', 1)[-1]}: neither its name nor its tag says it carries the "
+                        "Reduction Server NCCL plugin (our REDUCTION_SERVER=1 builds are tagged -rs); without it "
+                        "the reducers are billed and idle")
+    per_vm = network.training_bandwidth(chief.machine_type, chief.accelerator)
+    per_reducer = network.reducer_bandwidth(reducers.machine_type)
     if per_vm is None or per_reducer is None:
-        return []
-    needed = machines.reducers_needed(training, per_vm, per_reducer)
+        return warnings
+    needed = network.reducers_needed(training, per_vm, per_reducer)
     if reducers.replicas < needed:
-        return [f"{reducers.replicas} reducers give {reducers.replicas * per_reducer} Gbps, less than the "
-                f"{training} training VMs' {training * per_vm} Gbps: {needed} would match it "
-                "(--reduction-servers auto)"]
+        warnings.append(f"{reducers.replicas} reducers give {reducers.replicas * per_reducer} Gbps, less than the "
+                        f"{training} training VMs' {training * per_vm} Gbps of general-purpose network: {needed} "
+                        "would match it (--reduction-servers auto)")
+    return warnings
+
+
+def image_cuda(image_uri: str, framework: str | None) -> int | None:
+    """The CUDA major version of our GPU image for ``framework`` (None for a CPU variant or another image)."""
+    name = image_uri.rsplit("/", 1)[-1].split("@", 1)[0].split(":", 1)[0]
+    if name.endswith("-cpu") or framework not in CUDA_MAJOR:
+        return None
+    return CUDA_MAJOR[framework]
+
+
+def _check_image_gpus(pool: PoolSpec, source: str, framework: str | None) -> list[str]:
+    """Refuse GPUs the image's CUDA cannot run; warn about GPUs a CPU image leaves idle."""
+    if pool.accelerator is None or not pool.accelerator[0].startswith("NVIDIA"):
+        return []
+    name = pool.image_uri.rsplit("/", 1)[-1].split("@", 1)[0].split(":", 1)[0]
+    if name.endswith("-cpu"):
+        return [f"{pool.name}: {name} is a CPU image; the {pool.accelerator[0]} GPUs would sit idle"]
+    cuda = image_cuda(pool.image_uri, framework)
+    why = machines.cuda_refusal(pool.accelerator[0], cuda) if cuda else None
+    if why:
+        raise ConfigError(source, f"{pool.name}: our {framework} GPU image is built on CUDA {cuda}; {why}")
     return []
 
 
@@ -116,11 +164,14 @@ def validate(job: JobSpec, source: str, framework: str | None, strategy: str | N
     for pool in job.present():
         if pool.replicas < 1:
             raise ConfigError(source, f"{pool.name} has {pool.replicas} replicas; leave an unused pool empty")
-        if not (pool.index == 2 and machines.is_reduction_server(pool.image_uri)):
+        warnings += machines.check_machine_type(f"{source}: {pool.name}", pool.machine_type)
+        if not (pool.index == 2 and network.is_reduction_server(pool.image_uri)):
             machines.check_accelerator(f"{source}: {pool.name}", pool.machine_type, pool.accelerator)
+        if pool.image_uri == chief.image_uri:
+            warnings += _check_image_gpus(pool, source, framework)
     servers = job.pool(2)
-    if servers is not None and machines.is_reduction_server(servers.image_uri):
-        warnings += _check_reducers(job, source, strategy)
+    if servers is not None and network.is_reduction_server(servers.image_uri):
+        warnings += _check_reducers(job, source, framework, strategy)
     elif servers is not None:
         _check_servers(job, source, framework)
     evaluators = job.pool(3)

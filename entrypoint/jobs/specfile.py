@@ -1,125 +1,43 @@
-"""``local --spec FILE``: a CustomJob, CustomJobSpec or gcloud ``--config`` file as emulated pools.
+"""``local --spec FILE``: a CustomJob, a HyperparameterTuningJob or a gcloud ``--config`` file as emulated pools.
 
-JSON or YAML, camelCase (REST, gcloud) or snake_case (the Python client) keys. Every pool on our
-image becomes local processes running ``run <containerSpec.args>`` (the image's ENTRYPOINT); a pool
-on Google's Reduction Server image is listed in CLUSTER_SPEC but not started.
+Every pool on our image becomes local processes running ``run <containerSpec.args>`` (the image's
+ENTRYPOINT); a pool on Google's Reduction Server image is listed in CLUSTER_SPEC but not started. A tuning
+job runs one trial: its trialJobSpec, with each parameter's value appended to the args as Vertex AI does.
+What a spec asks of the platform that has no meaning here (Spot VMs, a service account, a network, disks)
+is named on one line and otherwise ignored.
 """
 
 from __future__ import annotations
 
-import json
 import re
 import sys
-from pathlib import Path
+from dataclasses import dataclass, replace
 from typing import Any
 
 from entrypoint.emulator import Pool
 from entrypoint.errors import ConfigError
-from entrypoint.jobs import machines, yamltext
+from entrypoint.jobs import network
 from entrypoint.jobs.model import JobSpec, PoolSpec
 from entrypoint.jobs.rules import infer_framework, run_options, validate
+from entrypoint.jobs.specdoc import SOURCE, Document, job_from_document, read_document
+from entrypoint.jobs.tuning import trial_values
 
-SOURCE = "--spec"
-
-
-def _field(obj: dict[str, Any], camel: str) -> Any:
-    """``obj[camel]``, or its snake_case spelling."""
-    if camel in obj:
-        return obj[camel]
-    return obj.get(re.sub(r"([A-Z])", r"_\1", camel).lower())
-
-
-def _object(value: Any, path: str) -> dict[str, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise ConfigError(SOURCE, "must be an object", path)
-    return value
+DEFAULT_TRIAL = "1"
+# Fields local --spec reads (the rest is named as not emulated): pools, their machines and containers,
+# the output directory, and the two scheduling flags the emulator's restart policy follows.
+_HANDLED = ("jobSpec", "workerPoolSpecs", "replicaCount", "machineSpec", "containerSpec", "pythonPackageSpec",
+            "scheduling", "restartJobOnWorkerRestart", "disableRetries", "baseOutputDirectory", "studySpec",
+            "trialJobSpec")
 
 
-def _strings(value: Any, path: str) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise ConfigError(SOURCE, "must be a list of strings", path)
-    return tuple(value)
+@dataclass(frozen=True)
+class LocalJob:
+    """What ``local --spec`` runs: the pools, the scheduling flags the emulator follows, a tuning job's trial id."""
 
-
-def _count(value: Any, path: str, default: int) -> int:
-    """An int64 field: a number, or a string of digits as proto JSON writes it."""
-    if value is None:
-        return default
-    if isinstance(value, bool) or not (isinstance(value, int) or (isinstance(value, str) and value.isdigit())):
-        raise ConfigError(SOURCE, "must be a whole number", path)
-    return int(value)
-
-
-def _env(value: Any, path: str) -> tuple[tuple[str, str], ...]:
-    if value is None:
-        return ()
-    if not isinstance(value, list) or not all(isinstance(e, dict) and isinstance(e.get("name"), str)
-                                              for e in value):
-        raise ConfigError(SOURCE, "must be a list of {name, value}", path)
-    return tuple((e["name"], str(e.get("value", ""))) for e in value)
-
-
-def _pool(index: int, raw: dict[str, Any]) -> PoolSpec:
-    path = f"workerPoolSpecs[{index}]"
-    machine = _object(_field(raw, "machineSpec"), f"{path}.machineSpec")
-    kind = _field(machine, "acceleratorType")
-    accelerator = None
-    if kind not in (None, "", "ACCELERATOR_TYPE_UNSPECIFIED"):
-        count = _count(_field(machine, "acceleratorCount"), f"{path}.machineSpec.acceleratorCount", 1)
-        accelerator = (str(kind), count)
-    container = _field(raw, "containerSpec")
-    if container is None:
-        package = _field(raw, "pythonPackageSpec")
-        what = "runs a Python package (pythonPackageSpec)" if package else "has no containerSpec"
-        raise ConfigError(SOURCE, f"{what}; local --spec runs containers of our images", path)
-    container = _object(container, f"{path}.containerSpec")
-    image = _field(container, "imageUri")
-    if not isinstance(image, str) or not image:
-        raise ConfigError(SOURCE, "missing", f"{path}.containerSpec.imageUri")
-    return PoolSpec(
-        index=index,
-        replicas=_count(_field(raw, "replicaCount"), f"{path}.replicaCount", 1),
-        machine_type=str(_field(machine, "machineType") or "unspecified"),
-        image_uri=image,
-        accelerator=accelerator,
-        args=_strings(_field(container, "args"), f"{path}.containerSpec.args"),
-        command=_strings(_field(container, "command"), f"{path}.containerSpec.command"),
-        env=_env(_field(container, "env"), f"{path}.containerSpec.env"),
-    )
-
-
-def job_from_document(doc: Any) -> JobSpec:
-    """A CustomJob (``jobSpec``), a CustomJobSpec or a gcloud config (``workerPoolSpecs`` at the top)."""
-    doc = _object(doc, "(document)")
-    spec = _field(doc, "jobSpec")
-    spec = _object(spec, "jobSpec") if spec is not None else doc
-    raw_pools = _field(spec, "workerPoolSpecs")
-    if isinstance(raw_pools, dict):  # gcloud's own --config example has a single pool as a mapping
-        raw_pools = [raw_pools]
-    if not isinstance(raw_pools, list) or not raw_pools:
-        raise ConfigError(SOURCE, "no workerPoolSpecs: expected a CustomJob, a CustomJobSpec or a gcloud "
-                          "--config file", "workerPoolSpecs")
-    pools = tuple(_pool(i, _object(raw, f"workerPoolSpecs[{i}]")) if raw else None
-                  for i, raw in enumerate(raw_pools))
-    output = _object(_field(spec, "baseOutputDirectory"), "baseOutputDirectory")
-    name = _field(doc, "displayName")
-    return JobSpec(str(name) if name else "spec", pools, _field(output, "outputUriPrefix"))
-
-
-def read_document(path: str) -> Any:
-    """Parse FILE as JSON, else as YAML (PyYAML)."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(SOURCE, f"cannot read {path}: {type(exc).__name__}") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return yamltext.load(text, SOURCE)
+    pools: list[Pool]
+    restart_job_on_worker_restart: bool = False
+    disable_retries: bool = False
+    trial: str | None = None  # the trial a tuning job runs when local gets no --trial
 
 
 def _replica_command(pool: PoolSpec) -> tuple[str, ...]:
@@ -140,7 +58,7 @@ def to_pools(job: JobSpec) -> list[Pool]:
         elif spec.index == 1:
             raise ConfigError(SOURCE, "the workers run another image than the chief; local --spec runs the "
                               "chief's image (ours) only", "workerPoolSpecs[1].containerSpec.imageUri")
-        elif machines.is_reduction_server(spec.image_uri):
+        elif network.is_reduction_server(spec.image_uri):
             pools.append(Pool(spec.name, spec.replicas, start=False,
                               note="Google's Reduction Server image, not ours (reducers are not part of the world)"))
         else:
@@ -148,20 +66,85 @@ def to_pools(job: JobSpec) -> list[Pool]:
     return pools
 
 
-def spec_pools(path: str) -> list[Pool]:
-    """Read, check and report the job in FILE; return the pools to emulate."""
-    job = job_from_document(read_document(path))
+def not_emulated(fields: tuple[str, ...]) -> list[str]:
+    """The fields present that local --spec ignores, once each (``workerPoolSpecs[*].diskSpec``)."""
+    out: list[str] = []
+    for path in fields:
+        if path.rsplit(".", 1)[-1] in _HANDLED:
+            continue
+        name = re.sub(r"\[\d+\]", "[*]", path)
+        if name not in out:
+            out.append(name)
+    return out
+
+
+def _hypertune_metric(args: tuple[str, ...]) -> str | None:
+    ours = args[: args.index("--")] if "--" in args else args
+    for i, arg in enumerate(ours):
+        if arg == "--hypertune-metric" and i + 1 < len(ours):
+            return ours[i + 1]
+        if arg.startswith("--hypertune-metric="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def trial_job(job: JobSpec, study: dict[str, Any]) -> tuple[JobSpec, str]:
+    """The tuning job's trial: our pools' args with ``--ID=VALUE`` appended; and the line that says so."""
     chief = job.pool(0)
-    if chief is None:
-        raise ConfigError(SOURCE, "workerPoolSpecs[0] (the chief) is empty: every job has one primary replica")
-    options = run_options(chief.args, SOURCE)
-    framework = infer_framework(None, chief.image_uri, options.framework)
-    for warning in validate(job, SOURCE, framework, options.strategy):
-        print(f"entrypoint: warning: {warning}", file=sys.stderr, flush=True)
+    assert chief is not None
+    parameters = study.get("parameters")
+    if not isinstance(parameters, list) or not parameters:
+        raise ConfigError(SOURCE, "a tuning job needs parameters", "studySpec.parameters")
+    values = trial_values(parameters, SOURCE)
+    if "--" not in chief.args:
+        raise ConfigError(SOURCE, "Vertex AI appends each trial's --PARAMETER=VALUE to the args, and these have no "
+                          "'--' for them to follow: run would reject them; end the args with '--'",
+                          "trialJobSpec.workerPoolSpecs[0].containerSpec.args")
+    metrics = study.get("metrics") if isinstance(study.get("metrics"), list) else []
+    metric = metrics[0].get("metricId", metrics[0].get("metric_id")) if metrics and isinstance(metrics[0], dict) \
+        else None
+    reported = _hypertune_metric(chief.args)
+    if metric and reported and reported != metric:
+        raise ConfigError(SOURCE, "run's --hypertune-metric differs from the study's metric: the study would wait "
+                          "for a metric the trials never report", "studySpec.metrics[0].metricId")
+    extra = tuple(f"--{k}={v}" for k, v in values)
+    pools = tuple(replace(p, args=(*p.args, *extra)) if p is not None and p.image_uri == chief.image_uri else p
+                  for p in job.pools)
+    line = (f"[local] tuning job ({study.get('maxTrialCount') or '?'} trials, metric {metric or '?'}): running one "
+            f"trial with {' '.join(extra)} (the middle of each range, the first of each list; Vertex AI's study "
+            "picks each trial's values)")
+    return replace(job, pools=pools), line
+
+
+def _report(job: JobSpec, doc: Document) -> None:
     for spec in job.present():
         print(f"[local] {spec.name}: {spec.replicas} x {spec.machine_text()} (machine and accelerators are not "
               f"emulated here), image {spec.image_uri}", flush=True)
     if job.base_output_dir:
         print(f"[local] baseOutputDirectory {job.base_output_dir} is Vertex's; outputs go under --output-dir",
               flush=True)
-    return to_pools(job)
+    ignored = not_emulated(doc.fields)
+    if ignored:
+        print(f"[local] not emulated here (the platform's to apply): {', '.join(ignored)}", flush=True)
+
+
+def spec_pools(path: str) -> LocalJob:
+    """Read, check and report the job in FILE; return what to emulate."""
+    doc = job_from_document(read_document(path))
+    job = doc.job
+    chief = job.pool(0)
+    if chief is None:
+        raise ConfigError(SOURCE, "workerPoolSpecs[0] (the chief) is empty: every job has one primary replica")
+    options = run_options(chief.args, SOURCE)
+    framework = infer_framework(None, chief.image_uri, options.framework)
+    trial_line = None
+    if doc.study is not None:
+        job, trial_line = trial_job(job, doc.study)
+    for warning in validate(job, SOURCE, framework, options.strategy):
+        print(f"entrypoint: warning: {warning}", file=sys.stderr, flush=True)
+    _report(job, doc)
+    if trial_line:
+        print(trial_line, flush=True)
+    s = job.settings
+    return LocalJob(to_pools(job), s.restart_job_on_worker_restart, s.disable_retries,
+                    DEFAULT_TRIAL if doc.study is not None else None)

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from entrypoint import registry
 from entrypoint.errors import ConfigError
-from entrypoint.jobs import machines
-from entrypoint.jobs.model import JobSpec, PoolSpec
+from entrypoint.jobs import machines, network
+from entrypoint.jobs.model import JobSettings, JobSpec, PoolSpec
 from entrypoint.jobs.rules import infer_framework, run_options, validate
+from entrypoint.jobs.vertexopts import PoolExtras
 
 DEFAULT_MACHINE = "n1-standard-4"
 DEFAULT_REGION = "us-central1"
+TF_REDUCER_STRATEGY = "MultiWorkerMirroredStrategy"
 
 
 @dataclass(frozen=True)
@@ -28,10 +31,12 @@ class VertexRequest:
     ps_machine_type: str | None = None
     evaluators: int = 0
     reduction_servers: str | None = None
-    reduction_server_machine_type: str = machines.DEFAULT_REDUCER_MACHINE
+    reduction_server_machine_type: str = network.DEFAULT_REDUCER_MACHINE
     display_name: str | None = None
     base_output_dir: str | None = None
     region: str = DEFAULT_REGION
+    settings: JobSettings = field(default_factory=JobSettings)
+    extras: PoolExtras = field(default_factory=PoolExtras)
 
 
 def parse_accelerator(text: str | None, machine_type: str) -> tuple[str, int] | None:
@@ -41,7 +46,7 @@ def parse_accelerator(text: str | None, machine_type: str) -> tuple[str, int] | 
     kind, sep, count = text.partition(":")
     if not sep or not count.isdigit():
         raise ConfigError("--accelerator", "expected TYPE:COUNT, e.g. NVIDIA_TESLA_T4:1")
-    return kind.strip().upper(), int(count)
+    return machines.accelerator_name(kind.strip(), "--accelerator"), int(count)
 
 
 def default_display_name(image: str) -> str:
@@ -56,18 +61,20 @@ def reducer_count(req: VertexRequest, accelerator: tuple[str, int] | None) -> tu
         return int(text), None
     if text != "auto":
         raise ConfigError("--reduction-servers", "expected a count >= 1 or 'auto'")
-    per_vm = machines.training_bandwidth(req.machine_type, accelerator)
+    per_vm = network.training_bandwidth(req.machine_type, accelerator)
     if per_vm is None:
         raise ConfigError("--reduction-servers", f"auto: no documented bandwidth for {req.machine_type}"
                           f"{' with ' + accelerator[0] if accelerator else ''}; pass a count "
-                          f"(see {machines.BANDWIDTH_SOURCE})")
-    per_reducer = machines.reducer_bandwidth(req.reduction_server_machine_type)
+                          f"(see {network.BANDWIDTH_SOURCE})")
+    per_reducer = network.reducer_bandwidth(req.reduction_server_machine_type)
     if per_reducer is None:
         raise ConfigError("--reduction-server-machine-type", "auto: only N1/N2 reducers (n1-highcpu-16) are "
                           "sized; pass a count")
-    count = machines.reducers_needed(req.workers, per_vm, per_reducer)
-    how = (f"--reduction-servers auto: {req.workers} training VMs x {per_vm} Gbps / {per_reducer} Gbps per "
-           f"{req.reduction_server_machine_type} -> {count} reducers")
+    count = network.reducers_needed(req.workers, per_vm, per_reducer)
+    total = network.GPU_MACHINE_BANDWIDTH.get(req.machine_type, (per_vm, per_vm))[0]
+    nics = f" (of {total}: the GPU-to-GPU NICs do not reach reducers)" if total != per_vm else ""
+    how = (f"--reduction-servers auto: {req.workers} training VMs x {per_vm} Gbps general-purpose network{nics} / "
+           f"{per_reducer} Gbps per {req.reduction_server_machine_type} -> {count} reducers")
     return count, how
 
 
@@ -84,18 +91,39 @@ def _check_counts(req: VertexRequest) -> None:
         raise ConfigError("--base-output-dir", "must be a Cloud Storage URI (gs://bucket/path)")
 
 
-def _pools(req: VertexRequest, accelerator: tuple[str, int] | None) -> tuple[list[PoolSpec | None], list[str]]:
+def with_run_option(run_args: tuple[str, ...], option: str, value: str) -> tuple[str, ...]:
+    """``run_args`` with ``option value`` added before their own ``--`` (where the user's arguments start)."""
+    at = run_args.index("--") if "--" in run_args else len(run_args)
+    return (*run_args[:at], option, value, *run_args[at:])
+
+
+def _run_args(req: VertexRequest, framework: str, strategy: str | None) -> tuple[tuple[str, ...], list[str]]:
+    """The pools' args: a TensorFlow job with reducers pins its strategy (workerpool2 would read as ps)."""
+    if framework == "tensorflow" and req.reduction_servers and strategy is None:
+        note = (f"TensorFlow with a Reduction Server: the args pin --strategy {TF_REDUCER_STRATEGY} (at run time "
+                "workerpool2 would otherwise read as parameter servers)")
+        return with_run_option(req.run_args, "--strategy", TF_REDUCER_STRATEGY), [note]
+    return req.run_args, []
+
+
+def _pools(req: VertexRequest, accelerator: tuple[str, int] | None,
+           args: tuple[str, ...]) -> tuple[list[PoolSpec | None], list[str]]:
     notes: list[str] = []
+    x = req.extras
 
     def ours(index: int, replicas: int, machine: str, acc: tuple[str, int] | None) -> PoolSpec | None:
-        return PoolSpec(index, replicas, machine, req.image, acc, req.run_args) if replicas > 0 else None
+        if replicas <= 0:
+            return None
+        reservation = x.reservation if machine == req.machine_type else None  # a reservation is of one type
+        return PoolSpec(index, replicas, machine, req.image, acc, args, env=x.env, disk_type=x.disk_type,
+                        disk_size_gb=x.disk_size_gb, reservation=reservation)
 
     pools = [ours(0, 1, req.machine_type, accelerator), ours(1, req.workers - 1, req.machine_type, accelerator)]
     if req.reduction_servers:
         count, how = reducer_count(req, accelerator)
         notes += [how] if how else []
         pools.append(PoolSpec(2, count, req.reduction_server_machine_type,
-                              machines.reduction_server_image(req.region)))
+                              network.reduction_server_image(req.region)))
     else:
         ps_machine = req.ps_machine_type or req.machine_type
         pools.append(ours(2, req.ps, ps_machine, machines.implied_accelerator(ps_machine)))
@@ -111,14 +139,17 @@ def build(req: VertexRequest) -> tuple[JobSpec, list[str], list[str]]:
     options = run_options(req.run_args, "job vertex")
     framework = infer_framework(req.framework, req.image, options.framework)
     if framework is None:
-        raise ConfigError("--framework", "not given, not in the run args, and not the image's name; pass it")
+        raise ConfigError("--framework", f"not given, not in the run args, and not the image's name; pass "
+                          f"--framework {'|'.join(registry.names())}")
     accelerator = parse_accelerator(req.accelerator, req.machine_type)
-    pools, notes = _pools(req, accelerator)
+    args, notes = _run_args(req, framework, options.strategy)
+    pools, more = _pools(req, accelerator, args)
     name = req.display_name or default_display_name(req.image)
     if len(name) > 128:
         raise ConfigError("--display-name", "at most 128 characters")
-    job = JobSpec(name, tuple(pools), req.base_output_dir)
-    return job, notes, validate(job, "job vertex", framework, options.strategy)
+    job = JobSpec(name, tuple(pools), req.base_output_dir, req.settings)
+    strategy = options.strategy or (TF_REDUCER_STRATEGY if args != req.run_args else None)
+    return job, notes + more, validate(job, "job vertex", framework, strategy)
 
 
 def split_run_args(argv: Sequence[str]) -> tuple[list[str], tuple[str, ...]]:

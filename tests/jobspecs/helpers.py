@@ -7,6 +7,7 @@ them, so collecting these modules works in every venv; only .venv/jobs (``-m job
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +20,9 @@ from entrypoint.cli import main
 TORCH_IMAGE = "us-central1-docker.pkg.dev/my-project/trainers/pytorch:v1"
 TF_IMAGE = "us-central1-docker.pkg.dev/my-project/trainers/tensorflow:v1"
 HVD_IMAGE = "us-central1-docker.pkg.dev/my-project/trainers/horovod:v1"
+# Built with REDUCTION_SERVER=1 (docs/images.md tags those -rs).
+HVD_RS_IMAGE = "us-central1-docker.pkg.dev/my-project/trainers/horovod:v1-rs"
+TF_RS_IMAGE = "us-central1-docker.pkg.dev/my-project/trainers/tensorflow:v1-rs"
 
 
 def job(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -62,6 +66,40 @@ def kubeflow_model(manifest: dict[str, Any]) -> Any:
     return model
 
 
+def trainjob_model(manifest: dict[str, Any]) -> Any:
+    """Deserialize into Kubeflow Trainer v2's TrainJob model (kubeflow-trainer-api); nothing may be dropped."""
+    from kubeflow_trainer_api.models.trainer_v1alpha1_train_job import TrainerV1alpha1TrainJob
+
+    model = TrainerV1alpha1TrainJob.from_dict(manifest)
+    assert model is not None
+    assert model.to_dict() == manifest  # an unknown or misplaced field would be dropped on the way
+    return model
+
+
+def run_python_script(script: str, monkeypatch: pytest.MonkeyPatch, method: str, field: str) -> list[Any]:
+    """Run a ``--format python`` script with the real SDK: credentials faked, the API's create call caught."""
+    import google.auth
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud.aiplatform import jobs
+    from google.cloud.aiplatform_v1.services.job_service import JobServiceClient
+
+    made: list[Any] = []
+
+    def create(self: Any, *args: Any, **kwargs: Any) -> Any:
+        resource = type(kwargs[field])(kwargs[field])
+        made.append(kwargs[field])
+        collection = re.sub(r"_([a-z])", lambda m: m[1].upper(), field) + "s"  # customJobs
+        resource.name = f"projects/1/locations/us-central1/{collection}/1"
+        return resource
+
+    monkeypatch.setattr(google.auth, "default", lambda *a, **k: (AnonymousCredentials(), "my-project"))
+    monkeypatch.setattr(JobServiceClient, method, create)
+    monkeypatch.setattr(jobs._RunnableJob, "_block_until_complete", lambda self: None)
+    monkeypatch.setattr(sys, "argv", ["job.py"])
+    exec(compile(script, "job.py", "exec"), {"__name__": "__main__"})
+    return made
+
+
 def gcloud_list(value: str) -> list[str]:
     """A list flag as gcloud splits it: commas, or the ``^D^`` delimiter of ``gcloud topic escaping``."""
     delim = ","
@@ -90,16 +128,24 @@ def gcloud_command_job_spec(words: list[str]) -> tuple[list[str], dict[str, Any]
     head = [w for w in words if not w.startswith("--")]
     pools: list[dict[str, Any]] = []
     args: list[str] = []
+    spec: dict[str, Any] = {}
+    flags = {"--service-account": "serviceAccount", "--network": "network",
+             "--persistent-resource-id": "persistentResourceId"}
     for word in words:
-        if word.startswith("--worker-pool-spec="):
-            spec = dict(item.split("=", 1) for item in gcloud_list(word.split("=", 1)[1]))
-            pools.append(_gcloud_pool(spec))
+        flag, _, value = word.partition("=")
+        if flag in flags:
+            spec[flags[flag]] = value
+        elif word == "--enable-web-access":
+            spec["enableWebAccess"] = True
+        elif word.startswith("--worker-pool-spec="):
+            fields = dict(item.split("=", 1) for item in gcloud_list(word.split("=", 1)[1]))
+            pools.append(_gcloud_pool(fields))
         elif word.startswith("--args="):
             args = gcloud_list(word.split("=", 1)[1])
     for pool in pools:
         if pool and args:  # gcloud gives --args to every pool that has a container
             pool["containerSpec"]["args"] = args
-    return head, {"workerPoolSpecs": pools}
+    return head, {"workerPoolSpecs": pools, **spec}
 
 
 def _gcloud_pool(spec: dict[str, str]) -> dict[str, Any]:

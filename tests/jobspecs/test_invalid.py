@@ -48,6 +48,46 @@ INVALID: dict[str, tuple[list[str], str]] = {
                                    "pytorch"], "--framework"),
     "output dir not on GCS": (["--image", TORCH_IMAGE, "--base-output-dir", "/tmp/out", *RUN], "gs://"),
     "unknown option": (["--image", TORCH_IMAGE, "--replicas=3", *RUN], "--replicas"),
+    # GPUs our CUDA 13 images cannot use (docs/images.md); K80 is past its end of support
+    "V100 with pytorch": (["--image", TORCH_IMAGE, "--machine-type", "n1-standard-8", "--accelerator",
+                           "NVIDIA_TESLA_V100:1", *RUN], "cannot run CUDA 13"),
+    "P100 with horovod": (["--image", HVD_IMAGE, "--accelerator", "NVIDIA_TESLA_P100:1", *RUN], "cannot run CUDA 13"),
+    "P4 with pytorch": (["--image", TORCH_IMAGE, "--accelerator", "NVIDIA_TESLA_P4:1", *RUN], "cannot run CUDA 13"),
+    "K80": (["--image", TF_IMAGE, "--accelerator", "NVIDIA_TESLA_K80:1", *RUN], "end of support"),
+    # machines
+    "unknown A2 type": (["--image", TORCH_IMAGE, "--machine-type", "a2-highgpu-3g", *RUN], "unknown A2 machine type"),
+    "unknown N1 type": (["--image", TORCH_IMAGE, "--machine-type", "n1-standard-3", *RUN], "unknown N1 machine type"),
+    "TPU on N1": (["--image", TORCH_IMAGE, "--accelerator", "TPU_V3:8", *RUN], "no TPU runtime"),
+    "TPU machine": (["--image", TORCH_IMAGE, "--machine-type", "cloud-tpu", *RUN], "no TPU runtime"),
+    "gcloud's accelerator spelling": (["--image", TORCH_IMAGE, "--accelerator", "nvidia-tesla-t4:1", *RUN],
+                                      "did you mean NVIDIA_TESLA_T4?"),
+    # small error texts
+    "framework choices": (["--image", "gcr.io/p/my-trainer:v1", *RUN], "--framework pytorch|"),
+    "run option type": (["--image", TORCH_IMAGE, "--", "--module", "m", "--epochs", "x"],
+                        "--epochs: expects a whole number >= 1"),
+    "our option type": (["--image", TORCH_IMAGE, "--workers", "three", *RUN], "--workers: expects a whole number"),
+    # scheduling, identity, network, resources
+    "max-wait without flex-start": (["--image", TORCH_IMAGE, "--max-wait", "1h", *RUN], "give --flex-start"),
+    "spot and flex-start": (["--image", TORCH_IMAGE, "--spot", "--flex-start", *RUN], "not allowed with"),
+    "retries both ways": (["--image", TORCH_IMAGE, "--disable-retries", "--restart-job-on-worker-restart", *RUN],
+                          "give one"),
+    "timeout": (["--image", TORCH_IMAGE, "--timeout", "soon", *RUN], "expected a duration"),
+    "network by project id": (["--image", TORCH_IMAGE, "--network", "projects/my-project/global/networks/n", *RUN],
+                              "project number"),
+    "ip range without network": (["--image", TORCH_IMAGE, "--reserved-ip-range", "r", *RUN], "give --network"),
+    "tensorboard without sa": (["--image", TORCH_IMAGE, "--tensorboard", "projects/p/locations/l/tensorboards/1",
+                                *RUN], "needs --service-account"),
+    "service account": (["--image", TORCH_IMAGE, "--service-account", "me", *RUN], "service account e-mail"),
+    "kms key region": (["--image", TORCH_IMAGE, "--kms-key", "projects/p/locations/europe-west4/keyRings/r/"
+                        "cryptoKeys/k", *RUN], "must be in the job's region"),
+    "label case": (["--image", TORCH_IMAGE, "--labels", "Team=ml", *RUN], "lowercase"),
+    "label twice": (["--image", TORCH_IMAGE, "--labels", "a=1", "--labels", "a=2", *RUN], "more than once"),
+    "env set by vertex": (["--image", TORCH_IMAGE, "--env", "AIP_MODEL_DIR=/x", *RUN], "set by the platform"),
+    "env name": (["--image", TORCH_IMAGE, "--env", "1X=y", *RUN], "not an environment variable name"),
+    "reservation": (["--image", TORCH_IMAGE, "--reservation", "Big Reservation", *RUN], "--reservation"),
+    "persistent resource": (["--image", TORCH_IMAGE, "--persistent-resource-id", "Pool_1", *RUN], "lowercase"),
+    "python has no ip ranges": (["--image", TORCH_IMAGE, "--network", "projects/1/global/networks/n",
+                                 "--reserved-ip-range", "r", "--format", "python", *RUN], "no reserved IP ranges"),
 }
 
 
@@ -73,6 +113,26 @@ def test_undersized_reducers_warn(capsys: pytest.CaptureFixture[str]) -> None:
                          "a2-megagpu-16g", "--reduction-servers", "10", *RUN)
     assert code == 0 and out
     assert "entrypoint: warning: 10 reducers give 320 Gbps" in err and "25 would match" in err
+    assert "carries the Reduction Server NCCL plugin" in err and "billed and idle" in err  # pytorch:v1, not -rs
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["--machine-type", "n2-custom-8-16384"], "custom machine type (8 vCPUs, 16384 MB)"),
+    (["--machine-type", "z9-standard-8"], "not in this tool's machine tables"),
+    (["--machine-type", "g2-standard-8", "--image", TORCH_IMAGE.replace("pytorch:", "pytorch-cpu:")],
+     "is a CPU image; the NVIDIA_L4 GPUs would sit idle"),
+    (["--env", "WANDB_API_KEY=s3cr3t-value"], "WANDB_API_KEY: looks like a secret"),
+])
+def test_warnings(capsys: pytest.CaptureFixture[str], argv: list[str], expected: str) -> None:
+    options = argv if "--image" in argv else ["--image", TORCH_IMAGE, *argv]
+    code, out, err = job(capsys, "vertex", *options, *RUN)
+    assert code == 0 and out and expected in err and "s3cr3t" not in err
+
+
+def test_values_in_kubeflow_errors_are_never_echoed(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (["--env", "HF_TOKEN=s3cr3t-value"], ["--env-secret", "TOKEN=s3cr3t-value"]):
+        code, _, err = job(capsys, "kubeflow", "--kind", "pytorchjob", "--image", TORCH_IMAGE, *argv, *RUN)
+        assert "s3cr3t" not in one_line_error(code, err)
 
 
 @pytest.mark.parametrize(("argv", "expected"), [
@@ -81,7 +141,17 @@ def test_undersized_reducers_warn(capsys: pytest.CaptureFixture[str]) -> None:
     (["--kind", "pytorchjob", "--image", TORCH_IMAGE, "--workers", "2", "--ps", "1", *RUN], "TensorFlow only"),
     (["--kind", "pytorchjob", "--image", HVD_IMAGE, "--evaluators", "1", *RUN], "TensorFlow only"),
     (["--kind", "tfjob", "--image", TF_IMAGE, "--ps", "1", *RUN], "at least one worker"),
-    (["--kind", "pytorchjob", "--image", TORCH_IMAGE, "--name", "My_Job", *RUN], "DNS-1123"),
+    (["--kind", "pytorchjob", "--image", TORCH_IMAGE, "--name", "My_Job", *RUN], "DNS-1035"),
+    (["--kind", "pytorchjob", "--image", TORCH_IMAGE, "--name", "2024-run", *RUN], "DNS-1035"),
+    (["--kind", "trainjob", "--image", TF_IMAGE, *RUN], "no TensorFlow runtime"),
+    (["--kind", "trainjob", "--image", TORCH_IMAGE, "--runtime", "Torch_Distributed", *RUN], "--runtime"),
+    (["--kind", "tfjob", "--image", TF_IMAGE, "--namespace", "ML", *RUN], "--namespace"),
+    (["--kind", "trainjob", "--image", TORCH_IMAGE, "--backoff-limit", "2", *RUN], "a TrainJob has no such field"),
+    (["--kind", "pytorchjob", "--image", TORCH_IMAGE, "--env", "HF_TOKEN=s3cr3t-value", *RUN], "--env-secret"),
+    (["--kind", "pytorchjob", "--image", TORCH_IMAGE, "--env", "PET_NNODES=3", *RUN], "set by the operator"),
+    (["--kind", "pytorchjob", "--image", TORCH_IMAGE, "--memory", "lots", *RUN], "Kubernetes quantity"),
+    (["--kind", "pytorchjob", "--image", TORCH_IMAGE, "--toleration", "gpu=yes", *RUN], "KEY[=VALUE]:EFFECT"),
+    (["--kind", "pytorchjob", "--image", TORCH_IMAGE, "--env-secret", "TOKEN=s3cr3t-value", *RUN], "SECRET:KEY"),
     (["--kind", "mpijob", "--image", TORCH_IMAGE, *RUN], "--kind"),
     (["--kind", "pytorchjob", "--image", TORCH_IMAGE, "--workers", "0", *RUN], "--workers"),
 ])
@@ -95,3 +165,13 @@ def test_a_real_process_exits_2_with_one_line() -> None:
                           cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["vertex", "--image", TORCH_IMAGE, "--framework"], "(choose --framework pytorch|tensorflow|horovod)"),
+    (["kubeflow", "--image", TORCH_IMAGE], "(choose --kind pytorchjob|tfjob|trainjob)"),
+])
+def test_a_missing_choice_lists_the_choices(capsys: pytest.CaptureFixture[str], argv: list[str],
+                                            expected: str) -> None:
+    code, _, err = job(capsys, *argv, *RUN)
+    assert expected in one_line_error(code, err)

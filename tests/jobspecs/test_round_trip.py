@@ -40,13 +40,21 @@ def _write(capsys: pytest.CaptureFixture[str], path: Path, *argv: str) -> Path:
     return path
 
 
-def test_pytorch_json_with_reducers(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    """Chief + 1 worker on T4s with 2 reducers: 2 DDP processes; the reducers listed, never started."""
+def test_pytorch_json_with_reducers_and_scheduling(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """Chief + 1 worker on T4s with 2 reducers: 2 DDP processes; the reducers listed, never started.
+
+    The spec's scheduling, identity and disk options are the platform's: one line names them; the env applies.
+    """
     spec = _write(capsys, tmp_path / "spec.json", "--image", TORCH_IMAGE, "--workers", "2",
-                  "--accelerator", "NVIDIA_TESLA_T4:1", "--reduction-servers", "2", "--",
+                  "--accelerator", "NVIDIA_TESLA_T4:1", "--reduction-servers", "2", "--spot", "--timeout", "2h",
+                  "--restart-job-on-worker-restart", "--service-account", "sa@p.iam.gserviceaccount.com",
+                  "--boot-disk-size", "200", "--labels", "team=ml", "--env", "FROM_SPEC_ENV=yes", "--",
                   "--framework", "pytorch", "--script", WHO)
     proc, facts = _local_spec(spec, tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert ("[local] not emulated here (the platform's to apply): workerPoolSpecs[*].diskSpec, scheduling.timeout, "
+            "scheduling.strategy, serviceAccount, labels\n") in proc.stdout
+    assert {f["spec_env"] for f in facts.values()} == {"yes"}
     assert sorted(facts) == ["workerpool0-0-0", "workerpool1-0-1"]
     assert {f["world_size"] for f in facts.values()} == {2}
     assert [f["replica"] for f in facts.values() if f["is_chief"]] == ["workerpool0-0"]
@@ -121,11 +129,12 @@ def test_invalid_spec_files(tmp_path: Path) -> None:
 
 
 def test_pools_on_other_images_are_listed_not_started() -> None:
-    from entrypoint.jobs.specfile import job_from_document, to_pools
+    from entrypoint.jobs.specdoc import job_from_document
+    from entrypoint.jobs.specfile import to_pools
 
     mine = {"machineSpec": {"machineType": "n1-standard-4"}, "containerSpec": {"imageUri": TF_IMAGE}}
     doc = {"workerPoolSpecs": [mine, mine, {}, {**mine, "containerSpec": {"imageUri": "gcr.io/else/eval:1"}}]}
-    pools = to_pools(job_from_document(doc))
+    pools = to_pools(job_from_document(doc).job)
     assert [(p.name, p.start) for p in pools] == [("workerpool0", True), ("workerpool1", True),
                                                   ("workerpool3", False)]
     assert pools[0].command == ("run",)
@@ -135,3 +144,80 @@ def test_spec_and_workers_are_exclusive(tmp_path: Path) -> None:
     proc = subprocess.run([PYTHON, "-m", "entrypoint", "local", "--spec", "x.json", "--workers", "2"], cwd=ROOT,
                           env=subprocess_env(), capture_output=True, text=True, timeout=60)
     assert "--spec takes the pools" in one_line_error(proc.returncode, proc.stderr)
+
+
+def test_a_tuning_job_runs_one_trial(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """job vertex-tuning's JSON, run here: trial 1 by default, each parameter appended as Vertex AI does."""
+    code, out, err = job(capsys, "vertex-tuning", "--image", TORCH_IMAGE, "--hypertune-metric", "accuracy",
+                         "--goal", "maximize", "--param-double", "lr=0.0001:0.01:log", "--param-int", "units=8:16",
+                         "--param-categorical", "act=relu,tanh", "--max-trials", "4", "--",
+                         "--framework", "pytorch", "--script", WHO, "--", "--seed-data", "1")
+    assert code == 0, err
+    spec = tmp_path / "tuning.json"
+    spec.write_text(out)
+    proc, facts = _local_spec(spec, tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (chief,) = facts.values()
+    assert chief["argv"] == ["--seed-data", "1", "--lr=0.001", "--units=12", "--act=relu"]
+    assert chief["trial_env"] == "1" and chief["topology"]["trial"] == "1"
+    assert "running one trial with --lr=0.001 --units=12 --act=relu" in proc.stdout
+
+
+def _spec_error(doc: Any) -> str:
+    from entrypoint.errors import ConfigError
+    from entrypoint.jobs.specdoc import job_from_document
+
+    with pytest.raises(ConfigError) as caught:
+        job_from_document(doc)
+    return str(caught.value)
+
+
+def test_gcloud_config_files_are_camel_case_only() -> None:
+    """gcloud reads a snake_case --config file as no pools at all: refused, naming the key and its spelling."""
+    pool = {"machineSpec": {"machineType": "n1-standard-4"}, "containerSpec": {"imageUri": TORCH_IMAGE}}
+    snake = {"worker_pool_specs": [pool]}
+    assert "worker_pool_specs: gcloud's --config takes camelCase keys only" in _spec_error(snake)
+    assert "use workerPoolSpecs" in _spec_error(snake)
+    nested = {"workerPoolSpecs": [{**pool, "disk_spec": {"boot_disk_size_gb": 200}}]}
+    assert "disk_spec" in _spec_error(nested)
+    # the REST resource is proto JSON, which takes either spelling
+    from entrypoint.jobs.specdoc import job_from_document
+
+    assert job_from_document({"display_name": "x", "job_spec": snake}).job.pool(0) is not None
+
+
+def test_spec_fields_are_checked() -> None:
+    pool = {"machineSpec": {"machineType": "n1-standard-4"},
+            "containerSpec": {"imageUri": TORCH_IMAGE, "args": ["--module", "m", "--epochs", 3]}}
+    assert "workerPoolSpecs[0].containerSpec.args[3]: must be a string, not int (quote it in YAML)" in _spec_error(
+        {"workerPoolSpecs": [pool]})
+    assert "replicas is not a field of WorkerPoolSpec" in _spec_error({"workerPoolSpecs": [{"replicas": 2}]})
+    assert "machineType" not in _spec_error({"displayName": "x", "jobSpec": {"workerPoolSpecs": [], "foo": 1}})
+
+
+def test_scheduling_reaches_the_emulator(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """restartJobOnWorkerRestart / disableRetries (either spelling) are LocalJob's, for local's restart policy."""
+    from entrypoint.jobs.specfile import spec_pools
+
+    pool = {"machineSpec": {"machineType": "n1-standard-4"},
+            "containerSpec": {"imageUri": TORCH_IMAGE, "args": ["--module", "m"]}}
+    for scheduling, expected in (({"restartJobOnWorkerRestart": True}, (True, False)),
+                                 ({"disable_retries": True}, (False, True)), ({}, (False, False))):
+        path = tmp_path / "spec.json"
+        path.write_text(json.dumps({"displayName": "x", "jobSpec": {"workerPoolSpecs": [pool],
+                                                                    "scheduling": scheduling}}))
+        local = spec_pools(str(path))
+        assert (local.restart_job_on_worker_restart, local.disable_retries, local.trial) == (*expected, None)
+        assert [p.name for p in local.pools] == ["workerpool0"]
+
+
+def test_tensorflow_reducers_without_a_strategy_are_refused(tmp_path: Path) -> None:
+    """A hand-written TF spec with reducers and no --strategy would train with ParameterServerStrategy."""
+    gpu = {"machineType": "g2-standard-8", "acceleratorType": "NVIDIA_L4", "acceleratorCount": 1}
+    ours = {"machineSpec": gpu, "containerSpec": {"imageUri": TF_IMAGE, "args": ["--module", "m"]}}
+    reducers = {"machineSpec": {"machineType": "n1-highcpu-16"}, "replicaCount": 2,
+                "containerSpec": {"imageUri": "us-docker.pkg.dev/vertex-ai-restricted/training/reductionserver:latest"}}
+    (tmp_path / "tf.json").write_text(json.dumps({"workerPoolSpecs": [ours, ours, reducers]}))
+    proc = subprocess.run([PYTHON, "-m", "entrypoint", "local", "--spec", str(tmp_path / "tf.json")], cwd=ROOT,
+                          env=subprocess_env(), capture_output=True, text=True, timeout=60)
+    assert "needs --strategy MultiWorkerMirroredStrategy" in one_line_error(proc.returncode, proc.stderr)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -11,13 +10,15 @@ import pytest
 import yaml
 
 from tests.jobspecs.helpers import (
-    HVD_IMAGE,
+    HVD_RS_IMAGE,
     TF_IMAGE,
+    TF_RS_IMAGE,
     TORCH_IMAGE,
     custom_job,
     custom_job_spec,
     gcloud_command_job_spec,
     job,
+    run_python_script,
     shell_argv,
 )
 
@@ -34,9 +35,25 @@ JOBS: dict[str, tuple[list[str], list[str]]] = {
                         ["--module", "trainers.tabular_keras"]),
     "tf-evaluator-gap": (["--image", TF_IMAGE, "--workers", "2", "--evaluators", "1"],
                          ["--module", "trainers.flowers_keras"]),
-    "horovod-v100-reducers": (["--image", HVD_IMAGE, "--workers", "5", "--machine-type", "n1-highmem-96",
-                               "--accelerator", "NVIDIA_TESLA_V100:8", "--reduction-servers", "16",
-                               "--region", "europe-west4"], ["--module", "trainers.digits_horovod"]),
+    "horovod-a3-reducers": (["--image", HVD_RS_IMAGE, "--workers", "4", "--machine-type", "a3-highgpu-8g",
+                             "--reduction-servers", "auto", "--region", "europe-west4"],
+                            ["--module", "trainers.digits_horovod"]),
+    "tf-v100-reducers": (["--image", TF_RS_IMAGE, "--workers", "5", "--machine-type", "n1-highmem-96",
+                          "--accelerator", "NVIDIA_TESLA_V100:8", "--reduction-servers", "16"],
+                         ["--module", "trainers.flowers_keras", "--strategy", "MultiWorkerMirroredStrategy"]),
+    "settings": (["--image", TORCH_IMAGE, "--workers", "2", "--machine-type", "a2-highgpu-1g", "--spot",
+                  "--timeout", "36h", "--restart-job-on-worker-restart", "--service-account",
+                  "trainer@my-project.iam.gserviceaccount.com", "--network", "projects/12345/global/networks/vpc",
+                  "--enable-web-access", "--labels", "team=ml,cost_center=a1", "--env", "HF_HOME=/tmp/hf",
+                  "--boot-disk-type", "pd-standard", "--boot-disk-size", "200", "--kms-key",
+                  "projects/p/locations/us-central1/keyRings/r/cryptoKeys/k", "--persistent-resource-id", "pool-1",
+                  "--reservation", "any", "--base-output-dir", "gs://my-bucket/run"],
+                 ["--module", "trainers.digits_torch"]),
+    "flex-tensorboard": (["--image", TORCH_IMAGE, "--flex-start", "--max-wait", "2h", "--disable-retries",
+                          "--tensorboard", "projects/p/locations/us-central1/tensorboards/123", "--service-account",
+                          "sa@p.iam.gserviceaccount.com", "--reservation", "projects/p/zones/us-central1-a/"
+                          "reservations/r1", "--machine-type", "g2-standard-8"],
+                         ["--module", "trainers.digits_torch"]),
     "user-args-commas": (["--image", TORCH_IMAGE, "--workers", "2", "--display-name", "digits, tuned",
                           "--base-output-dir", "gs://my-bucket/digits"],
                          ["--module", "trainers.digits_torch", "--", "--layers=64,32", "--name", "a b", "--"]),
@@ -80,8 +97,9 @@ def test_pool_layout(capsys: pytest.CaptureFixture[str]) -> None:
     tf = _rest(capsys, "tf-ps-evaluator")["jobSpec"]["workerPoolSpecs"]
     assert tf[2]["machineSpec"] == {"machineType": "n1-highmem-8"}  # servers get no GPUs
     assert tf[3]["machineSpec"]["acceleratorCount"] == 2
-    europe = _rest(capsys, "horovod-v100-reducers")["jobSpec"]["workerPoolSpecs"][2]
+    europe = _rest(capsys, "horovod-a3-reducers")["jobSpec"]["workerPoolSpecs"][2]
     assert europe["containerSpec"]["imageUri"].startswith("europe-docker.pkg.dev/")
+    assert europe["replicaCount"] == 25  # 4 x 200 Gbps general-purpose / 32, not 4 x 1000 / 32 = 125
 
 
 def test_base_output_dir(capsys: pytest.CaptureFixture[str]) -> None:
@@ -106,7 +124,7 @@ def test_gcloud_config_refuses_a_skipped_pool(capsys: pytest.CaptureFixture[str]
     assert code == 2
 
 
-@pytest.mark.parametrize("name", sorted(set(JOBS) - {"user-args-commas"}))
+@pytest.mark.parametrize("name", sorted(set(JOBS) - {"user-args-commas", "settings", "flex-tensorboard"}))
 def test_gcloud_command_builds_the_json_job_spec(capsys: pytest.CaptureFixture[str], tmp_path: Path,
                                                  name: str) -> None:
     """bash runs the command; what gcloud gets, split as gcloud splits it, is the JSON format's job spec."""
@@ -115,7 +133,7 @@ def test_gcloud_command_builds_the_json_job_spec(capsys: pytest.CaptureFixture[s
     head, spec = gcloud_command_job_spec(shell_argv(out, tmp_path))
     assert head == ["gcloud", "ai", "custom-jobs", "create"]
     expected = _rest(capsys, name)["jobSpec"]
-    if name.endswith("reducers") or name.endswith("auto"):
+    if "reducers" in name:
         assert "every pool, the reducers' too" in err  # gcloud's --args reach the reducers as well
         spec["workerPoolSpecs"][2]["containerSpec"].pop("args")
     assert spec == expected
@@ -141,21 +159,74 @@ def test_gcloud_command_has_no_base_output_dir(capsys: pytest.CaptureFixture[str
 @pytest.mark.parametrize("name", sorted(JOBS))
 def test_python_builds_the_same_custom_job(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
                                            name: str) -> None:
-    """Run the snippet with the real SDK (credentials faked, submit caught): its job is the JSON one."""
-    import google.auth
-    from google.auth.credentials import AnonymousCredentials
-    from google.cloud import aiplatform
-
+    """Run the script with the real SDK (credentials faked, the API call caught): it creates the JSON job."""
     code, out, err = _render(capsys, name, "python")
     assert code == 0, err
-    submitted: list[Any] = []
-    monkeypatch.setattr(google.auth, "default", lambda *a, **k: (AnonymousCredentials(), "my-project"))
-    monkeypatch.setattr(aiplatform.CustomJob, "submit", lambda self, *a, **k: submitted.append(self))
-    monkeypatch.setattr(sys, "argv", ["job.py"])
-    exec(compile(out, "job.py", "exec"), {"__name__": "__main__"})
+    (made,) = run_python_script(out, monkeypatch, "create_custom_job", "custom_job")
     expected = custom_job(json.dumps(_rest(capsys, name)))
-    (made,) = submitted
-    assert made._gca_resource.display_name == expected.display_name
-    assert made._gca_resource.job_spec.worker_pool_specs == expected.job_spec.worker_pool_specs
-    if expected.job_spec.base_output_directory.output_uri_prefix:
-        assert made._gca_resource.job_spec.base_output_directory == expected.job_spec.base_output_directory
+    assert made.display_name == expected.display_name
+    if not expected.job_spec.base_output_directory.output_uri_prefix:  # the SDK puts one under staging_bucket
+        made.job_spec._pb.ClearField("base_output_directory")
+    assert made.job_spec == expected.job_spec
+    assert dict(made.labels) == dict(expected.labels)
+    assert made.encryption_spec == expected.encryption_spec
+
+
+def test_settings_are_the_apis_fields(capsys: pytest.CaptureFixture[str]) -> None:
+    """Scheduling, identity, network, labels, env, disk, CMEK, reservations: read back by aiplatform_v1's types."""
+    parsed = custom_job(json.dumps(_rest(capsys, "settings")))
+    spec = parsed.job_spec
+    assert spec.scheduling.strategy.name == "SPOT" and spec.scheduling.restart_job_on_worker_restart
+    assert spec.scheduling.timeout.total_seconds() == 36 * 3600
+    assert spec.service_account == "trainer@my-project.iam.gserviceaccount.com"
+    assert spec.network == "projects/12345/global/networks/vpc" and spec.enable_web_access
+    assert spec.persistent_resource_id == "pool-1"
+    assert dict(parsed.labels) == {"team": "ml", "cost_center": "a1"}
+    assert parsed.encryption_spec.kms_key_name.endswith("/cryptoKeys/k")
+    for pool in spec.worker_pool_specs:
+        assert [(e.name, e.value) for e in pool.container_spec.env] == [("HF_HOME", "/tmp/hf")]
+        assert (pool.disk_spec.boot_disk_type, pool.disk_spec.boot_disk_size_gb) == ("pd-standard", 200)
+        assert pool.machine_spec.reservation_affinity.reservation_affinity_type.name == "ANY_RESERVATION"
+    flex = custom_job(json.dumps(_rest(capsys, "flex-tensorboard"))).job_spec
+    assert flex.scheduling.strategy.name == "FLEX_START" and flex.scheduling.disable_retries
+    assert flex.scheduling.max_wait_duration.total_seconds() == 7200
+    assert flex.tensorboard.endswith("/tensorboards/123")
+    affinity = flex.worker_pool_specs[0].machine_spec.reservation_affinity
+    assert (affinity.reservation_affinity_type.name, affinity.key, list(affinity.values)) == (
+        "SPECIFIC_RESERVATION", "compute.googleapis.com/reservation-name",
+        ["projects/p/zones/us-central1-a/reservations/r1"])
+
+
+def test_settings_in_gcloud_config_and_its_command_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """The CustomJobSpec fields in the file; labels and the KMS key (CustomJob's own) as flags in its first line."""
+    code, out, err = _render(capsys, "settings", "gcloud-config")
+    assert code == 0, err
+    doc = yaml.safe_load(out)
+    custom_job_spec(doc)
+    assert doc == _rest(capsys, "settings")["jobSpec"]
+    first = out.splitlines()[0]
+    assert "--labels=team=a1" not in first and "--labels=team=ml,cost_center=a1" in first
+    assert "--kms-key=projects/p/locations/us-central1/keyRings/r/cryptoKeys/k" in first
+
+
+def test_gcloud_command_refuses_what_it_has_no_flag_for(capsys: pytest.CaptureFixture[str]) -> None:
+    for name in ("settings", "flex-tensorboard"):
+        code, out, err = _render(capsys, name, "gcloud-command")
+        assert code == 2 and out == "" and "has no flag for" in err and "--format gcloud-config" in err
+
+
+def test_gcloud_command_identity_flags(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """Service account, network, web access, labels, persistent resource and KMS key are gcloud flags."""
+    options = ["--image", TORCH_IMAGE, "--service-account", "sa@p.iam.gserviceaccount.com", "--network",
+               "projects/1/global/networks/n", "--enable-web-access", "--labels", "a=b", "--labels", "c=d",
+               "--persistent-resource-id", "pr", "--kms-key",
+               "projects/p/locations/us-central1/keyRings/r/cryptoKeys/k"]
+    code, out, err = job(capsys, "vertex", *options, "--format", "gcloud-command", "--", "--module", "m")
+    assert code == 0, err
+    argv = shell_argv(out, tmp_path)
+    code, rest, err = job(capsys, "vertex", *options, "--", "--module", "m")
+    expected = json.loads(rest)
+    _, spec = gcloud_command_job_spec(argv)
+    assert spec == expected["jobSpec"]
+    assert "--labels=a=b,c=d" in argv
+    assert f"--kms-key={expected['encryptionSpec']['kmsKeyName']}" in argv

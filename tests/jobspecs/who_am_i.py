@@ -7,6 +7,7 @@ no ML framework, so it runs under any ``--framework`` in script mode.
 
 import json
 import os
+import sys
 
 from entrypoint import context
 from entrypoint.environments import resolve
@@ -22,6 +23,8 @@ facts = {
     "tf_config": json.loads(os.environ.get("TF_CONFIG", "null")),
     "model_dir": os.environ.get("AIP_MODEL_DIR"),
     "spec_env": os.environ.get("FROM_SPEC_ENV"),
+    "argv": sys.argv[1:],
+    "trial_env": os.environ.get("CLOUD_ML_TRIAL_ID"),
 }
 out = os.environ["WHO_AM_I_DIR"]
 with open(os.path.join(out, f"{facts['replica']}-{facts['rank']}.json"), "w") as f:

@@ -1,0 +1,184 @@
+"""The pod side of ``job kubeflow``: resources, a memory-backed /dev/shm, placement, env, identity.
+
+Shared by the training operator's PyTorchJob / TFJob (a pod template per replica) and Trainer v2's TrainJob
+(``trainer.resourcesPerNode`` / ``trainer.env`` and a runtime patch of the pod). Kubernetes' own rules:
+resource quantities (https://kubernetes.io/docs/reference/kubernetes-api/common-definitions/quantity/),
+tolerations (https://kubernetes.io/docs/concepts/scheduling-eviction/taint-and-toleration/), emptyDir with
+``medium: Memory`` (https://kubernetes.io/docs/concepts/storage/volumes/#emptydir).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from entrypoint.environments.settings import is_secret_name
+from entrypoint.errors import ConfigError
+from entrypoint.jobs.vertexopts import parse_pairs
+
+_QUANTITY = re.compile(r"(\d+(\.\d+)?|\.\d+)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?")
+_LABEL_KEY = re.compile(r"([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
+_LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
+_DNS_1123 = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_ENV_NAME = re.compile(r"[-._a-zA-Z][-._a-zA-Z0-9]*")
+EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+SHM_VOLUME = "dshm"
+# Set by the operators in every pod (the entrypoint reads them): a manifest's own value would fight them.
+OPERATOR_SETS = ("TF_CONFIG", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")
+
+
+@dataclass(frozen=True)
+class PodOptions:
+    """What every training pod gets besides its image and args."""
+
+    gpus: int = 0
+    cpu: str | None = None
+    cpu_limit: str | None = None
+    memory: str | None = None
+    memory_limit: str | None = None
+    shm_size: str | None = None  # None: unbounded (counts against the memory limit); "0": no /dev/shm volume
+    node_selector: tuple[tuple[str, str], ...] = ()
+    tolerations: tuple[tuple[tuple[str, str], ...], ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    env_secrets: tuple[tuple[str, str, str], ...] = ()  # (variable, secret name, key)
+    service_account: str | None = None
+    image_pull_secrets: tuple[str, ...] = ()
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The pod options of ``job kubeflow``."""
+    g = p.add_argument_group("pods")
+    g.add_argument("--gpus", type=int, default=0, help="nvidia.com/gpu per pod (also its process count)")
+    g.add_argument("--cpu", metavar="QUANTITY", help="CPU request per pod (e.g. 8, 500m)")
+    g.add_argument("--cpu-limit", metavar="QUANTITY", help="CPU limit (default: none, no throttling)")
+    g.add_argument("--memory", metavar="QUANTITY", help="memory request per pod, also its limit (e.g. 32Gi)")
+    g.add_argument("--memory-limit", metavar="QUANTITY", help="memory limit (default: --memory)")
+    g.add_argument("--shm-size", metavar="QUANTITY", help="size limit of the memory-backed /dev/shm "
+                   "(default: none, it counts against the memory limit; 0: no /dev/shm volume)")
+    g.add_argument("--node-selector", action="append", default=[], metavar="KEY=VALUE", help="repeatable")
+    g.add_argument("--toleration", action="append", default=[], metavar="KEY[=VALUE]:EFFECT",
+                   help="tolerate a taint (kubectl taint's syntax), repeatable")
+    g.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="container env, repeatable")
+    g.add_argument("--env-secret", action="append", default=[], metavar="KEY=SECRET:KEY",
+                   help="container env from a Kubernetes Secret's key, repeatable")
+    g.add_argument("--service-account", metavar="NAME", help="the pods' Kubernetes service account")
+    g.add_argument("--image-pull-secret", action="append", default=[], metavar="NAME", help="repeatable")
+
+
+def _quantity(value: str | None, flag: str) -> str | None:
+    if value is not None and not _QUANTITY.fullmatch(value):
+        raise ConfigError(flag, "expected a Kubernetes quantity such as 8, 500m, 32Gi")
+    return value
+
+
+def _toleration(text: str) -> tuple[tuple[str, str], ...]:
+    left, colon, effect = text.rpartition(":")
+    if not colon or effect not in EFFECTS:
+        raise ConfigError("--toleration", f"expected KEY[=VALUE]:EFFECT, EFFECT one of {', '.join(EFFECTS)}")
+    key, eq, value = left.partition("=")
+    if not _LABEL_KEY.fullmatch(key) or not _LABEL_VALUE.fullmatch(value):
+        raise ConfigError("--toleration", "the taint's key or value is not a valid label key or value")
+    if eq:
+        return (("key", key), ("operator", "Equal"), ("value", value), ("effect", effect))
+    return (("key", key), ("operator", "Exists"), ("effect", effect))
+
+
+def _env(ns: argparse.Namespace) -> tuple[tuple[tuple[str, str], ...], tuple[tuple[str, str, str], ...]]:
+    env = parse_pairs(ns.env, "--env", split_commas=False)
+    secrets = []
+    for name, ref in parse_pairs(ns.env_secret, "--env-secret", split_commas=False):
+        secret, colon, key = ref.partition(":")
+        if not colon or not _DNS_1123.fullmatch(secret) or not key:
+            raise ConfigError("--env-secret", f"{name}: expected {name}=SECRET:KEY (a Secret's name and key)")
+        secrets.append((name, secret, key))
+    names = [n for n, _ in env] + [n for n, _, _ in secrets]
+    for name in names:
+        if not _ENV_NAME.fullmatch(name):
+            raise ConfigError("--env", f"{name[:40]!r} is not an environment variable name")
+        if name in OPERATOR_SETS or name.startswith("PET_"):
+            raise ConfigError("--env", f"{name} is set by the operator in every pod; do not set it")
+        if names.count(name) > 1:
+            raise ConfigError("--env", f"{name} is given more than once")
+    for name, _ in env:
+        if is_secret_name(name):
+            raise ConfigError("--env", f"{name} looks like a secret: a manifest is no place for its value; "
+                              f"use --env-secret {name}=SECRET:KEY")
+    return tuple(env), tuple(secrets)
+
+
+def from_namespace(ns: argparse.Namespace) -> PodOptions:
+    """The pod options, checked (one ConfigError line naming the option, never a value)."""
+    if ns.gpus < 0:
+        raise ConfigError("--gpus", "must be >= 0")
+    selector = parse_pairs(ns.node_selector, "--node-selector", split_commas=False)
+    for key, value in selector:
+        if not _LABEL_KEY.fullmatch(key) or not _LABEL_VALUE.fullmatch(value):
+            raise ConfigError("--node-selector", f"{key[:60]}: not a valid label key and value")
+    for name in [*ns.image_pull_secret, *([ns.service_account] if ns.service_account else [])]:
+        if not _DNS_1123.fullmatch(name) or len(name) > 253:
+            raise ConfigError("--service-account/--image-pull-secret", "names are DNS-1123 subdomains (lowercase "
+                              "letters, digits, '-', '.')")
+    env, secrets = _env(ns)
+    return PodOptions(
+        gpus=ns.gpus, cpu=_quantity(ns.cpu, "--cpu"), cpu_limit=_quantity(ns.cpu_limit, "--cpu-limit"),
+        memory=_quantity(ns.memory, "--memory"), memory_limit=_quantity(ns.memory_limit, "--memory-limit"),
+        shm_size=_quantity(ns.shm_size, "--shm-size"), node_selector=tuple(selector),
+        tolerations=tuple(_toleration(t) for t in ns.toleration), env=env, env_secrets=secrets,
+        service_account=ns.service_account, image_pull_secrets=tuple(ns.image_pull_secret),
+    )
+
+
+def resources(opts: PodOptions, gpus: int) -> dict[str, Any]:
+    """requests and limits (quantities as strings); GPUs are limits only, as extended resources allow."""
+    requests = {k: v for k, v in (("cpu", opts.cpu), ("memory", opts.memory)) if v}
+    limits = {k: v for k, v in (("cpu", opts.cpu_limit), ("memory", opts.memory_limit or opts.memory)) if v}
+    if gpus:
+        limits["nvidia.com/gpu"] = str(gpus)
+    return {k: v for k, v in (("requests", requests), ("limits", limits)) if v}
+
+
+def env_vars(opts: PodOptions) -> list[dict[str, Any]]:
+    """EnvVar list: plain values, then Secret references."""
+    out: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in opts.env]
+    out += [{"name": k, "valueFrom": {"secretKeyRef": {"name": s, "key": key}}} for k, s, key in opts.env_secrets]
+    return out
+
+
+def shm(opts: PodOptions) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The memory-backed /dev/shm: (volumes, volumeMounts); none with --shm-size 0."""
+    if opts.shm_size is not None and float(re.sub(r"[A-Za-z]+$", "", opts.shm_size) or 0) == 0:
+        return [], []
+    empty: dict[str, Any] = {"medium": "Memory"}
+    if opts.shm_size:
+        empty["sizeLimit"] = opts.shm_size
+    return [{"name": SHM_VOLUME, "emptyDir": empty}], [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}]
+
+
+def pod_fields(opts: PodOptions) -> dict[str, Any]:
+    """PodSpec fields besides the containers: service account, pull secrets, placement, the shm volume."""
+    volumes, _ = shm(opts)
+    items: list[tuple[str, Any]] = [
+        ("serviceAccountName", opts.service_account),
+        ("imagePullSecrets", [{"name": n} for n in opts.image_pull_secrets] or None),
+        ("nodeSelector", dict(opts.node_selector) or None),
+        ("tolerations", [dict(t) for t in opts.tolerations] or None),
+        ("volumes", volumes or None),
+    ]
+    return {k: v for k, v in items if v is not None}
+
+
+def container(opts: PodOptions, name: str, image: str, args: list[str], gpus: int) -> dict[str, Any]:
+    """One training container: image, args, env, resources, the /dev/shm mount."""
+    out: dict[str, Any] = {"name": name, "image": image}
+    if args:
+        out["args"] = args  # the image's ENTRYPOINT is `python -m entrypoint run`
+    if env_vars(opts):
+        out["env"] = env_vars(opts)
+    if resources(opts, gpus):
+        out["resources"] = resources(opts, gpus)
+    _, mounts = shm(opts)
+    if mounts:
+        out["volumeMounts"] = mounts
+    return out

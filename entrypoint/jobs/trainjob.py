@@ -1,0 +1,72 @@
+"""``job kubeflow --kind trainjob``: a Kubeflow Trainer v2 TrainJob (trainer.kubeflow.org/v1alpha1) for our image.
+
+The TrainJob names a ClusterTrainingRuntime (``torch-distributed`` by default) whose torch plugin sets
+PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK, PET_MASTER_ADDR and PET_MASTER_PORT in each node's
+container: what our entrypoint reads for PyTorch and Horovod (https://github.com/kubeflow/trainer,
+pkg/runtime/framework/plugins/torch). Our image replaces the runtime's, its ENTRYPOINT runs the args.
+Pod details a TrainJob has no field for (service account, pull secrets, placement, /dev/shm) go into a
+``runtimePatches`` entry (Trainer v2.2 and later). Restarts are the runtime's: the operators' ExitCode policy
+does not exist here, so every failure, permanent ones included, retries as the runtime's Job allows.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from entrypoint.errors import ConfigError
+from entrypoint.jobs import pods
+from entrypoint.jobs.kubeflow import KubeflowRequest, check, default_name
+
+API_VERSION = "trainer.kubeflow.org/v1alpha1"
+PATCH_MANAGER = "trainer-entrypoint.job-kubeflow"
+NODE = "node"  # the runtime's replicated job and container name (constants.Node)
+
+
+def _refuse_v1_only(req: KubeflowRequest) -> None:
+    v1_only = (("--backoff-limit", req.backoff_limit), ("--clean-pod-policy", req.clean_pod_policy),
+               ("--ttl-seconds-after-finished", req.ttl_seconds_after_finished))
+    given = [flag for flag, value in v1_only if value is not None]
+    if given:
+        raise ConfigError(", ".join(given), "a TrainJob has no such field (its runtime's JobSet sets it); "
+                          "--active-deadline is the TrainJob's")
+
+
+def _patch(req: KubeflowRequest) -> dict[str, Any] | None:
+    """The runtime patch for what TrainJob.spec.trainer cannot say."""
+    pod = pods.pod_fields(req.pods)
+    _, mounts = pods.shm(req.pods)
+    if mounts:
+        pod["containers"] = [{"name": NODE, "volumeMounts": mounts}]
+    if not pod:
+        return None
+    job = {"template": {"spec": {"template": {"spec": pod}}}}
+    return {"manager": PATCH_MANAGER, "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [
+        {"name": NODE, **job}]}}}}
+
+
+def build_trainjob(req: KubeflowRequest) -> dict[str, Any]:
+    """The TrainJob manifest; ConfigError when the combination is invalid."""
+    check(req)
+    _refuse_v1_only(req)
+    metadata: dict[str, Any] = {"name": req.name or default_name(req.image)}
+    if req.namespace:
+        metadata["namespace"] = req.namespace
+    trainer: dict[str, Any] = {"image": req.image}
+    if req.run_args:
+        trainer["args"] = list(req.run_args)
+    if pods.env_vars(req.pods):
+        trainer["env"] = pods.env_vars(req.pods)
+    trainer["numNodes"] = req.workers
+    trainer["numProcPerNode"] = req.pods.gpus or 1
+    if pods.resources(req.pods, req.pods.gpus):
+        trainer["resourcesPerNode"] = pods.resources(req.pods, req.pods.gpus)
+    spec: dict[str, Any] = {
+        "runtimeRef": {"name": req.runtime, "apiGroup": "trainer.kubeflow.org", "kind": "ClusterTrainingRuntime"},
+        "trainer": trainer,
+    }
+    patch = _patch(req)
+    if patch:
+        spec["runtimePatches"] = [patch]
+    if req.active_deadline_seconds is not None:
+        spec["activeDeadlineSeconds"] = req.active_deadline_seconds
+    return {"apiVersion": API_VERSION, "kind": "TrainJob", "metadata": metadata, "spec": spec}
