@@ -9,7 +9,6 @@ and random streams; a hang watchdog fails a stalled job.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import signal
 import socket
@@ -20,11 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset, DistributedSampler, Subset
 
-from entrypoint import checkpoints, errors, failures, peers
+from entrypoint import checkpoints, errors, failures, peers, recovery
 from entrypoint.errors import ConfigError, NonFiniteLoss, PeerError, StopRequested
 from entrypoint.hypertune import MetricReporter
 from entrypoint.options import DEFAULT_BATCH_SIZE, DEFAULT_EPOCHS
@@ -33,29 +31,16 @@ from entrypoint.plan import Plan
 from entrypoint.progress import Progress
 from entrypoint.pytorch import state as rng
 from entrypoint.pytorch.checkpoint_io import LOAD_WITH, export_model, make_io
-from entrypoint.pytorch.collectives import Collectives, Vote
+from entrypoint.pytorch.collectives import Collectives
 from entrypoint.pytorch.data import EpochSampler, make_loader, seed_loader, to_device
+from entrypoint.pytorch.defaults import Context, default_eval_step, default_loss, param_digest
+from entrypoint.pytorch.vote import StepVote, Verdict, nonfinite
 from entrypoint.signals import StopRequest
 from entrypoint.summary import TrainingSummary, write_summary
 from entrypoint.usercode import load_hooks, module_default, parse_user_args
 from entrypoint.watchdog import HangWatchdog
 
 log = logging.getLogger("entrypoint.pytorch")
-
-
-@dataclass
-class Context:
-    """What hooks receive as ``ctx``: ranks, device, output directories, and the chief flag."""
-
-    rank: int
-    world_size: int
-    local_rank: int
-    device: torch.device
-    is_chief: bool
-    model_dir: Path
-    checkpoint_dir: Path
-    tensorboard_dir: Path
-    trial: str | None
 
 
 @dataclass
@@ -71,77 +56,9 @@ class _State:
     batch: int = 0  # position inside ``epoch`` (batches done)
     saved_step: int = -1
     skipped: list[int] = field(default_factory=list)  # steps whose update was skipped (non-finite loss)
+    recoveries: list[dict[str, Any]] = field(default_factory=list)  # what each resume after a failure cost
     metrics: dict[str, float] = field(default_factory=dict)
     history: dict[str, list[float]] = field(default_factory=dict)
-
-
-def default_loss(model: nn.Module, batch: Any, ctx: Context) -> torch.Tensor:
-    """Classification: ``batch = (inputs, labels)``, cross-entropy on the logits."""
-    inputs, labels = batch
-    return F.cross_entropy(model(inputs), labels)
-
-
-def default_eval_step(model: nn.Module, batch: Any, ctx: Context) -> dict[str, torch.Tensor]:
-    """Sums for classification metrics; the loop all-reduces them and divides by ``count``."""
-    inputs, labels = batch
-    logits = model(inputs)
-    return {
-        "loss": F.cross_entropy(logits, labels, reduction="sum"),
-        "accuracy": (logits.argmax(dim=-1) == labels).sum().float(),
-        "count": torch.tensor(float(labels.shape[0]), device=labels.device),
-    }
-
-
-def param_digest(model: nn.Module) -> str:
-    """A digest of every parameter's bytes: equal on every rank when replicas are in sync."""
-    h = hashlib.sha256()
-    for p in model.parameters():
-        h.update(p.detach().float().cpu().numpy().tobytes())
-    return h.hexdigest()[:16]
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """What every rank learned about one step: whether any rank asked to stop, how many saw a NaN/inf loss."""
-
-    step: int
-    stop: bool
-    nonfinite: int
-
-
-class StepVote:
-    """Every rank decides at the same step whether to stop or fail: one small all-reduce per step, overlapped.
-
-    The vote started after step k (a stop request, a non-finite loss) is read after step k+1, so it costs no
-    wait, and every rank reads the same sums at the same step: a signal that reached any node stops them
-    all together. Before anything is saved, evaluated or exported the vote in flight is settled, so no
-    checkpoint ever holds the state of a step whose loss was not finite.
-    """
-
-    def __init__(self, comm: Collectives, request: StopRequest, device: torch.device) -> None:
-        self.comm, self.request, self.device = comm, request, device
-        self._pending: tuple[int, Vote] | None = None
-
-    def poll(self, step: int, loss: torch.Tensor | None) -> Verdict | None:
-        """Read the previous step's vote (if any) and start this step's (``loss`` None: not checked here)."""
-        verdict = self.drain()
-        stop = torch.tensor([int(self.request.requested)], dtype=torch.int64, device=self.device)
-        bad = nonfinite(loss) if loss is not None else torch.zeros(1, dtype=torch.int64, device=self.device)
-        self._pending = (step, self.comm.start_vote(torch.cat([stop, bad])))
-        return verdict
-
-    def drain(self) -> Verdict | None:
-        """Finish the vote in flight; its verdict (None when none was in flight)."""
-        if self._pending is None:
-            return None
-        (step, vote), self._pending = self._pending, None
-        stop, bad = vote.result()
-        return Verdict(step, stop > 0, bad)
-
-
-def nonfinite(loss: torch.Tensor) -> torch.Tensor:
-    """1 (int64, on the loss's device, no host sync) when the loss is NaN or infinite, else 0."""
-    return (~torch.isfinite(loss.detach())).reshape(-1)[:1].to(torch.int64)
 
 
 class Trainer:
@@ -353,22 +270,27 @@ class Trainer:
             "model": state.model.state_dict(), "optimizer": state.optimizer.state_dict(),
             "scheduler": state.scheduler.state_dict() if state.scheduler is not None else None,
             "step": state.step, "epoch": state.epoch, "batch": state.batch, "rng": rngs,
-            "world_size": self.ctx.world_size, "history": state.history,
+            "world_size": self.ctx.world_size, "history": state.history, "recoveries": state.recoveries,
         }
-        meta = {"step": state.step, "epoch": state.epoch, "batch": state.batch, "framework": self.plan.framework}
+        meta = {"step": state.step, "epoch": state.epoch, "batch": state.batch, "framework": self.plan.framework,
+                "reached_at": recovery.reached_at()}
         self.io.save(checkpoints.checkpoint_path(self.ctx.checkpoint_dir, state.step), payload, meta)
 
     def _resume(self, state: _State) -> None:
-        """The chief picks the checkpoint (the newest that verifies and loads) and tells every rank."""
-        choice: tuple[str | None, tuple[str, str] | None] = (None, None)
+        """The chief picks the checkpoint (the newest that verifies and loads) and tells every rank what it cost."""
+        choice: tuple[str | None, tuple[str, str] | None, dict[str, Any] | None] = (None, None, None)
         if self.ctx.is_chief:
             try:
                 found = checkpoints.load_newest(self.ctx.checkpoint_dir, self.options.resume_from,
                                                 lambda path: self._load(path, state), self.io.retention)
-                choice = (str(found[0]) if found else None, None)
+                lost = None
+                if found is not None:
+                    reached = checkpoints.read_marker(found[0]).get("reached_at")
+                    lost = recovery.after_resume(self.plan.outputs.job_dir, state.step, reached)
+                choice = (str(found[0]) if found else None, None, lost.to_dict() if lost else None)
             except ConfigError as exc:
-                choice = (None, (exc.source, exc.problem))
-        path_text, error = self.comm.broadcast_object(choice)
+                choice = (None, (exc.source, exc.problem), None)
+        path_text, error, lost_work = self.comm.broadcast_object(choice)
         if error is not None:
             raise ConfigError(*error)
         if path_text is None:
@@ -376,6 +298,9 @@ class Trainer:
         if not self.ctx.is_chief:
             self._load(Path(path_text), state)
         log.info("resumed from %s at step %d (epoch %d, batch %d)", path_text, state.step, state.epoch, state.batch)
+        if lost_work is not None:
+            state.recoveries.append(lost_work)
+            log.info("%s", recovery.Recovery(**lost_work).line())
 
     def _load(self, path: Path, state: _State) -> None:
         saved = self.io.load(path, self.ctx.device)
@@ -385,6 +310,7 @@ class Trainer:
             state.scheduler.load_state_dict(saved["scheduler"])
         state.step, state.epoch, state.batch = saved["step"], saved["epoch"], saved["batch"]
         state.saved_step, state.history = state.step, dict(saved.get("history") or {})
+        state.recoveries = list(saved.get("recoveries") or [])
         if saved.get("world_size") == self.ctx.world_size:
             rng.set_rng_state(saved["rng"][self.ctx.rank])
 
@@ -460,7 +386,7 @@ class Trainer:
             samples_per_second=round((state.step - start_step) * global_batch / max(seconds, 1e-9), 1),
             checkpoint_blocked_seconds=round(self.io.blocked_seconds, 3),
             checkpoint_write_seconds=round(self.io.write_seconds, 3), trial=ctx.trial,
-            hypertune_file=self.reporter.path, ranks=ranks, param_digests=digests,
+            hypertune_file=self.reporter.path, ranks=ranks, param_digests=digests, recoveries=state.recoveries,
             load_with="torch.load('model.pt', weights_only=False)  # or state_dict.pt into build_model(); "
                       f"a checkpoint: {LOAD_WITH}",
             details={"init_param_digests": self.digests["init"], "start_param_digests": self.digests["start"],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -38,10 +39,11 @@ def global_step(model: Any) -> int:
 class CommitCheckpoints(tf.keras.callbacks.Callback):
     """At each epoch end every worker saves; the chief commits ``ckpt-<step>`` and prunes old ones."""
 
-    def __init__(self, checkpoint_dir: Path, is_chief: bool, retention: Retention, strategy: str) -> None:
+    def __init__(self, checkpoint_dir: Path, is_chief: bool, retention: Retention, strategy: str,
+                 recoveries: list[dict[str, Any]] | None = None) -> None:
         super().__init__()
         self.checkpoint_dir, self.is_chief, self.strategy = checkpoint_dir, is_chief, strategy
-        self.retention = retention
+        self.retention, self.recoveries = retention, recoveries or []
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         """Save, commit (chief), prune (chief)."""
@@ -54,7 +56,8 @@ class CommitCheckpoints(tf.keras.callbacks.Callback):
     def commit(self, epochs_done: int, extra: dict[str, Any]) -> Path:
         """Every worker saves the current step (a collective under MWMS); the chief commits it and prunes."""
         step = global_step(self.model)
-        meta = {"epoch": epochs_done, "step": step, "framework": "tensorflow", "strategy": self.strategy, **extra}
+        meta = {"epoch": epochs_done, "step": step, "framework": "tensorflow", "strategy": self.strategy,
+                "reached_at": time.time(), "recoveries": self.recoveries, **extra}
         path = save_checkpoint(self.model, self.checkpoint_dir, step, self.is_chief, meta)
         if self.is_chief:
             check_sizes(path)

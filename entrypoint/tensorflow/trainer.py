@@ -9,7 +9,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from entrypoint import failures
+from entrypoint import failures, recovery
 from entrypoint.checkpoints import Retention, load_newest, read_marker
 from entrypoint.errors import ConfigError, ExitCode
 from entrypoint.hypertune import MetricReporter
@@ -58,19 +58,27 @@ def fit_inputs(module: ModuleType, args: argparse.Namespace, ctx: TFContext) -> 
     return inputs
 
 
-def resume(model: Any, ctx: TFContext, resume_from: str | None, retention: Retention) -> int:
-    """Load ``--resume-from`` or the newest committed checkpoint that loads; the epoch to start from (0: none)."""
+def resume(model: Any, ctx: TFContext, plan: Plan, retention: Retention) -> tuple[int, list[dict[str, Any]]]:
+    """Load ``--resume-from`` or the newest committed checkpoint that loads: the epoch to start from (0: none)
+    and the recoveries so far (what each resume after a failure cost, this one included)."""
 
     def load(path: Path) -> int:
         model.load_weights(str(path / "weights")).expect_partial()
         return int(read_marker(path).get("epoch", 0))
 
-    found = load_newest(ctx.checkpoint_dir, resume_from, load, retention)
+    found = load_newest(ctx.checkpoint_dir, plan.options.resume_from, load, retention)
     if found is None:
-        return 0
+        return 0, []
     path, epoch = found
-    log.info("resumed from %s at step %d (epoch %d)", path, int(read_marker(path).get("step", 0)), epoch)
-    return epoch
+    marker = read_marker(path)
+    step = int(marker.get("step", 0))
+    log.info("resumed from %s at step %d (epoch %d)", path, step, epoch)
+    recoveries = list(marker.get("recoveries") or [])
+    lost = recovery.after_resume(plan.outputs.job_dir, step, marker.get("reached_at"))
+    if lost is not None:
+        log.info("%s", lost.line())
+        recoveries.append(lost.to_dict())
+    return epoch, recoveries
 
 
 def gather_steps(strategy: Any, batches: int) -> list[int]:
@@ -90,8 +98,8 @@ def gather_steps(strategy: Any, batches: int) -> list[int]:
 
 
 def make_callbacks(plan: Plan, ctx: TFContext, reporter: MetricReporter, metric: str | None,
-                   request: StopRequest | None, watchdog: HangWatchdog,
-                   retention: Retention) -> tuple[list[Any], Any]:
+                   request: StopRequest | None, watchdog: HangWatchdog, retention: Retention,
+                   recoveries: list[dict[str, Any]]) -> tuple[list[Any], Any]:
     """Backup, restore and save-before-preemption first (it restores before the others look), then ours."""
     import tensorflow as tf
 
@@ -106,7 +114,7 @@ def make_callbacks(plan: Plan, ctx: TFContext, reporter: MetricReporter, metric:
     options, ckpt = plan.options, Path(ctx.checkpoint_dir)
     progress = ProgressAndSteps(ctx.epochs, ctx.global_batch_size, ctx.num_replicas_in_sync, options.log_every,
                                 ctx.is_chief, watchdog)
-    commit = CommitCheckpoints(ckpt, ctx.is_chief, retention, plan.strategy)
+    commit = CommitCheckpoints(ckpt, ctx.is_chief, retention, plan.strategy, recoveries)
     callbacks: list[Any] = [
         FailOnNonFiniteLoss(),
         SaveBeforePreemption(str(ckpt / "backup"), options.checkpoint_every or "epoch", request, commit),
@@ -149,18 +157,19 @@ def _train(plan: Plan, module: ModuleType, args: argparse.Namespace, strategy: A
     model = build_compiled_model(module, args, ctx)
     inputs = fit_inputs(module, args, ctx)
     retention = Retention(options.keep_checkpoints)
-    initial_epoch = resume(model, ctx, options.resume_from, retention)
+    initial_epoch, recoveries = resume(model, ctx, plan, retention)
     metric = options.hypertune_metric or getattr(module, "HYPERTUNE_METRIC", None)
     reporter = MetricReporter(ctx.is_chief, ctx.trial)
-    callbacks, progress = make_callbacks(plan, ctx, reporter, metric, request, watchdog, retention)
+    callbacks, progress = make_callbacks(plan, ctx, reporter, metric, request, watchdog, retention, recoveries)
     log.info("training %d epoch(s), global batch %d (%d per replica x %d)", ctx.epochs, ctx.global_batch_size,
              ctx.per_replica_batch_size, ctx.num_replicas_in_sync)
     history = model.fit(**inputs, epochs=ctx.epochs, initial_epoch=initial_epoch, callbacks=callbacks, verbose=0)
     steps = gather_steps(strategy, progress.batches)
     export_model(model, Path(ctx.model_dir), ctx.is_chief)
     if ctx.is_chief:
-        write_summary(Path(ctx.model_dir), summarize(plan, ctx, model, history, progress, steps,
-                                                     reporter, time.time() - started))
+        summary = summarize(plan, ctx, model, history, progress, steps, reporter, time.time() - started)
+        summary.recoveries = recoveries
+        write_summary(Path(ctx.model_dir), summary)
         announce_done(Path(ctx.checkpoint_dir))
         log.info("exported the model to %s", ctx.model_dir)
     return ExitCode.OK

@@ -1,0 +1,59 @@
+"""What a recovery cost: the work lost between the checkpoint a job resumed from and the failure that stopped it.
+
+When a job resumes from a committed checkpoint, the failure records written since that checkpoint's step
+was reached tell what happened: the replica that was lost (their root cause), the step the job had reached
+(the survivors record theirs), and when. The loop logs one line and carries the list into later
+checkpoints and the training summary (docs/OUTPUTS.md, ``recoveries``).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from entrypoint import failures
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """One resume after a failure: who was lost, where the job was, where it resumed, what that cost."""
+
+    replica: str
+    lost_at_step: int | None  # the furthest step any process reported when the job stopped
+    resumed_from_step: int
+    lost_steps: int | None  # steps trained again
+    lost_seconds: float  # training time between reaching the resumed step and the first failure
+
+    def line(self) -> str:
+        """``recovered after losing <replica> at step N: resumed from step M (K steps, S s of training lost)``."""
+        where = f" at step {self.lost_at_step}" if self.lost_at_step is not None else ""
+        steps = f"{self.lost_steps} steps" if self.lost_steps is not None else "steps unknown"
+        return (f"recovered after losing {self.replica}{where}: resumed from step {self.resumed_from_step} "
+                f"({steps}, {self.lost_seconds:.1f} s of training lost)")
+
+    def to_dict(self) -> dict[str, Any]:
+        """For checkpoints and the training summary."""
+        return asdict(self)
+
+
+def reached_at() -> float:
+    """The wall time a checkpoint's step was reached (stored in its marker as ``reached_at``)."""
+    return time.time()
+
+
+def after_resume(job_dir: str | None, step: int, reached: float | None) -> Recovery | None:
+    """The recovery that resuming at ``step`` (reached at ``reached``) makes, from the records since; None if none."""
+    if reached is None:
+        return None
+    records = failures.read_records(job_dir, reached)
+    records = [r for r in records if float(r.get("time", 0)) >= reached]  # no clock-skew allowance here
+    cause = failures.root_cause(records)
+    if cause is None:
+        return None
+    steps = [int(r["step"]) for r in records if isinstance(r.get("step"), int)]
+    lost_at = max(steps) if steps else None
+    first = min(float(r["time"]) for r in records)
+    return Recovery(replica=str(cause.get("replica")), lost_at_step=lost_at, resumed_from_step=step,
+                    lost_steps=max(lost_at - step, 0) if lost_at is not None else None,
+                    lost_seconds=round(max(first - reached, 0.0), 3))
