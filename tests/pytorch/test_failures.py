@@ -156,8 +156,8 @@ def test_a_full_disk_fails_clearly_and_leaves_no_partial_checkpoint(tmp_path: Pa
 
 
 def test_a_replica_killed_from_outside_is_the_root_cause(tmp_path: Path) -> None:
-    job = Job("local", "--workers", "2", "--output-dir", str(tmp_path), "--", *run_args(tmp_path, "--timeout", "30",
-                                                                                          "--", "--step-sleep", "0.05"))
+    job = Job("local", "--workers", "2", "--output-dir", str(tmp_path), "--restart-policy", "never", "--",
+              *run_args(tmp_path, "--timeout", "30", "--", "--step-sleep", "0.05"))
     try:
         job.wait_for_step(4)
         victim = next(pid for pid in job.left() if b"workerpool1-0" in Path(f"/proc/{pid}/environ").read_bytes()

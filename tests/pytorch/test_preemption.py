@@ -28,8 +28,9 @@ def run_args(job_dir: Path, *extra: str) -> list[str]:
 
 
 def local_args(output: Path, *extra: str) -> list[str]:
-    return ["local", "--workers", "2", "--output-dir", str(output), "--", "run", "--framework", "pytorch",
-            "--timeout", "60", *FAULTS, *extra]
+    """Two replicas that stay down when stopped (``--restart-policy never``: these tests look at the stop itself)."""
+    return ["local", "--workers", "2", "--output-dir", str(output), "--restart-policy", "never", "--", "run",
+            "--framework", "pytorch", "--timeout", "60", *FAULTS, *extra]
 
 
 def newest_step(checkpoint_dir: Path) -> int:
