@@ -91,7 +91,8 @@ def entry(levelno: int, message: str, created: float, where: tuple[str, int, str
             LABELS: labels(), SOURCE_LOCATION: {"file": path, "line": str(line), "function": function}}
 
 
-def _json_formatter() -> logging.Formatter:
+def json_formatter() -> logging.Formatter:
+    """The JSON formatter (python-json-logger) with Cloud Logging's special fields."""
     from pythonjsonlogger.json import JsonFormatter
 
     class CloudLoggingFormatter(JsonFormatter):
@@ -131,7 +132,7 @@ def setup(fmt: str | None = None, prefix: str = "", trial: str | None = None) ->
         _state.format = "text"
     _state.trial = trial or settings.trial
     handler = _StdStreams()
-    handler.setFormatter(_json_formatter() if _state.format == "json" else
+    handler.setFormatter(json_formatter() if _state.format == "json" else
                          logging.Formatter(f"%(asctime)s {prefix}%(levelname)s %(message)s", "%H:%M:%S"))
     root = logging.getLogger()
     root.addHandler(handler)
