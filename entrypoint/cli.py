@@ -96,7 +96,7 @@ def _run(argv: Sequence[str], ctx: failures.Context) -> int:
                                   tensorboard_dir=None, trial=None).job_dir
     plan = build_plan(options)
     describe_failures(ctx, plan)
-    log_format = resolve_format(options.log_format, settings, plan.topology.source)
+    log_format = resolve_format(options.log_format, settings, plan.topology.source, plan.framework)
     os.environ[ev.TRAINER_LOG_FORMAT] = log_format  # every process of the run writes the same format
     setup_logging(fmt=log_format, trial=plan.topology.trial)
     from entrypoint.doctor import preflight

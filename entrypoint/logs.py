@@ -8,7 +8,8 @@ own ``logging`` calls get the same format; lines we do not write (TensorFlow's C
 prints) never pass through here and are left as they are.
 
 auto: json on Kubernetes, except under Vertex AI / AI Platform, whose log agent keeps every line as text
-(severity from the stream) even when it is JSON; text everywhere else.
+(severity from the stream) even when it is JSON, and with Horovod, whose launcher prefixes its workers'
+lines; text everywhere else.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from entrypoint.options import LOG_FORMATS
 LABELS = "logging.googleapis.com/labels"
 SOURCE_LOCATION = "logging.googleapis.com/sourceLocation"
 _TEXT_SOURCES = ("vertex", "aiplatform")  # their agent stores a JSON line as a string (docs/operations.md)
+_TEXT_FRAMEWORKS = ("horovod",)  # its launcher prints each worker's lines behind a "[rank-N] " prefix
 _SEVERITIES = ((logging.CRITICAL, "CRITICAL"), (logging.ERROR, "ERROR"), (logging.WARNING, "WARNING"),
                (logging.INFO, "INFO"), (logging.DEBUG, "DEBUG"))
 
@@ -50,14 +52,15 @@ def json_available() -> bool:
     return importlib.util.find_spec("pythonjsonlogger") is not None
 
 
-def resolve_format(requested: str | None, settings: PlatformSettings, source: str) -> str:
+def resolve_format(requested: str | None, settings: PlatformSettings, source: str, framework: str = "") -> str:
     """``text`` or ``json``: --log-format, else $TRAINER_LOG_FORMAT, else auto for this platform."""
     name = requested or settings.log_format or "auto"
     if name not in LOG_FORMATS:
         raise ConfigError(ev.TRAINER_LOG_FORMAT, f"unknown log format {name!r}; expected one of "
                           f"{', '.join(LOG_FORMATS)}")
     if name == "auto":
-        name = "json" if settings.kubernetes and source not in _TEXT_SOURCES and json_available() else "text"
+        json_here = settings.kubernetes and source not in _TEXT_SOURCES and framework not in _TEXT_FRAMEWORKS
+        name = "json" if json_here and json_available() else "text"
     if name == "json" and not json_available():
         raise ConfigError("--log-format", "json needs python-json-logger (pip install python-json-logger)")
     return name

@@ -32,6 +32,12 @@ def test_format_per_platform(monkeypatch: pytest.MonkeyPatch, requested: str | N
     assert logs.resolve_format(requested, read_settings(), source) == expected
 
 
+def test_auto_is_text_for_horovod_whose_launcher_prefixes_worker_lines(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+    assert logs.resolve_format(None, read_settings(), "kubeflow", "horovod") == "text"
+    assert logs.resolve_format("json", read_settings(), "kubeflow", "horovod") == "json"
+
+
 def test_an_unknown_format_in_the_environment_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRAINER_LOG_FORMAT", "yaml")
     with pytest.raises(ConfigError, match="TRAINER_LOG_FORMAT: unknown log format 'yaml'"):
