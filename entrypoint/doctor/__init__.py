@@ -22,7 +22,7 @@ from entrypoint.plan import Plan
 log = logging.getLogger("entrypoint")
 LOADER_FRAMEWORKS = ("pytorch", "horovod")  # their hooks loop (pytorch/loop.py) starts DataLoader workers
 LOADER_DEFAULT_GPU_WORKERS = 2  # pytorch/loop.py's default: 2 workers on GPU, 0 on CPU
-SCRIPT_WORKERS = 2  # what a script's own DataLoader is assumed to start (it is not ours to cap)
+SCRIPT_WORKERS = 1  # a script's own DataLoader is assumed to start one worker (--data-workers N says otherwise)
 
 
 class PreflightError(TrainerError):

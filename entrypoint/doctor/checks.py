@@ -194,7 +194,7 @@ def interfaces(nccl_spec: str | None, gloo_spec: str | None, found: tuple[str, .
                        "unset it or name an interface listed by `ip -brief link`")
     backends = " and ".join(b for b, used in (("NCCL", nccl), ("gloo", gloo)) if used)
     return Finding("network", "ok", "; ".join(chosen) if chosen else
-                   f"{backends} choose among {', '.join(found)}")
+                   f"{backends} {'choose' if nccl and gloo else 'chooses'} among {', '.join(found)}")
 
 
 def _limit_text(value: int, in_bytes: bool = False) -> str:
@@ -270,8 +270,7 @@ def peers(resolved: dict[str, bool | None]) -> Finding:
         return Finding("peers", "skipped", "no peers to reach (one node, or addresses come later)")
     bad = [host for host, ok in resolved.items() if not ok]
     if bad:
-        unanswered = [h for h in bad if resolved[h] is None]
-        what = "no answer yet" if len(unanswered) == len(bad) else "do not resolve yet"
-        return Finding("peers", "warning", f"{', '.join(bad)}: {what}; the start-up barrier waits --timeout for them "
-                       "(exit 196 if they never resolve)", "check the peers' service / host names and DNS")
+        what = "no answer from DNS yet" if all(resolved[h] is None for h in bad) else "not resolvable yet"
+        return Finding("peers", "warning", f"{what}: {', '.join(bad)}; the start-up barrier waits --timeout "
+                       "(exit 196 if a name never resolves)", "check the peers' service / host names and DNS")
     return Finding("peers", "ok", f"{count(len(resolved), 'peer host')} resolve")
