@@ -1,24 +1,27 @@
-"""The command line: ``run``, ``describe``, ``local`` and ``job``; failures become exit codes once, in the funnel."""
+"""The command line: ``run``, ``describe``, ``doctor``, ``local`` and ``job``; failures become exit codes once."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
+from entrypoint import envvars as ev
 from entrypoint import failures
 from entrypoint.environments import read_settings, resolve, secret_like_names
 from entrypoint.errors import ConfigError, ExitCode, TrainerError
 from entrypoint.gpus import detect_gpu_count
+from entrypoint.logs import resolve_format
 from entrypoint.options import RunOptions, add_run_arguments, options_from_namespace
 from entrypoint.outputs import resolve_outputs
 from entrypoint.plan import Plan, make_plan
 from entrypoint.progress import setup_logging
 
-COMMANDS = ("run", "describe", "local", "job")
-USAGE = "usage: python -m entrypoint {run,describe,local,job} ...  (python -m entrypoint COMMAND --help)"
+COMMANDS = ("run", "describe", "doctor", "local", "job")
+USAGE = "usage: python -m entrypoint {run,describe,doctor,local,job} ...  (python -m entrypoint COMMAND --help)"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -62,6 +65,18 @@ def _describe(argv: Sequence[str]) -> int:
     return ExitCode.OK
 
 
+def _doctor(argv: Sequence[str]) -> int:
+    """``doctor [run options] [--json]``: this node's checks against the plan those options give."""
+    from entrypoint.doctor import report
+
+    ours, user_args = _split(argv)
+    parser = _Parser(prog="python -m entrypoint doctor", description="check this node for the job, one line a check")
+    add_run_arguments(parser)
+    parser.add_argument("--json", action="store_true", help="one JSON object instead of lines")
+    namespace = parser.parse_args(ours)
+    return report(build_plan(options_from_namespace(namespace, user_args)), read_settings(), namespace.json)
+
+
 def _one_line_errors(command: Callable[[Sequence[str]], int], argv: Sequence[str]) -> int:
     """Commands that write nothing: a configuration error is one line on stderr and its exit code."""
     try:
@@ -81,8 +96,12 @@ def _run(argv: Sequence[str], ctx: failures.Context) -> int:
                                   tensorboard_dir=None, trial=None).job_dir
     plan = build_plan(options)
     describe_failures(ctx, plan)
-    setup_logging()
-    return run_node(plan, ctx)
+    log_format = resolve_format(options.log_format, settings, plan.topology.source, plan.framework)
+    os.environ[ev.TRAINER_LOG_FORMAT] = log_format  # every process of the run writes the same format
+    setup_logging(fmt=log_format, trial=plan.topology.trial)
+    from entrypoint.doctor import preflight
+
+    return run_node(preflight(plan, settings), ctx)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -95,6 +114,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     command, rest = args[0], args[1:]
     if command == "describe":
         return _one_line_errors(_describe, rest)
+    if command == "doctor":
+        return _one_line_errors(_doctor, rest)
     if command == "local":
         from entrypoint.emulator import main as local_main
 

@@ -69,6 +69,7 @@ TRAINER_JOB_DIR = "TRAINER_JOB_DIR"
 TRAINER_REPLICA = "TRAINER_REPLICA"
 TRAINER_RESTART_COUNT = "TRAINER_RESTART_COUNT"  # how many times the platform restarted this replica (0 at first)
 TRAINER_PLAN_FILE = "TRAINER_PLAN_FILE"  # the plan the launcher hands its worker processes (a private file)
+TRAINER_LOG_FORMAT = "TRAINER_LOG_FORMAT"  # default --log-format; the entrypoint sets the resolved one for children
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 
 # --- Platform facts read for failure reporting and logging ---------------------------------
@@ -76,3 +77,8 @@ KUBERNETES_SERVICE_HOST = "KUBERNETES_SERVICE_HOST"  # set in every Kubernetes p
 TORCHELASTIC_ERROR_FILE = "TORCHELASTIC_ERROR_FILE"  # torch elastic's per-worker error file
 TORCH_CPP_LOG_LEVEL = "TORCH_CPP_LOG_LEVEL"
 TF_CPP_MIN_LOG_LEVEL = "TF_CPP_MIN_LOG_LEVEL"
+
+# --- Read by `doctor` and the start-up preflight ------------------------------------------
+CUDA_VERSION = "CUDA_VERSION"  # set by the nvidia/cuda base images: the image's CUDA
+NCCL_SOCKET_IFNAME = "NCCL_SOCKET_IFNAME"  # the user's choice of network interface for NCCL
+GLOO_SOCKET_IFNAME = "GLOO_SOCKET_IFNAME"  # likewise for gloo (torch.distributed on CPU)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from entrypoint import errors
+from entrypoint import errors, logs
 from entrypoint.errors import ExitCode, FailureClass, TrainerError, is_retryable
 from entrypoint.outputs import local_path, missing_fuse_mount
 
@@ -282,8 +282,7 @@ def conclude(ctx: Context, own: dict[str, Any]) -> int:
 def announce(ctx: Context, cause: dict[str, Any]) -> int:
     """Print the root cause as the job's last line (and Kubernetes' termination message); its exit code."""
     line = last_line(cause)
-    sys.stdout.flush()
-    print(line, file=sys.stderr, flush=True)
+    logs.error_line(line)
     if ctx.termination_log:
         _termination_log(line)
     return int(cause["exit_code"])
@@ -306,7 +305,7 @@ def fail(ctx: Context, failure: Failure) -> int:
 def report(ctx: Context, own: dict[str, Any]) -> int:
     """End with the last line: the job's root cause in a top-level process, else this process's own failure."""
     if not ctx.top_level:
-        print(last_line(own), file=sys.stderr, flush=True)
+        logs.error_line(last_line(own))
         return int(own["exit_code"])
     return conclude(ctx, own)
 
@@ -338,7 +337,7 @@ def record_exit(ctx: Context, code: int, message: str) -> None:
     failure = Failure(code_class(code), message)
     write_record(ctx, failure)
     if not ctx.top_level:
-        print(last_line(as_record(ctx, failure)), file=sys.stderr, flush=True)
+        logs.error_line(last_line(as_record(ctx, failure)))
 
 
 def conclude_exit(ctx: Context, code: int, who: str | None = None, note: str = "") -> int:

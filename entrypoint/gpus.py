@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from functools import cache
 
 _HIDDEN = {"", "-1", "none", "nodevfiles", "void"}
 
@@ -18,6 +19,12 @@ def detect_gpu_count(cuda_visible_devices: str | None) -> int:
                 break  # CUDA stops at the first invalid entry
             count += 1
         return count
+    return driver_gpu_count()
+
+
+@cache  # nvidia-smi takes a while; the GPUs do not change
+def driver_gpu_count() -> int:
+    """GPUs the NVIDIA driver lists (``nvidia-smi -L``, else /proc/driver/nvidia/gpus); 0 without a driver."""
     smi = shutil.which("nvidia-smi")
     if smi:
         try:

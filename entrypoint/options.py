@@ -16,6 +16,7 @@ DEFAULT_TIMEOUT = 300.0
 # platform's own grace (Kubernetes' default terminationGracePeriodSeconds is 30 s).
 DEFAULT_GRACE_PERIOD = 25.0
 DEFAULT_HANG_TIMEOUT = 1800.0
+LOG_FORMATS = ("auto", "text", "json")
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,7 @@ class RunOptions:
     fusion_threshold: int | None = None
     cycle_time_ms: float | None = None
     autotune: bool = False
+    log_format: str | None = None  # auto | text | json; None: $TRAINER_LOG_FORMAT, else auto
     user_args: tuple[str, ...] = field(default=())
 
     def to_dict(self) -> dict[str, Any]:
@@ -110,6 +112,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds a stopping process gets to save before SIGKILL (default 25)")
     parser.add_argument("--hang-timeout", type=_non_negative_float, default=DEFAULT_HANG_TIMEOUT,
                         help="fail (retryable) when no training step completes for this long; 0: off (default 1800)")
+    parser.add_argument("--log-format", choices=LOG_FORMATS, help="auto (default, or $TRAINER_LOG_FORMAT): json on "
+                        "Kubernetes outside Vertex AI, text elsewhere; json: one Cloud Logging object per line")
     loop = parser.add_argument_group("training loop (hooks mode)")
     loop.add_argument("--epochs", type=_positive_int, help=f"default: the module's DEFAULTS, else {DEFAULT_EPOCHS}")
     loop.add_argument("--batch-size", type=_positive_int,

@@ -3,22 +3,16 @@
 from __future__ import annotations
 
 import logging
-import sys
 import time
+
+from entrypoint import logs
 
 log = logging.getLogger("entrypoint")
 
 
-def setup_logging(prefix: str = "") -> None:
-    """One concise log format for the entrypoint's own messages (idempotent)."""
-    root = logging.getLogger("entrypoint")
-    if root.handlers:
-        return
-    handler = logging.StreamHandler(sys.stdout)
-    handler.setFormatter(logging.Formatter(f"%(asctime)s {prefix}%(levelname)s %(message)s", "%H:%M:%S"))
-    root.addHandler(handler)
-    root.setLevel(logging.INFO)
-    root.propagate = False
+def setup_logging(prefix: str = "", fmt: str | None = None, trial: str | None = None) -> None:
+    """The --log-format of our lines and the root logger's, once; ``None``: the parent's (docs/operations.md)."""
+    logs.setup(fmt, prefix, trial)
 
 
 def _eta(seconds: float) -> str:
@@ -43,5 +37,6 @@ class Progress:
         rate = steps * self.global_batch_size / elapsed
         remaining = (self.total_steps - step) * elapsed / steps
         self._window_start, self._window_step = now, step
+        logs.note_step(step)
         return (f"epoch {epoch}/{epochs} step {step}/{self.total_steps} loss {loss:.4f} "
                 f"samples/s {rate:.1f} eta {_eta(remaining)}")

@@ -30,10 +30,15 @@ class PlatformSettings:
     tf_use_legacy_keras: str | None = None  # the user's own choice, if any
     tf_cpp_min_log_level: str | None = None  # likewise
     kubernetes: bool = False  # running in a Kubernetes pod (its termination log applies)
+    log_format: str | None = None  # TRAINER_LOG_FORMAT: the default --log-format (checked by the CLI)
+    trial: str | None = None  # CLOUD_ML_TRIAL_ID as set (a label on JSON log lines)
+    cuda_version: str | None = None  # the base image's CUDA (nvidia/cuda images set CUDA_VERSION)
+    nccl_socket_ifname: str | None = None  # the user's NCCL_SOCKET_IFNAME, checked by `doctor`
+    gloo_socket_ifname: str | None = None  # the user's GLOO_SOCKET_IFNAME, likewise
 
 
 def read_settings(environ: Mapping[str, str] | None = None) -> PlatformSettings:
-    """Read TRAINER_*, AIP_* and CUDA_VISIBLE_DEVICES (empty strings count as unset)."""
+    """Read TRAINER_*, AIP_*, CUDA_* and the socket interface choices (empty strings count as unset)."""
     env = os.environ if environ is None else environ
 
     def get(name: str) -> str | None:
@@ -52,6 +57,11 @@ def read_settings(environ: Mapping[str, str] | None = None) -> PlatformSettings:
         tf_use_legacy_keras=get(ev.TF_USE_LEGACY_KERAS),
         tf_cpp_min_log_level=get(ev.TF_CPP_MIN_LOG_LEVEL),
         kubernetes=bool(get(ev.KUBERNETES_SERVICE_HOST)),
+        log_format=get(ev.TRAINER_LOG_FORMAT),
+        trial=get(ev.CLOUD_ML_TRIAL_ID),
+        cuda_version=get(ev.CUDA_VERSION),
+        nccl_socket_ifname=get(ev.NCCL_SOCKET_IFNAME),
+        gloo_socket_ifname=get(ev.GLOO_SOCKET_IFNAME),
     )
 
 

@@ -1,0 +1,231 @@
+"""doctor's decisions on made-up facts: no nvidia-smi here, so drivers, GPUs, /dev/shm sizes and limits are faked."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from entrypoint import cli, doctor
+from entrypoint.doctor import checks, facts
+from entrypoint.doctor.checks import GIB, MIB
+from entrypoint.doctor.facts import UNLIMITED, NodeFacts, PathFacts, Space
+from entrypoint.environments.settings import PlatformSettings
+
+DOCKER_SHM = Space(total=64 * MIB, free=64 * MIB)
+
+
+# ---- /dev/shm ----------------------------------------------------------------------------------------
+def test_docker_default_shm_caps_the_hooks_loop_workers_and_names_the_fix() -> None:
+    finding, cap = checks.shm(DOCKER_SHM, nproc=1, workers=4, cappable=True, nccl=False)
+    assert (finding.status, cap) == ("warning", 1)
+    assert "Docker's default" in finding.message and "caps --data-workers at 1 (was 4)" in finding.message
+    assert "--shm-size" in (finding.fix or "") and "--ipc=host" in (finding.fix or "")
+
+
+def test_shm_cap_counts_every_process_on_the_node_and_nccl() -> None:
+    big = Space(total=2 * GIB, free=2 * GIB)
+    assert checks.shm(big, nproc=8, workers=2, cappable=True, nccl=False)[1] is None  # 8 x 2 x 64 MiB fit
+    finding, cap = checks.shm(big, nproc=8, workers=4, cappable=True, nccl=True)  # 1 GiB for NCCL, 1 GiB for 32
+    assert finding.status == "warning" and cap == 2 and "NCCL" in finding.message
+    finding, cap = checks.shm(DOCKER_SHM, nproc=8, workers=2, cappable=True, nccl=True)
+    assert cap == 0  # workers off: the loader then reads in the training process, slower but alive
+
+
+def test_enough_shm_is_ok_and_nothing_is_capped() -> None:
+    finding, cap = checks.shm(Space(total=16 * GIB, free=15 * GIB), nproc=8, workers=2, cappable=True, nccl=True)
+    assert (finding.status, cap) == ("ok", None)
+    finding, cap = checks.shm(DOCKER_SHM, nproc=1, workers=0, cappable=True, nccl=False)
+    assert (finding.status, cap) == ("ok", None)
+
+
+def test_a_script_dataloader_is_warned_about_but_not_capped() -> None:
+    finding, cap = checks.shm(DOCKER_SHM, nproc=2, workers=2, cappable=False, nccl=False)
+    assert (finding.status, cap) == ("warning", None) and "Bus error" in finding.message
+
+
+def test_no_dev_shm_at_all_turns_workers_off() -> None:
+    finding, cap = checks.shm(None, nproc=1, workers=2, cappable=True, nccl=False)
+    assert (finding.status, cap) == ("warning", 0)
+
+
+# ---- driver and GPUs ------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("driver", "cuda", "status"), [
+    ("580.65.06", "13.0", "ok"), ("590.12", "13.0", "ok"), ("575.57.08", "13.0", "error"),
+    ("535.104.05", "13.0", "error"), ("525.60.13", "12.9", "ok"), ("535.104.05", "12.9", "ok"),
+    ("520.61.05", "12.9", "error"), ("470.82", "11.8", "ok"),
+])
+def test_driver_against_the_image_cuda(driver: str, cuda: str, status: str) -> None:
+    finding = checks.driver(driver, cuda, forward_compat=False, driver_gpus=1)
+    assert finding.status == status, finding.line()
+    if status == "error":
+        assert "driver version is insufficient" in finding.message and finding.fix
+        assert finding.to_dict()["exit_code"] == 2
+
+
+def test_an_old_driver_with_forward_compatibility_libraries_is_only_a_warning() -> None:
+    finding = checks.driver("535.104.05", "13.0", forward_compat=True, driver_gpus=8)
+    assert finding.status == "warning" and "data-center GPUs" in finding.message
+
+
+def test_driver_without_gpus_or_cuda() -> None:
+    assert checks.driver(None, None, False, 0).status == "skipped"
+    assert checks.driver("580.65.06", None, False, 4).status == "warning"  # the CPU image on a GPU machine
+    assert checks.driver(None, "13.0", False, 0).status == "skipped"  # the GPU image on a CPU machine
+
+
+@pytest.mark.parametrize(("framework", "nproc", "planned", "driver_gpus", "forced", "status"), [
+    ("pytorch", 8, 8, 8, False, "ok"),
+    ("pytorch", 8, 8, 4, True, "error"),  # --nproc-per-node 8 on a 4-GPU node
+    ("horovod", 4, 4, 2, False, "error"),  # CUDA_VISIBLE_DEVICES names GPUs that are not there
+    ("pytorch", 2, 8, 8, True, "warning"),  # 6 GPUs idle
+    ("pytorch", 2, 2, 8, False, "ok"),  # CUDA_VISIBLE_DEVICES=0,1 on an 8-GPU node
+    ("tensorflow", 1, 8, 8, False, "ok"),
+    ("pytorch", 1, 2, 0, False, "warning"),  # CUDA_VISIBLE_DEVICES set, no driver
+    ("pytorch", 1, 0, 0, False, "skipped"),
+    ("pytorch", 1, 0, 8, False, "ok"),  # CUDA_VISIBLE_DEVICES="" hides every GPU
+])
+def test_gpus_against_the_plan(framework: str, nproc: int, planned: int, driver_gpus: int, forced: bool,
+                               status: str) -> None:
+    finding = checks.gpus(framework, nproc, planned, driver_gpus, "13.0", forced)
+    assert finding.status == status, finding.line()
+
+
+def test_driver_version_is_read_from_the_kernel_module_line() -> None:
+    text = ("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.65.06  Release Build  (dvs-builder@U16)\n"
+            "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n")
+    assert facts.driver_version(text) == "580.65.06"
+    old = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  Sat Aug 19 01:13:16 UTC 2023"
+    assert facts.driver_version(old) == "535.104.05"
+
+
+# ---- interfaces and limits ---------------------------------------------------------------------------------
+@pytest.mark.parametrize(("spec", "expected"), [
+    ("eth", ["eth0", "eth1"]), ("=eth0", ["eth0"]), ("^lo,docker", ["eth0", "eth1", "ib0"]), ("=eth", []),
+    ("ib,eth1", ["eth1", "ib0"]), ("^=eth0", ["lo", "docker0", "eth1", "ib0"]),
+])
+def test_nccl_socket_ifname_follows_ncclss_rules(spec: str, expected: list[str]) -> None:
+    assert checks.nccl_matches(spec, ("lo", "docker0", "eth0", "eth1", "ib0")) == expected
+
+
+def test_an_interface_that_is_not_there_is_an_error_only_where_it_is_used() -> None:
+    here = ("lo", "eth0")
+    assert checks.interfaces("ens5", None, here, nccl=True, gloo=False).status == "error"
+    assert checks.interfaces("eth", None, here, nccl=True, gloo=False).status == "ok"
+    assert checks.interfaces(None, "eth1", here, nccl=False, gloo=True).status == "error"
+    assert checks.interfaces("ens5", "eth1", here, nccl=False, gloo=False).status == "skipped"
+    assert checks.interfaces(None, None, here, nccl=True, gloo=False).status == "ok"
+
+
+def test_limits() -> None:
+    assert checks.nofile((1024, 4096), workers=2).status == "warning"
+    assert checks.nofile((1024, 4096), workers=0).status == "ok"
+    assert checks.nofile((UNLIMITED, UNLIMITED), workers=8).status == "ok"
+    assert checks.memlock((64 * 1024, 64 * 1024), nccl=True).status == "warning"
+    assert checks.memlock((UNLIMITED, UNLIMITED), nccl=True).status == "ok"
+    assert checks.memlock((64 * 1024, 64 * 1024), nccl=False).status == "skipped"
+
+
+# ---- outputs, disk, peers ------------------------------------------------------------------------------------
+def test_outputs_not_writable_is_an_error_on_the_chief_and_a_warning_elsewhere() -> None:
+    places = [("job dir", PathFacts("/out", "/out", True, GIB)),
+              ("model dir", PathFacts("/ro/model", "/ro", False, GIB))]
+    chief = checks.outputs(places, chief=True)
+    assert chief.status == "error" and chief.failure.exit_code == 73 and "/ro/model" in chief.message
+    assert checks.outputs(places[1:], chief=False).status == "warning"
+    assert checks.outputs(places[:1], chief=True).status == "ok"
+    cloud = [("model dir", PathFacts("gs://b/model", None, False, None))]
+    assert checks.outputs(cloud, chief=True).status == "skipped"
+
+
+@pytest.mark.parametrize(("free", "checkpoint", "status"), [
+    (10 * GIB, 2 * GIB, "ok"), (3 * GIB, 2 * GIB, "warning"), (GIB, 2 * GIB, "error"),
+    (10 * GIB, None, "ok"), (100 * MIB, None, "warning"), (None, None, "skipped"),
+])
+def test_disk_has_room_for_two_checkpoints(free: int | None, checkpoint: int | None, status: str) -> None:
+    finding = checks.disk(free, checkpoint, "/ckpt")
+    assert finding.status == status, finding.line()
+    if status == "error":
+        assert finding.failure.exit_code == 74
+
+
+def test_unresolvable_peers_are_a_warning_the_barrier_waits_for() -> None:
+    assert checks.peers({}).status == "skipped"
+    assert checks.peers({"chief-0": True, "worker-0": True}).status == "ok"
+    finding = checks.peers({"chief-0": False, "worker-0": True})
+    assert finding.status == "warning" and "chief-0" in finding.message and "196" in finding.message
+
+
+def test_host_of_addresses() -> None:
+    assert facts.host_of("cmle-training-workerpool0-ab-0:2222") == "cmle-training-workerpool0-ab-0"
+    assert facts.host_of("[::1]:2222") == "::1"
+    assert facts.host_of("10.0.0.2:29500") == "10.0.0.2"
+
+
+def test_checkpoint_size_comes_from_the_newest_marker(tmp_path: Path) -> None:
+    assert facts.checkpoint_bytes(str(tmp_path)) is None
+    for step, size in ((10, 100), (20, 300)):
+        ckpt = tmp_path / f"ckpt-{step:08d}"
+        ckpt.mkdir()
+        (ckpt / "COMMITTED").write_text(json.dumps({"files": {"state.pt": {"size": size, "sha256": "x"}}}))
+    assert facts.checkpoint_bytes(str(tmp_path)) == 300
+
+
+# ---- the plan, the preflight and the command ------------------------------------------------------------------
+def node(**changes: object) -> NodeFacts:
+    base = dict(shm=DOCKER_SHM, driver=None, driver_gpus=0, image_cuda=None, forward_compat=False,
+                interfaces=("lo", "eth0"), nofile=(65536, 65536), memlock=(UNLIMITED, UNLIMITED))
+    return NodeFacts(**{**base, **changes})  # type: ignore[arg-type]
+
+
+def fake_node(monkeypatch: pytest.MonkeyPatch, **changes: object) -> None:
+    monkeypatch.setattr(doctor, "node_facts", lambda _settings: node(**changes))
+
+
+def test_preflight_caps_data_workers_in_the_plan_it_hands_on(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    fake_node(monkeypatch)
+    plan = cli.build_plan(cli.parse_options("run", ["--framework", "pytorch", "--module", "trainers.digits_torch",
+                                                   "--job-dir", str(tmp_path), "--data-workers", "4"]))
+    with caplog.at_level("WARNING", logger="entrypoint"):
+        placed = doctor.preflight(plan, PlatformSettings())
+    assert placed.options.data_workers == 1 and plan.options.data_workers == 4
+    assert [r.levelname for r in caplog.records] == ["WARNING"] and "shm:" in caplog.records[0].getMessage()
+
+
+def test_preflight_ends_the_run_on_an_error_with_its_class(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    fake_node(monkeypatch, driver="535.104.05", driver_gpus=2, image_cuda="13.0")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    plan = cli.build_plan(cli.parse_options("run", ["--framework", "pytorch", "--job-dir", str(tmp_path)]))
+    with pytest.raises(doctor.PreflightError) as raised:
+        doctor.preflight(plan, PlatformSettings())
+    assert raised.value.exit_code == 2 and "driver 535.104.05 is older than CUDA 13.0" in str(raised.value)
+    readonly = PathFacts(str(tmp_path), str(tmp_path), False, GIB)
+    fake_node(monkeypatch)
+    monkeypatch.setattr(doctor, "path_facts", lambda _where: readonly)
+    with pytest.raises(doctor.PreflightError) as raised:
+        doctor.preflight(plan, PlatformSettings())
+    assert raised.value.exit_code == 73
+
+
+def test_doctor_command_lines_json_and_exit_code(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    fake_node(monkeypatch, driver="575.57.08", driver_gpus=4, image_cuda="13.0")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
+    assert cli.main(["doctor", "--framework", "pytorch", "--job-dir", str(tmp_path)]) == 2
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[1] for line in lines] == ["shm:", "driver:", "gpus:", "network:", "nofile:", "memlock:",
+                                                   "outputs:", "disk:", "peers:"]
+    assert lines[1].startswith("error   driver: driver 575.57.08 is older than CUDA 13.0 needs (580 or newer)")
+    assert lines[0].startswith("warning shm: /dev/shm has 64 MiB free of 64 MiB (Docker's default)")
+    assert cli.main(["doctor", "--framework", "pytorch", "--job-dir", str(tmp_path), "--json"]) == 2
+    report = json.loads(capsys.readouterr().out)
+    assert report["exit_code"] == 2
+    by_check = {c["check"]: c for c in report["checks"]}
+    assert by_check["driver"]["class"] == "config" and by_check["shm"]["fix"].startswith("docker run --shm-size")
+
+
+def test_doctor_bad_options_are_one_config_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["doctor", "--log-format", "xml"]) == 2
+    assert capsys.readouterr().err.startswith("entrypoint: error: doctor: argument --log-format")
