@@ -80,8 +80,8 @@ def _serve(port: int, peers: Sequence[Peer], key: str, timeout: float) -> None:
 def _accept(server: socket.socket, key: str, size: int, joined: dict[int, socket.socket]) -> None:
     conn, _ = server.accept()
     conn.settimeout(5.0)
-    try:
-        words = conn.makefile("r").readline().split()
+    try:  # anything may knock (a peer of an earlier round speaking torch's store protocol): bytes, not text
+        words = conn.makefile("rb").readline(256).decode("ascii", errors="replace").split()
     except OSError:
         words = []
     if len(words) != 3 or words[0] != _HELLO or words[1] != key or not words[2].isdigit() \

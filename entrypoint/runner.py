@@ -13,6 +13,7 @@ import os
 from entrypoint import failures, handoff, registry, rendezvous
 from entrypoint.environments.settings import read_handoff, read_settings, secret_values, secrets_in_args
 from entrypoint.errors import ExitCode
+from entrypoint.outputs import ensure_writable
 from entrypoint.plan import Plan
 
 _current: Plan | None = None
@@ -45,7 +46,10 @@ def describe_failures(ctx: failures.Context, plan: Plan) -> failures.Context:
 
 def run_node(plan: Plan, ctx: failures.Context) -> int:
     """Run this node's part of the job; a non-zero exit names the job's root cause on the last line."""
-    plan.require_code()
+    user_code = plan.require_code()
+    if user_code.kind != "hooks":  # scripts write into AIP_MODEL_DIR & co. as into a bucket, where every path exists
+        out = plan.outputs
+        ensure_writable([out.model_dir, out.checkpoint_dir, out.tensorboard_dir])
     rendezvous.meet_peers(plan)
     os.environ.update(plan.emitted_env())  # what user code and children expect (TF_CONFIG, AIP_*, MASTER_*)
     with handoff.plan_file(plan) as handed:

@@ -143,6 +143,7 @@ class Supervisor:
 
     def _wait(self, forwarder: Forwarder) -> Outcome:
         handled: set[int] = set()  # pids whose exit was dealt with
+        chief_done_at: float | None = None
         while True:
             if forwarder.received:
                 sig = forwarder.received[0]
@@ -156,12 +157,18 @@ class Supervisor:
                     continue
                 handled.add(r.proc.pid)
                 if code == 0:
-                    self._chief_done |= r is self.replicas[0]
+                    if r is self.replicas[0] and self.policy.kind != "never":
+                        self._chief_done, chief_done_at = True, time.monotonic()
                     continue
                 outcome = self._failed(r, code)
                 if outcome is not None:
                     return outcome
             if all(r.exit_code == 0 for r in self.replicas):
+                return Outcome(0)
+            if chief_done_at is not None and time.monotonic() - chief_done_at > self.grace:
+                left = [r for r in self.replicas if r.exit_code is None]
+                self.say(f"the chief finished the job {self.grace:g} s ago: stopping {', '.join(r.name for r in left)}")
+                terminate([r.proc for r in left if r.proc is not None], signal.SIGTERM, self.grace)
                 return Outcome(0)
             time.sleep(0.1)
 

@@ -370,8 +370,15 @@ class Trainer:
         digests = self.comm.gather_object(param_digest(state.model))
         ranks = self.comm.gather_object(self.ctx.rank)
         steps = self.comm.gather_object(state.step - start_step)
-        if not self.ctx.is_chief:
-            return
+        self.watchdog.phase = "exporting the model (chief) and waiting for it (the others)"
+        if self.ctx.is_chief:
+            self._export(state, start_step, start_epoch, total, seconds, digests, ranks, steps)
+        # The replicas leave together, after the export: a chief lost while exporting finds its peers still
+        # there when it is restarted, so its restart (from the final checkpoint) exports again.
+        self.comm.gather_object(None)
+
+    def _export(self, state: _State, start_step: int, start_epoch: int, total: int, seconds: float,
+                digests: list[Any], ranks: list[Any], steps: list[Any]) -> None:
         ctx = self.ctx
         if self.writer is not None:
             self.writer.close()

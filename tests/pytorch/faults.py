@@ -13,8 +13,10 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
+import torch
 import torch.nn.functional as F
 from torch import nn
 
@@ -33,6 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fault-rank", type=int, default=-1)
     parser.add_argument("--at-step", type=int, default=5)
     parser.add_argument("--step-sleep", type=float, default=0.0)
+    parser.add_argument("--export-delay", type=float, default=0.0, help="seconds the export waits before writing")
     parser.add_argument("--api-token", default="")
     parser.add_argument("--blob-a", default="")
     parser.add_argument("--blob-b", default="")
@@ -47,6 +50,18 @@ def build_model(args: argparse.Namespace, ctx: Any) -> nn.Module:
         ctx.model_dir.mkdir(parents=True, exist_ok=True)
         (ctx.model_dir / "blobs.json").write_text(json.dumps({"a": len(args.blob_a), "b": len(args.blob_b)}))
     return digits_torch.build_model(args, ctx)
+
+
+def export(model: nn.Module, model_dir: Path, ctx: Any) -> None:
+    """The default export, after ``--export-delay`` seconds (a window after the last commit, before the export)."""
+    args = _state["args"]
+    if args.export_delay:
+        print(f"exporting in {args.export_delay:g} s", flush=True)
+        time.sleep(args.export_delay)
+    model_dir.mkdir(parents=True, exist_ok=True)
+    torch.save(model.state_dict(), model_dir / "state_dict.pt")
+    torch.save(model, model_dir / "model.pt")
+    print(f"exported to {model_dir}", flush=True)
 
 
 def compute_loss(model: nn.Module, batch: Any, ctx: Any) -> Any:

@@ -1,0 +1,192 @@
+"""A job survives losing a node: `local --restart-policy vertex` restarts a SIGKILLed replica in place, as
+Vertex AI does, and the job finishes with exactly one export, a consistent checkpoint and summary, the lost
+work on record, and no process left. The replica's whole process tree is killed, as a vanished VM: no
+SIGTERM, no grace. Triggers are lines of the job's own output (or a torn checkpoint on disk), never sleeps.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from entrypoint import checkpoints
+from tests.jobs import Job, entrypoint, failure_text, last_line, summary, wait_gone
+
+pytestmark = [pytest.mark.pytorch, pytest.mark.slow]
+HOOKS = ["--module", "tests.pytorch.faults", "--log-every", "2", "--timeout", "120", "--grace-period", "5"]
+SLOW = ["--step-sleep", "0.05"]
+
+
+def local_args(output: Path, run: list[str], *local: str) -> list[str]:
+    return ["local", "--workers", "2", "--output-dir", str(output), *local, "--", "run", "--framework", "pytorch",
+            *run]
+
+
+def replica_group(job: Job, replica: str) -> int:
+    """The process group of an emulated replica's current attempt (its own session, children included)."""
+    for pid in job.left():
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"TRAINER_REPLICA={replica}".encode() in environ and os.getpgid(pid) == pid:
+            return pid
+    raise AssertionError(f"no process group for {replica}:\n{job.output()[-2000:]}")
+
+
+def vanish(job: Job, replica: str) -> float:
+    """SIGKILL a replica's whole process tree, as a VM that disappears; when."""
+    os.killpg(replica_group(job, replica), signal.SIGKILL)
+    return time.monotonic()
+
+
+def torn_checkpoint(checkpoint_dir: Path) -> Callable[[], bool]:
+    """True while a checkpoint directory exists without its commit marker (a write in progress)."""
+    def writing() -> bool:
+        return any(p.is_dir() and not checkpoints.is_committed(p) for p in checkpoint_dir.glob("ckpt-*"))
+    return writing
+
+
+def wait_until(condition: Callable[[], bool], job: Job, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline and job.proc.poll() is None, job.output()[-3000:]
+        time.sleep(0.01)
+
+
+def assert_recovered(job: Job, out: Path, victim: str, hooks: bool = True, resumed: bool = True) -> dict[str, object]:
+    """Exit 0, one export, no process left, the restart logged; for hooks, checkpoint and summary agree."""
+    assert job.wait(420) == 0, job.output()[-4000:]
+    assert wait_gone(job.marker) == []
+    output = job.output()
+    assert re.search(rf"\[local\] {victim} exited 137 \(retryable\): restart 1 of 5", output), output[-3000:]
+    assert f"[{victim}#1]" in output  # the restarted replica's lines show its attempt
+    if not hooks:
+        return {}
+    assert output.count("exported to ") == 1 or output.count("model exported to") == 1, output[-3000:]
+    result = summary(out / "model")
+    newest = checkpoints.committed(out / "checkpoints", warn=False)[-1]
+    assert newest[0] == result["final_step"] == result["expected_steps"]
+    saved = torch.load(newest[1] / "state.pt", weights_only=False)["model"]
+    exported = torch.load(out / "model" / "state_dict.pt")
+    assert all(torch.equal(saved[k], exported[k]) for k in saved)
+    if resumed:  # a replica lost before the first checkpoint: the restart starts afresh, nothing to recover
+        assert result["recoveries"], "the lost work is on record"
+        assert "recovered after losing" in output
+    return result
+
+
+def reference_digest(tmp_path: Path, run: list[str]) -> str:
+    out = tmp_path / "reference"
+    proc = entrypoint(*local_args(out, run), timeout=600)
+    assert proc.returncode == 0, failure_text(proc)
+    return str(summary(out / "model")["param_digests"][0])
+
+
+def test_a_lost_worker_mid_epoch_costs_a_restart_and_the_weights_are_bit_identical(tmp_path: Path) -> None:
+    run = [*HOOKS, "--checkpoint-every", "5", "--", *SLOW]
+    expected = reference_digest(tmp_path, run)
+    out = tmp_path / "job"
+    job = Job(*local_args(out, run))
+    try:
+        job.wait_for_step(12)
+        killed = vanish(job, "workerpool1-0")
+        job.wait_for(r"\[local\] workerpool0-0 exited")
+        noticed = time.monotonic() - killed
+        result = assert_recovered(job, out, "workerpool1-0")
+    finally:
+        job.cleanup()
+    assert noticed < 60, f"the chief noticed the lost worker after {noticed:.0f} s (--timeout is 120)"
+    assert result["param_digests"] == [expected, expected]
+    (lost,) = result["recoveries"]  # type: ignore[misc]
+    assert lost["replica"] == "workerpool1-0" and lost["resumed_from_step"] == 10
+    assert lost["lost_at_step"] >= 12 and lost["lost_steps"] == lost["lost_at_step"] - 10
+
+
+def test_a_lost_chief_mid_epoch_recovers(tmp_path: Path) -> None:
+    out = tmp_path / "job"
+    job = Job(*local_args(out, [*HOOKS, "--checkpoint-every", "5", "--", *SLOW]))
+    try:
+        job.wait_for_step(8)
+        vanish(job, "workerpool0-0")
+        result = assert_recovered(job, out, "workerpool0-0")
+    finally:
+        job.cleanup()
+    assert result["recoveries"][0]["replica"] == "workerpool0-0"  # type: ignore[index]
+
+
+def test_a_chief_lost_while_writing_a_checkpoint_resumes_from_the_previous_one(tmp_path: Path) -> None:
+    """A big model written synchronously: SIGKILL while a ckpt directory has no marker; the torn one is skipped."""
+    out = tmp_path / "job"
+    job = Job(*local_args(out, [*HOOKS, "--epochs", "1", "--checkpoint-every", "4", "--checkpoint-mode", "sync",
+                                "--", "--hidden", "120000"]))
+    try:
+        job.wait_for("checkpoint ckpt-00000004 committed")
+        wait_until(torn_checkpoint(out / "checkpoints"), job)
+        vanish(job, "workerpool0-0")
+        assert_recovered(job, out, "workerpool0-0")
+    finally:
+        job.cleanup()
+    assert "skipping torn checkpoint" in job.output() or "resumed from" in job.output()
+
+
+def test_a_chief_lost_during_the_start_up_barrier_recovers(tmp_path: Path) -> None:
+    out = tmp_path / "job"
+    job = Job(*local_args(out, [*HOOKS, "--epochs", "1", "--", *SLOW]))
+    try:
+        job.wait_for(r"\[workerpool0-0\] .*(waiting for 1 of 1 peers|all 2 replicas are here)")
+        vanish(job, "workerpool0-0")
+        assert_recovered(job, out, "workerpool0-0", resumed=False)
+    finally:
+        job.cleanup()
+
+
+def test_a_chief_lost_after_the_last_commit_exports_once_after_its_restart(tmp_path: Path) -> None:
+    out = tmp_path / "job"
+    job = Job(*local_args(out, [*HOOKS, "--epochs", "1", "--", "--export-delay", "30"]))
+    try:
+        job.wait_for(r"\[workerpool0-0\] exporting in 30 s")
+        vanish(job, "workerpool0-0")
+        job.wait_for(r"\[workerpool0-0#1\] exporting in 30 s", timeout=300)
+        result = assert_recovered(job, out, "workerpool0-0")
+    finally:
+        job.cleanup()
+    assert result["start_step"] == result["final_step"]  # nothing left to train: the restart only exported
+
+
+def test_a_lost_worker_node_with_two_processes_recovers(tmp_path: Path) -> None:
+    out = tmp_path / "job"
+    job = Job(*local_args(out, [*HOOKS, "--nproc-per-node", "2", "--checkpoint-every", "4", "--", *SLOW]))
+    try:
+        job.wait_for_step(6)
+        vanish(job, "workerpool1-0")
+        assert_recovered(job, out, "workerpool1-0")
+    finally:
+        job.cleanup()
+
+
+@pytest.mark.parametrize(("nproc", "victim"), [("1", "workerpool0-0"), ("2", "workerpool1-0")])
+def test_a_torchrun_style_script_with_a_snapshot_survives_a_lost_node(tmp_path: Path, nproc: str,
+                                                                       victim: str) -> None:
+    out = tmp_path / "job"
+    snapshot = out / "checkpoints" / "snapshot.pt"
+    job = Job(*local_args(out, ["--nproc-per-node", nproc, "--timeout", "120", "--grace-period", "5",
+                                "--script", "tests/pytorch/snapshot_script.py", "--", "--total-epochs", "4",
+                                "--snapshot-path", str(snapshot), "--step-sleep", "0.3"]))
+    try:
+        job.wait_for(r"Epoch 1 \| Training snapshot saved at")
+        vanish(job, victim)
+        assert_recovered(job, out, victim, hooks=False)
+    finally:
+        job.cleanup()
+    output = job.output()
+    assert "Resuming training from snapshot at Epoch 1" in output
+    assert output.count("model written to") == 1 and (out / "model" / "model.pt").is_file()
+    assert last_line(job).startswith("[local]")
