@@ -117,9 +117,12 @@ class PeerBoard:
 
 
 def describe(silent: list[Silent]) -> str:
-    """``workerpool1-0 (rank 1, host h) stopped responding after step 40 (no heartbeat for 3 s)``, joined."""
+    """``workerpool1-0 (rank 1, host h) stopped responding (no heartbeat for 3 s; its last one was at step 40)``.
+
+    Heartbeats go out every INTERVAL seconds, so the step is the last one the peer *reported*: it may have
+    gone a few fast steps further before it was lost."""
     parts = []
     for s in silent:
-        after = f" after step {s.step}" if s.step is not None else ""
-        parts.append(f"{s.member} stopped responding{after} ({s.why})")
+        last = f"; its last one was at step {s.step}" if s.step is not None else ""
+        parts.append(f"{s.member} stopped responding ({s.why}{last})")
     return "; ".join(parts)

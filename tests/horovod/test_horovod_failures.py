@@ -64,7 +64,10 @@ def test_a_lost_peer_is_retryable_on_the_survivor(tmp_path: Path, how: str) -> N
         assert nodes[0].wait(90) == 129, nodes[0].output()[-3000:]
         assert time.monotonic() - lost < 10 + 15  # within --hang-timeout (Horovod's collectives never time out)
         expected = "peer_lost" if how == "killed" else "hang"
-        assert last_line(nodes[0]).startswith(f"entrypoint: error: {expected} on workerpool0-0")
+        # the survivor's verdict names the culprit: the replica whose heartbeat stopped, not the survivor itself
+        line = last_line(nodes[0])
+        assert line.startswith(f"entrypoint: error: {expected} on workerpool1-0"), line
+        assert "stopped responding" in line and "(exit 129, retryable)" in line
     finally:
         for pid in nodes[1].left():
             with contextlib.suppress(ProcessLookupError):
