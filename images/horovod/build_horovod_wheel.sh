@@ -18,10 +18,17 @@
 #     MAKEFLAGS                  if set, used as is (overrides HOROVOD_BUILD_PARALLELISM)
 #     HOROVOD_FORCE_REBUILD      1 = ignore a cached wheel and rebuild (then refresh it)
 #     HOROVOD_BUILD_VERBOSE      1 = show the full CMake/compiler output
+#     HOROVOD_WHEEL_URL          base URL of a wheel cache laid out like TRAINER_WHEEL_CACHE
+#                                (<key>/key.txt + <key>/horovod-*.whl, e.g. served over HTTP by
+#                                images/local_build.py): a wheel whose key.txt equals this build's key
+#                                material is taken from there instead of compiling; anything else
+#                                (no such key, unreachable, a bad wheel) falls back to the source build
+#     HOROVOD_KEY_ONLY           1 = print this build's cache key and key material, then exit
 #
 # Why a source build: horovod 0.28.1 (the last release) sets CMAKE_CXX_STANDARD 14, but
 # torch >= 2.1 headers need C++17.  Upstream fixed this in PR #3998, never released.
-# The only patch applied here is 14 -> 17 in CMakeLists.txt and horovod/torch/CMakeLists.txt.
+# The only patch applied here is 14 -> 17 in CMakeLists.txt and horovod/torch/CMakeLists.txt;
+# with TensorFlow, two more (TF >= 2.18 headers, and tf.keras's backend for horovod.tensorflow.keras).
 set -euo pipefail
 
 die() { echo "build_horovod_wheel.sh: ERROR: $*" >&2; exit 1; }
@@ -86,13 +93,17 @@ EOF
 ) || die "cannot import torch with $PY (install the image lock into that venv first)"
 [[ -n ${TORCH_VERSION:-} ]] || die "could not read the torch version from $PY"
 PATCH_REV="cxx17-v1"
-[[ $TF_VERSION == none ]] || PATCH_REV="$PATCH_REV+tfxla-v1"
+[[ $TF_VERSION == none ]] || PATCH_REV="$PATCH_REV+tfxla-v1+tfkeras-v1"
 FLAGS=$(env | grep -E '^HOROVOD_(WITH|WITHOUT|GPU|CPU_OPERATIONS|CUDA_HOME|NCCL_|ROCM|DEBUG|BUILD_CUDA_CC_LIST|BUILD_ARCH_FLAGS)' \
         | grep -vE '^HOROVOD_(WITH_TENSORFLOW|WITHOUT_TENSORFLOW)=' | LC_ALL=C sort | paste -sd' ' || true)
 KEY_MATERIAL="horovod=$HOROVOD_VERSION patch=$PATCH_REV torch=$TORCH_VERSION python=$PYTAG arch=$(uname -m) tensorflow=$TF_VERSION $FLAGS"
 KEY_HASH=$(printf '%s' "$KEY_MATERIAL" | sha256sum | cut -c1-12)
 KEY="horovod-$HOROVOD_VERSION-torch$TORCH_VERSION-$PYTAG-$KEY_HASH"
 CACHE_DIR="$CACHE_ROOT/$KEY"
+if [[ ${HOROVOD_KEY_ONLY:-0} == 1 ]]; then
+    printf '%s\n%s\n' "$KEY" "$KEY_MATERIAL"
+    exit 0
+fi
 
 mkdir -p "$OUTDIR"
 
@@ -119,6 +130,54 @@ if [[ ${HOROVOD_FORCE_REBUILD:-0} != 1 ]]; then
 fi
 log "cache miss: $KEY"
 log "key: $KEY_MATERIAL"
+
+# ---- a wheel served for exactly this key (HOROVOD_WHEEL_URL) -----------------------------------
+check_wheel() {  # the extensions must really be in there (a wheel without them builds "fine" if cmake skipped one)
+    "$PY" - "$1" "${HOROVOD_WITH_TENSORFLOW:-}" <<'EOF'
+import sys, zipfile
+names = zipfile.ZipFile(sys.argv[1]).namelist()
+need = ["horovod/torch/mpi_lib_v2"] + (["horovod/tensorflow/mpi_lib"] if sys.argv[2] else [])
+missing = [p for p in need if not any(n.startswith(p) and n.endswith(".so") for n in names)]
+if missing:
+    sys.exit(f"wheel lacks {', '.join(missing)}*.so")
+EOF
+}
+
+if [[ -n ${HOROVOD_WHEEL_URL:-} ]]; then
+    FETCHED=$(mktemp -d "${TMPDIR:-/tmp}/horovod-served.XXXXXX")
+    # Prints the wheel's path, or why not (stderr) and nothing.
+    served=$("$PY" - "${HOROVOD_WHEEL_URL%/}/$KEY" "$KEY_MATERIAL" "$HOROVOD_VERSION" "$FETCHED" <<'EOF'
+import re, sys, urllib.error, urllib.request, zipfile
+base, material, version, folder = sys.argv[1:]
+def get(url):
+    with urllib.request.urlopen(url, timeout=30) as response:
+        return response.read()
+try:
+    served_key = get(f"{base}/key.txt").decode().strip()
+    if served_key != material.strip():
+        sys.exit(f"served key differs: {served_key!r}")
+    names = sorted(set(re.findall(rf'href="(horovod-{re.escape(version)}-[^"/]+\.whl)"', get(f"{base}/").decode())))
+    if len(names) != 1:
+        sys.exit(f"expected one horovod-{version} wheel at {base}/, found {len(names)}")
+    path = f"{folder}/{names[0]}"
+    with open(path, "wb") as out:
+        out.write(get(f"{base}/{names[0]}"))
+    if zipfile.ZipFile(path).testzip() is not None:
+        sys.exit(f"{names[0]} is corrupt")
+except (OSError, urllib.error.URLError, zipfile.BadZipFile) as exc:
+    sys.exit(f"{base}: {exc}")
+print(path)
+EOF
+    ) || true
+    if [[ -n $served ]] && check_wheel "$served"; then
+        out=$(copy_out "$served")
+        rm -rf "$FETCHED"
+        echo "horovod wheel: served for this key ($KEY) by $HOROVOD_WHEEL_URL -> $out"
+        exit 0
+    fi
+    rm -rf "$FETCHED"
+    log "no usable wheel for this key at $HOROVOD_WHEEL_URL (see above): building from source"
+fi
 
 # ---- build ---------------------------------------------------------------------------------
 command -v cmake >/dev/null || die "cmake not found (need >= 3.13)"
@@ -192,6 +251,17 @@ endforeach()
 open(path, "w").write(text.replace(anchor, anchor + extra))
 PYEOF
     log "patched horovod/tensorflow for TF >= 2.18 headers (xla_builder.h path, absl::StatusOr, external includes)"
+    # horovod.tensorflow.keras takes its backend from a bare `import keras`, which is Keras 3 since TF 2.16
+    # even when tf.keras is tf-keras (TF_USE_LEGACY_KERAS=1): Keras 3's backend has no constant/get_value/
+    # set_value, so MetricAverageCallback and the learning-rate callbacks fail at the end of an epoch.
+    # Take the backend of the keras these modules already use, tf.keras, instead.
+    for f in horovod/tensorflow/keras/__init__.py horovod/tensorflow/keras/callbacks.py; do
+        grep -q '^from tensorflow import keras$' "$SRC/$f" || die "$f: 'from tensorflow import keras' not found"
+        n=$(grep -c '^    from keras import backend as K$' "$SRC/$f" || true)
+        [[ $n == 1 ]] || die "$f: expected exactly one 'from keras import backend as K', found $n"
+        sed -i 's/^    from keras import backend as K$/    K = keras.backend  # tf.keras: tf-keras under TF_USE_LEGACY_KERAS=1/' "$SRC/$f"
+    done
+    log "patched horovod/tensorflow/keras to take tf.keras's backend (not a bare import keras)"
 fi
 
 log "building (MAKEFLAGS=$MAKEFLAGS $FLAGS tensorflow=$TF_VERSION); about 5 min on 2 cores (CPU/gloo)"
@@ -203,17 +273,7 @@ extra=()
 "$PY" -m pip wheel --disable-pip-version-check --no-build-isolation --no-deps --no-cache-dir \
     "${extra[@]}" -w "$WORK/wheel" "$SRC"
 WHEEL=$(compgen -G "$WORK/wheel/horovod-$HOROVOD_VERSION-*.whl" | head -n1) || die "no wheel produced"
-# the extension must really be in there (a wheel without it builds "fine" if cmake skipped it)
-"$PY" - "$WHEEL" <<'EOF' || die "built wheel lacks the torch/gloo extension"
-import sys, zipfile
-names = zipfile.ZipFile(sys.argv[1]).namelist()
-sys.exit(not any(n.startswith("horovod/torch/mpi_lib_v2") and n.endswith(".so") for n in names))
-EOF
-[[ -z ${HOROVOD_WITH_TENSORFLOW:-} ]] || "$PY" - "$WHEEL" <<'EOF' || die "built wheel lacks the tensorflow extension"
-import sys, zipfile
-names = zipfile.ZipFile(sys.argv[1]).namelist()
-sys.exit(not any(n.startswith("horovod/tensorflow/mpi_lib") and n.endswith(".so") for n in names))
-EOF
+check_wheel "$WHEEL" || die "built wheel $WHEEL is incomplete"
 
 # Atomic cache write: temp name in the same dir, then rename.
 mkdir -p "$CACHE_DIR"
