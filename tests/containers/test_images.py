@@ -78,7 +78,7 @@ def test_the_entrypoint_answers_through_tini(engine: Any, built: Any, image: str
     assert proc.returncode == 0, proc.stderr[-3000:]
     inspect = engine.output("image", "inspect", "--format", "{{json .Config.Entrypoint}} {{.Config.User}}",
                             driver.image_ref(image))
-    assert inspect.split() == ['["/usr/bin/tini","--","python","-m","entrypoint","run"]', str(UID)]
+    assert inspect.split() == ['["/usr/bin/tini","-g","--","python","-m","entrypoint","run"]', str(UID)]
 
 
 WHERE = [pytest.param(image, where, id=f"{image}-{where}") for image in IMAGES for where in ("vertex", "one-machine")]
