@@ -15,7 +15,8 @@
 #     HOROVOD_WITH_TENSORFLOW    unset = build without TensorFlow; 1 = with
 #     TRAINER_WHEEL_CACHE        ${XDG_CACHE_HOME:-$HOME/.cache}/trainer-images/wheels
 #     HOROVOD_BUILD_PARALLELISM  number of make jobs (default: nproc)
-#     MAKEFLAGS                  if set, used as is (overrides HOROVOD_BUILD_PARALLELISM)
+#     MAKEFLAGS                  if it sets the parallelism (-jN, or a make jobserver), used as is
+#                                (overrides HOROVOD_BUILD_PARALLELISM); otherwise -jN is added to it
 #     HOROVOD_FORCE_REBUILD      1 = ignore a cached wheel and rebuild (then refresh it)
 #     HOROVOD_BUILD_VERBOSE      1 = show the full CMake/compiler output
 #     HOROVOD_WHEEL_URL          base URL of a wheel cache laid out like TRAINER_WHEEL_CACHE
@@ -74,8 +75,10 @@ else
     export HOROVOD_WITHOUT_TENSORFLOW=1
 fi
 [[ -n ${HOROVOD_GPU_OPERATIONS:-} ]] && export HOROVOD_GPU_OPERATIONS || unset HOROVOD_GPU_OPERATIONS
-if [[ -z ${MAKEFLAGS:-} ]]; then
-    export MAKEFLAGS="-j${HOROVOD_BUILD_PARALLELISM:-$(nproc 2>/dev/null || echo 2)}"
+# Run from make, MAKEFLAGS is make's own: empty, or just " -- VAR=value" for `make VAR=value ...`, which
+# would build on one core.
+if [[ ! ${MAKEFLAGS:-} =~ (^|[[:space:]])-j|jobserver ]]; then
+    export MAKEFLAGS="-j${HOROVOD_BUILD_PARALLELISM:-$(nproc 2>/dev/null || echo 2)} ${MAKEFLAGS:-}"
 fi
 
 # ---- cache key ---------------------------------------------------------------------------
