@@ -29,7 +29,8 @@
 # Why a source build: horovod 0.28.1 (the last release) sets CMAKE_CXX_STANDARD 14, but
 # torch >= 2.1 headers need C++17.  Upstream fixed this in PR #3998, never released.
 # The only patch applied here is 14 -> 17 in CMakeLists.txt and horovod/torch/CMakeLists.txt;
-# with TensorFlow, two more (TF >= 2.18 headers, and tf.keras's backend for horovod.tensorflow.keras).
+# with TensorFlow, three more (TF >= 2.18 headers; tf.keras's backend and momentum correction for the
+# horovod.tensorflow.keras callbacks).
 set -euo pipefail
 
 die() { echo "build_horovod_wheel.sh: ERROR: $*" >&2; exit 1; }
@@ -265,6 +266,35 @@ PYEOF
         sed -i 's/^    from keras import backend as K$/    K = keras.backend  # tf.keras: tf-keras under TF_USE_LEGACY_KERAS=1/' "$SRC/$f"
     done
     log "patched horovod/tensorflow/keras to take tf.keras's backend (not a bare import keras)"
+    # The learning-rate callbacks' momentum correction sets optimizer.momentum with the backend's set_value:
+    # tf-keras's current optimizers keep momentum as a Python float (fixed in the compiled train step), so it
+    # fails there ('float' object has no attribute 'dtype'). Correct only a momentum variable (legacy
+    # optimizers); otherwise warn and leave it, as for optimizers without momentum.
+    "$PY" - "$SRC/horovod/_keras/callbacks.py" <<'PYEOF' || die "horovod/_keras/callbacks.py: momentum-correction anchors not found"
+import sys
+path = sys.argv[1]
+text = open(path).read()
+condition = "        if hasattr(self.model.optimizer, 'momentum') and self.momentum_correction:\n"
+anchor = "import tensorflow as tf\n"
+if text.count(condition) != 1 or text.count(anchor) != 1:
+    sys.exit(1)
+helper = '''
+
+def _momentum_is_variable(optimizer):
+    """Momentum correction sets the optimizer's momentum, which must be a variable for that (legacy optimizers).
+    tf-keras's current optimizers keep it as a float, fixed in the compiled train step: no correction then."""
+    momentum = getattr(optimizer, 'momentum', None)
+    if momentum is None or isinstance(momentum, tf.Variable):
+        return momentum is not None
+    warnings.warn('Horovod: momentum correction skipped, the optimizer keeps its momentum as a constant '
+                  '(tf.keras.optimizers.legacy.SGD keeps it as a variable)', stacklevel=3)
+    return False
+'''
+text = text.replace(anchor, anchor + helper).replace(
+    condition, "        if self.momentum_correction and _momentum_is_variable(self.model.optimizer):\n")
+open(path, "w").write(text)
+PYEOF
+    log "patched horovod/_keras/callbacks.py: momentum correction only for a momentum variable"
 fi
 
 log "building (MAKEFLAGS=$MAKEFLAGS $FLAGS tensorflow=$TF_VERSION); about 5 min on 2 cores (CPU/gloo)"

@@ -68,7 +68,7 @@ def main():
         hvd.callbacks.MetricAverageCallback(),
         # Warm the learning rate up from scaled_lr / size to scaled_lr.
         hvd.callbacks.LearningRateWarmupCallback(initial_lr=scaled_lr, warmup_epochs=WARMUP_EPOCHS, verbose=1),
-        # Then keep it, and divide it by 10 for the last two epochs.
+        # Then keep it, and from epoch 3 decay it tenfold per epoch (a constant multiplier decays exponentially).
         hvd.callbacks.LearningRateScheduleCallback(initial_lr=scaled_lr, multiplier=1.0,
                                                    start_epoch=WARMUP_EPOCHS, end_epoch=EPOCHS - 2),
         hvd.callbacks.LearningRateScheduleCallback(initial_lr=scaled_lr, multiplier=1e-1, start_epoch=EPOCHS - 2),
