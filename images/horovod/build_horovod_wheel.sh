@@ -151,7 +151,7 @@ if [[ -n ${HOROVOD_WHEEL_URL:-} ]]; then
     FETCHED=$(mktemp -d "${TMPDIR:-/tmp}/horovod-served.XXXXXX")
     # Prints the wheel's path, or why not (stderr) and nothing.
     served=$("$PY" - "${HOROVOD_WHEEL_URL%/}/$KEY" "$KEY_MATERIAL" "$HOROVOD_VERSION" "$FETCHED" <<'EOF'
-import re, sys, urllib.error, urllib.request, zipfile
+import re, sys, urllib.request, zipfile
 base, material, version, folder = sys.argv[1:]
 def get(url):
     with urllib.request.urlopen(url, timeout=30) as response:
@@ -168,8 +168,8 @@ try:
         out.write(get(f"{base}/{names[0]}"))
     if zipfile.ZipFile(path).testzip() is not None:
         sys.exit(f"{names[0]} is corrupt")
-except (OSError, urllib.error.URLError, zipfile.BadZipFile) as exc:
-    sys.exit(f"{base}: {exc}")
+except Exception as exc:  # whatever went wrong, the caller compiles instead
+    sys.exit(f"{base}: {type(exc).__name__}: {exc}")
 print(path)
 EOF
     ) || true
@@ -257,7 +257,8 @@ PYEOF
     log "patched horovod/tensorflow for TF >= 2.18 headers (xla_builder.h path, absl::StatusOr, external includes)"
     # horovod.tensorflow.keras takes its backend from a bare `import keras`, which is Keras 3 since TF 2.16
     # even when tf.keras is tf-keras (TF_USE_LEGACY_KERAS=1): Keras 3's backend has no constant/get_value/
-    # set_value, so MetricAverageCallback and the learning-rate callbacks fail at the end of an epoch.
+    # set_value, so the learning-rate callbacks fail in the first batch and MetricAverageCallback at the end of
+    # the first epoch.
     # Take the backend of the keras these modules already use, tf.keras, instead.
     for f in horovod/tensorflow/keras/__init__.py horovod/tensorflow/keras/callbacks.py; do
         grep -q '^from tensorflow import keras$' "$SRC/$f" || die "$f: 'from tensorflow import keras' not found"
