@@ -46,7 +46,8 @@ $(TF_VENV)/.ready: images/tensorflow/requirements-cpu.txt tests/requirements.txt
 
 # Horovod is built from its sdist with the C++17 fix (images/horovod/build_horovod_wheel.sh), with
 # PyTorch and TensorFlow ops as in the Horovod CPU image; the wheel is cached under
-# ~/.cache/trainer-images/wheels, so only a fresh machine pays the build (~9 minutes on 2 cores).
+# ~/.cache/trainer-images/wheels, so only a fresh machine pays the build (~9 minutes on 2 cores); the
+# Horovod image build of `make image-test` (later in `make test`) takes the same wheel instead of compiling.
 $(HVD_VENV)/.ready: images/horovod/requirements-cpu.txt images/horovod/build_horovod_wheel.sh tests/requirements.txt pyproject.toml
 	$(call lock_venv,$(HVD_VENV),images/horovod/requirements-cpu.txt)
 	HOROVOD_WITH_TENSORFLOW=1 bash images/horovod/build_horovod_wheel.sh $(HVD_VENV)/bin/python $(HVD_VENV)/wheels

@@ -65,9 +65,10 @@ lint-docker:
 
 # ---- image tests: the CPU variants built on this machine from the same Dockerfiles and locks ----------
 # images/local_build.py makes a Debian bookworm base once (mmdebstrap), builds localhost/trainer-<image>:cpu
-# with cloudbuild.yaml's CPU build arguments plus the local base, its Python and torch's wheel source,
-# and reports sizes against images/size-budget.json; tests/containers/ then runs the images. Layers and
-# the base stay cached in the engine's storage: only a cold machine pays the full build (~18 minutes).
+# with cloudbuild.yaml's CPU build arguments plus the local base, its Python and the wheel sources (torch's
+# +cpu wheel; the Horovod wheel `make venv-horovod` cached, when its key is the image's: Horovod compiles
+# once), and reports sizes against images/size-budget.json; tests/containers/ then runs the images. Layers
+# and the base stay cached in the engine's storage: only a cold machine pays the full build.
 image-test: venv-pytorch
 	$(PYTHON) images/local_build.py build
 	$(TORCH_VENV)/bin/python -m pytest -m containers tests/containers $(PYTEST_ARGS)

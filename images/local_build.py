@@ -3,7 +3,9 @@
 
 Only build arguments differ from the release build of cloudbuild.yaml: the base (a Debian bookworm root
 file system made here with mmdebstrap, because no registry can be pulled from), its Python (3.11), and
-where torch's +cpu wheel comes from (the host's pip find-links directory, served as a local index).
+where two wheels come from: torch's +cpu wheel (the host's pip find-links directory, served as a local
+index) and Horovod's (the host's wheel cache, which `make venv-horovod` fills, served so that the image
+build takes a wheel built for exactly its key instead of compiling Horovod a second time).
 
     python3 images/local_build.py engine [--install]   # which engine would be used (podman is installed if root)
     python3 images/local_build.py base                 # localhost/debian:bookworm, made once, refreshed monthly
@@ -63,6 +65,8 @@ NPROC = 4096
 NOFILE_MAX = 65536  # or the host's hard limit, if lower
 # The local wheel index is a build argument: a fixed port keeps it, and so the layer cache, the same.
 WHEEL_PORT = int(os.environ.get("TRAINER_WHEEL_PORT", "38417"))
+# images/horovod/build_horovod_wheel.sh's cache: <key>/key.txt and <key>/horovod-*.whl per build key.
+HOROVOD_CACHE_PATH = "horovod"  # where the index serves it
 
 
 class Failure(Exception):
@@ -279,16 +283,37 @@ def local_torch_wheel() -> Path | None:
     return None
 
 
+def horovod_wheel_cache() -> Path:
+    """build_horovod_wheel.sh's wheel cache (TRAINER_WHEEL_CACHE, else under XDG_CACHE_HOME or ~/.cache)."""
+    if os.environ.get("TRAINER_WHEEL_CACHE"):
+        return Path(os.environ["TRAINER_WHEEL_CACHE"])
+    cache_home = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache_home) / "trainer-images" / "wheels"
+
+
+@dataclass(frozen=True)
+class WheelSources:
+    """Where a local build gets its wheels: torch's index and Horovod's wheel cache (URLs, or None)."""
+
+    torch_index: str | None = None
+    horovod_cache: str | None = None
+
+
 @contextlib.contextmanager
-def wheel_index(wheel: Path | None) -> Iterator[str | None]:
-    """Serve ``wheel`` as a one-package simple index on 127.0.0.1 (the builds use the host network)."""
-    if wheel is None:
-        yield None
+def wheel_index(wheel: Path | None, horovod_cache: Path | None = None) -> Iterator[WheelSources]:
+    """Serve ``wheel`` as a one-package simple index and ``horovod_cache`` as it is, on 127.0.0.1 (the
+    builds use the host network). The Horovod URL is given even for a cache that does not exist yet: the
+    build then compiles, and the build argument (so the layer cache) stays the same either way."""
+    if wheel is None and horovod_cache is None:
+        yield WheelSources()
         return
     with tempfile.TemporaryDirectory(prefix="trainer-wheels-") as tmp:
-        folder = Path(tmp) / "simple" / "torch"
-        folder.mkdir(parents=True)
-        (folder / wheel.name).symlink_to(wheel)
+        if wheel is not None:
+            folder = Path(tmp) / "simple" / "torch"
+            folder.mkdir(parents=True)
+            (folder / wheel.name).symlink_to(wheel)
+        if horovod_cache is not None:
+            (Path(tmp) / HOROVOD_CACHE_PATH).symlink_to(horovod_cache, target_is_directory=True)
 
         class Quiet(http.server.SimpleHTTPRequestHandler):
             def log_message(self, format: str, *args: object) -> None:
@@ -298,11 +323,13 @@ def wheel_index(wheel: Path | None) -> Iterator[str | None]:
         try:
             server = http.server.ThreadingHTTPServer(("127.0.0.1", WHEEL_PORT), handler)
         except OSError:
-            log(f"port {WHEEL_PORT} is busy: serving torch's wheel on another one (the layer cache will miss)")
+            log(f"port {WHEEL_PORT} is busy: serving the wheels on another one (the layer cache will miss)")
             server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
         with server:
             threading.Thread(target=server.serve_forever, daemon=True).start()
-            yield f"http://127.0.0.1:{server.server_address[1]}/simple/"
+            url = f"http://127.0.0.1:{server.server_address[1]}"
+            yield WheelSources(f"{url}/simple/" if wheel is not None else None,
+                               f"{url}/{HOROVOD_CACHE_PATH}/" if horovod_cache is not None else None)
             server.shutdown()
 
 
@@ -320,17 +347,19 @@ def release_build_args(image: str) -> dict[str, str]:
     }
 
 
-def local_build_args(image: str, torch_index: str | None) -> dict[str, str]:
-    """The only differences from a release build: the base, its Python and torch's wheel source."""
+def local_build_args(image: str, sources: WheelSources) -> dict[str, str]:
+    """The only differences from a release build: the base, its Python and the wheel sources."""
     args = {"CPU_IMAGE": BASE_REF, "PYTHON_VERSION": BASE_PYTHON}
     dockerfile = (ROOT / "images" / image / "Dockerfile").read_text()
-    if torch_index and "ARG TORCH_CPU_INDEX_URL" in dockerfile:
-        args["TORCH_CPU_INDEX_URL"] = torch_index
+    if sources.torch_index and "ARG TORCH_CPU_INDEX_URL" in dockerfile:
+        args["TORCH_CPU_INDEX_URL"] = sources.torch_index
+    if sources.horovod_cache and "ARG HOROVOD_WHEEL_URL" in dockerfile:
+        args["HOROVOD_WHEEL_URL"] = sources.horovod_cache
     return args
 
 
-def build_command(engine: Engine, image: str, torch_index: str | None) -> list[str]:
-    args = {**release_build_args(image), **local_build_args(image, torch_index)}
+def build_command(engine: Engine, image: str, sources: WheelSources) -> list[str]:
+    args = {**release_build_args(image), **local_build_args(image, sources)}
     flags = [f"--build-arg={k}={v}" for k, v in args.items()]
     return engine.command("build", *engine.build_flags(), f"--file=images/{image}/Dockerfile", *flags,
                           f"--tag={image_ref(image)}", ".")
@@ -359,12 +388,15 @@ def diagnose(image: str, code: int) -> Failure:
 
 def build(engine: Engine, images: Sequence[str]) -> None:
     ensure_base(engine)
-    wheel = local_torch_wheel()
+    wheel, horovod_cache = local_torch_wheel(), horovod_wheel_cache()
     log(f"torch wheel: {wheel or 'the Dockerfile default TORCH_CPU_INDEX_URL'}")
+    cached = sorted(p.parent.name for p in horovod_cache.glob("horovod-*/key.txt"))
+    log(f"Horovod wheel cache {horovod_cache}: {', '.join(cached) or 'empty'} (a wheel of the image's key is "
+        "used instead of compiling)")
     started = time.monotonic()
-    with wheel_index(wheel) as torch_index:
+    with wheel_index(wheel, horovod_cache) as sources:
         for image in images:
-            command = build_command(engine, image, torch_index)
+            command = build_command(engine, image, sources)
             log(f"building {image_ref(image)}: {' '.join(command)}")
             began = time.monotonic()
             code = subprocess.run(command, cwd=ROOT, check=False).returncode

@@ -15,13 +15,22 @@
 #     HOROVOD_WITH_TENSORFLOW    unset = build without TensorFlow; 1 = with
 #     TRAINER_WHEEL_CACHE        ${XDG_CACHE_HOME:-$HOME/.cache}/trainer-images/wheels
 #     HOROVOD_BUILD_PARALLELISM  number of make jobs (default: nproc)
-#     MAKEFLAGS                  if set, used as is (overrides HOROVOD_BUILD_PARALLELISM)
+#     MAKEFLAGS                  if it sets the parallelism (-jN, or a make jobserver), used as is
+#                                (overrides HOROVOD_BUILD_PARALLELISM); otherwise -jN is added to it
 #     HOROVOD_FORCE_REBUILD      1 = ignore a cached wheel and rebuild (then refresh it)
 #     HOROVOD_BUILD_VERBOSE      1 = show the full CMake/compiler output
+#     HOROVOD_WHEEL_URL          base URL of a wheel cache laid out like TRAINER_WHEEL_CACHE
+#                                (<key>/key.txt + <key>/horovod-*.whl, e.g. served over HTTP by
+#                                images/local_build.py): a wheel whose key.txt equals this build's key
+#                                material is taken from there instead of compiling; anything else
+#                                (no such key, unreachable, a bad wheel) falls back to the source build
+#     HOROVOD_KEY_ONLY           1 = print this build's cache key and key material, then exit
 #
 # Why a source build: horovod 0.28.1 (the last release) sets CMAKE_CXX_STANDARD 14, but
 # torch >= 2.1 headers need C++17.  Upstream fixed this in PR #3998, never released.
-# The only patch applied here is 14 -> 17 in CMakeLists.txt and horovod/torch/CMakeLists.txt.
+# The only patch applied here is 14 -> 17 in CMakeLists.txt and horovod/torch/CMakeLists.txt;
+# with TensorFlow, three more (TF >= 2.18 headers; tf.keras's backend and momentum correction for the
+# horovod.tensorflow.keras callbacks).
 set -euo pipefail
 
 die() { echo "build_horovod_wheel.sh: ERROR: $*" >&2; exit 1; }
@@ -67,8 +76,10 @@ else
     export HOROVOD_WITHOUT_TENSORFLOW=1
 fi
 [[ -n ${HOROVOD_GPU_OPERATIONS:-} ]] && export HOROVOD_GPU_OPERATIONS || unset HOROVOD_GPU_OPERATIONS
-if [[ -z ${MAKEFLAGS:-} ]]; then
-    export MAKEFLAGS="-j${HOROVOD_BUILD_PARALLELISM:-$(nproc 2>/dev/null || echo 2)}"
+# Run from make, MAKEFLAGS is make's own: empty, or just " -- VAR=value" for `make VAR=value ...`, which
+# would build on one core.
+if [[ ! ${MAKEFLAGS:-} =~ (^|[[:space:]])-j|jobserver ]]; then
+    export MAKEFLAGS="-j${HOROVOD_BUILD_PARALLELISM:-$(nproc 2>/dev/null || echo 2)} ${MAKEFLAGS:-}"
 fi
 
 # ---- cache key ---------------------------------------------------------------------------
@@ -86,13 +97,17 @@ EOF
 ) || die "cannot import torch with $PY (install the image lock into that venv first)"
 [[ -n ${TORCH_VERSION:-} ]] || die "could not read the torch version from $PY"
 PATCH_REV="cxx17-v1"
-[[ $TF_VERSION == none ]] || PATCH_REV="$PATCH_REV+tfxla-v1"
+[[ $TF_VERSION == none ]] || PATCH_REV="$PATCH_REV+tfxla-v1+tfkeras-v1"
 FLAGS=$(env | grep -E '^HOROVOD_(WITH|WITHOUT|GPU|CPU_OPERATIONS|CUDA_HOME|NCCL_|ROCM|DEBUG|BUILD_CUDA_CC_LIST|BUILD_ARCH_FLAGS)' \
         | grep -vE '^HOROVOD_(WITH_TENSORFLOW|WITHOUT_TENSORFLOW)=' | LC_ALL=C sort | paste -sd' ' || true)
 KEY_MATERIAL="horovod=$HOROVOD_VERSION patch=$PATCH_REV torch=$TORCH_VERSION python=$PYTAG arch=$(uname -m) tensorflow=$TF_VERSION $FLAGS"
 KEY_HASH=$(printf '%s' "$KEY_MATERIAL" | sha256sum | cut -c1-12)
 KEY="horovod-$HOROVOD_VERSION-torch$TORCH_VERSION-$PYTAG-$KEY_HASH"
 CACHE_DIR="$CACHE_ROOT/$KEY"
+if [[ ${HOROVOD_KEY_ONLY:-0} == 1 ]]; then
+    printf '%s\n%s\n' "$KEY" "$KEY_MATERIAL"
+    exit 0
+fi
 
 mkdir -p "$OUTDIR"
 
@@ -119,6 +134,54 @@ if [[ ${HOROVOD_FORCE_REBUILD:-0} != 1 ]]; then
 fi
 log "cache miss: $KEY"
 log "key: $KEY_MATERIAL"
+
+# ---- a wheel served for exactly this key (HOROVOD_WHEEL_URL) -----------------------------------
+check_wheel() {  # the extensions must really be in there (a wheel without them builds "fine" if cmake skipped one)
+    "$PY" - "$1" "${HOROVOD_WITH_TENSORFLOW:-}" <<'EOF'
+import sys, zipfile
+names = zipfile.ZipFile(sys.argv[1]).namelist()
+need = ["horovod/torch/mpi_lib_v2"] + (["horovod/tensorflow/mpi_lib"] if sys.argv[2] else [])
+missing = [p for p in need if not any(n.startswith(p) and n.endswith(".so") for n in names)]
+if missing:
+    sys.exit(f"wheel lacks {', '.join(missing)}*.so")
+EOF
+}
+
+if [[ -n ${HOROVOD_WHEEL_URL:-} ]]; then
+    FETCHED=$(mktemp -d "${TMPDIR:-/tmp}/horovod-served.XXXXXX")
+    # Prints the wheel's path, or why not (stderr) and nothing.
+    served=$("$PY" - "${HOROVOD_WHEEL_URL%/}/$KEY" "$KEY_MATERIAL" "$HOROVOD_VERSION" "$FETCHED" <<'EOF'
+import re, sys, urllib.request, zipfile
+base, material, version, folder = sys.argv[1:]
+def get(url):
+    with urllib.request.urlopen(url, timeout=30) as response:
+        return response.read()
+try:
+    served_key = get(f"{base}/key.txt").decode().strip()
+    if served_key != material.strip():
+        sys.exit(f"served key differs: {served_key!r}")
+    names = sorted(set(re.findall(rf'href="(horovod-{re.escape(version)}-[^"/]+\.whl)"', get(f"{base}/").decode())))
+    if len(names) != 1:
+        sys.exit(f"expected one horovod-{version} wheel at {base}/, found {len(names)}")
+    path = f"{folder}/{names[0]}"
+    with open(path, "wb") as out:
+        out.write(get(f"{base}/{names[0]}"))
+    if zipfile.ZipFile(path).testzip() is not None:
+        sys.exit(f"{names[0]} is corrupt")
+except Exception as exc:  # whatever went wrong, the caller compiles instead
+    sys.exit(f"{base}: {type(exc).__name__}: {exc}")
+print(path)
+EOF
+    ) || true
+    if [[ -n $served ]] && check_wheel "$served"; then
+        out=$(copy_out "$served")
+        rm -rf "$FETCHED"
+        echo "horovod wheel: served for this key ($KEY) by $HOROVOD_WHEEL_URL -> $out"
+        exit 0
+    fi
+    rm -rf "$FETCHED"
+    log "no usable wheel for this key at $HOROVOD_WHEEL_URL (see above): building from source"
+fi
 
 # ---- build ---------------------------------------------------------------------------------
 command -v cmake >/dev/null || die "cmake not found (need >= 3.13)"
@@ -192,6 +255,47 @@ endforeach()
 open(path, "w").write(text.replace(anchor, anchor + extra))
 PYEOF
     log "patched horovod/tensorflow for TF >= 2.18 headers (xla_builder.h path, absl::StatusOr, external includes)"
+    # horovod.tensorflow.keras takes its backend from a bare `import keras`, which is Keras 3 since TF 2.16
+    # even when tf.keras is tf-keras (TF_USE_LEGACY_KERAS=1): Keras 3's backend has no constant/get_value/
+    # set_value, so the learning-rate callbacks fail in the first batch and MetricAverageCallback at the end of
+    # the first epoch.
+    # Take the backend of the keras these modules already use, tf.keras, instead.
+    for f in horovod/tensorflow/keras/__init__.py horovod/tensorflow/keras/callbacks.py; do
+        grep -q '^from tensorflow import keras$' "$SRC/$f" || die "$f: 'from tensorflow import keras' not found"
+        n=$(grep -c '^    from keras import backend as K$' "$SRC/$f" || true)
+        [[ $n == 1 ]] || die "$f: expected exactly one 'from keras import backend as K', found $n"
+        sed -i 's/^    from keras import backend as K$/    K = keras.backend  # tf.keras: tf-keras under TF_USE_LEGACY_KERAS=1/' "$SRC/$f"
+    done
+    log "patched horovod/tensorflow/keras to take tf.keras's backend (not a bare import keras)"
+    # The learning-rate callbacks' momentum correction sets optimizer.momentum with the backend's set_value:
+    # tf-keras's current optimizers keep momentum as a Python float (fixed in the compiled train step), so it
+    # fails there ('float' object has no attribute 'dtype'). Correct only a momentum variable (legacy
+    # optimizers); otherwise warn and leave it, as for optimizers without momentum.
+    "$PY" - "$SRC/horovod/_keras/callbacks.py" <<'PYEOF' || die "horovod/_keras/callbacks.py: momentum-correction anchors not found"
+import sys
+path = sys.argv[1]
+text = open(path).read()
+condition = "        if hasattr(self.model.optimizer, 'momentum') and self.momentum_correction:\n"
+anchor = "import tensorflow as tf\n"
+if text.count(condition) != 1 or text.count(anchor) != 1:
+    sys.exit(1)
+helper = '''
+
+def _momentum_is_variable(optimizer):
+    """Momentum correction sets the optimizer's momentum, which must be a variable for that (legacy optimizers).
+    tf-keras's current optimizers keep it as a float, fixed in the compiled train step: no correction then."""
+    momentum = getattr(optimizer, 'momentum', None)
+    if momentum is None or isinstance(momentum, tf.Variable):
+        return momentum is not None
+    warnings.warn('Horovod: momentum correction skipped, the optimizer keeps its momentum as a constant '
+                  '(tf.keras.optimizers.legacy.SGD keeps it as a variable)', stacklevel=3)
+    return False
+'''
+text = text.replace(anchor, anchor + helper).replace(
+    condition, "        if self.momentum_correction and _momentum_is_variable(self.model.optimizer):\n")
+open(path, "w").write(text)
+PYEOF
+    log "patched horovod/_keras/callbacks.py: momentum correction only for a momentum variable"
 fi
 
 log "building (MAKEFLAGS=$MAKEFLAGS $FLAGS tensorflow=$TF_VERSION); about 5 min on 2 cores (CPU/gloo)"
@@ -203,17 +307,7 @@ extra=()
 "$PY" -m pip wheel --disable-pip-version-check --no-build-isolation --no-deps --no-cache-dir \
     "${extra[@]}" -w "$WORK/wheel" "$SRC"
 WHEEL=$(compgen -G "$WORK/wheel/horovod-$HOROVOD_VERSION-*.whl" | head -n1) || die "no wheel produced"
-# the extension must really be in there (a wheel without it builds "fine" if cmake skipped it)
-"$PY" - "$WHEEL" <<'EOF' || die "built wheel lacks the torch/gloo extension"
-import sys, zipfile
-names = zipfile.ZipFile(sys.argv[1]).namelist()
-sys.exit(not any(n.startswith("horovod/torch/mpi_lib_v2") and n.endswith(".so") for n in names))
-EOF
-[[ -z ${HOROVOD_WITH_TENSORFLOW:-} ]] || "$PY" - "$WHEEL" <<'EOF' || die "built wheel lacks the tensorflow extension"
-import sys, zipfile
-names = zipfile.ZipFile(sys.argv[1]).namelist()
-sys.exit(not any(n.startswith("horovod/tensorflow/mpi_lib") and n.endswith(".so") for n in names))
-EOF
+check_wheel "$WHEEL" || die "built wheel $WHEEL is incomplete"
 
 # Atomic cache write: temp name in the same dir, then rename.
 mkdir -p "$CACHE_DIR"

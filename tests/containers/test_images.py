@@ -17,13 +17,15 @@ pytestmark = pytest.mark.containers
 IMAGES = driver.IMAGES
 # What each image must import, with the versions of its lock (the build-time smoke check, and more).
 SMOKE = {
-    "pytorch": "import json, torch, sklearn, hypertune; "
-               "print(json.dumps({'torch': torch.__version__, 'cuda': torch.version.cuda}))",
+    "pytorch": "import json, torch, sklearn, hypertune, tensorboardX; "
+               "print(json.dumps({'torch': torch.__version__, 'cuda': torch.version.cuda, "
+               "'tensorboardX': tensorboardX.__version__}))",
     "tensorflow": "import json, tensorflow as tf, tf_keras, hypertune; "
                   "print(json.dumps({'tensorflow': tf.__version__, 'keras': tf.keras.__name__}))",
-    "horovod": "import json, torch, horovod, horovod.torch as hvd, horovod.tensorflow.keras, hypertune; "
+    "horovod": "import json, torch, horovod, horovod.torch as hvd, horovod.tensorflow.keras, hypertune, tensorboardX; "
                "print(json.dumps({'torch': torch.__version__, 'horovod': horovod.__version__, "
-               "'gloo': bool(hvd.gloo_built()), 'nccl': bool(hvd.nccl_built())}))",
+               "'gloo': bool(hvd.gloo_built()), 'nccl': bool(hvd.nccl_built()), "
+               "'tensorboardX': tensorboardX.__version__}))",
 }
 EXAMPLE = {"pytorch": "trainers.digits_torch", "tensorflow": "trainers.flowers_keras",
            "horovod": "trainers.digits_horovod"}
@@ -43,6 +45,7 @@ def test_smoke_check_imports_the_locked_frameworks(engine: Any, built: Any, imag
     found = json.loads(proc.stdout.strip().splitlines()[-1])
     if image in ("pytorch", "horovod"):
         assert found["torch"] == f"{lock(image, 'torch')}+cpu"
+        assert found["tensorboardX"] == lock(image, "tensorboardx")
     if image == "pytorch":
         assert found["cuda"] is None
     if image == "tensorflow":
@@ -78,7 +81,7 @@ def test_the_entrypoint_answers_through_tini(engine: Any, built: Any, image: str
     assert proc.returncode == 0, proc.stderr[-3000:]
     inspect = engine.output("image", "inspect", "--format", "{{json .Config.Entrypoint}} {{.Config.User}}",
                             driver.image_ref(image))
-    assert inspect.split() == ['["/usr/bin/tini","--","python","-m","entrypoint","run"]', str(UID)]
+    assert inspect.split() == ['["/usr/bin/tini","-g","--","python","-m","entrypoint","run"]', str(UID)]
 
 
 WHERE = [pytest.param(image, where, id=f"{image}-{where}") for image in IMAGES for where in ("vertex", "one-machine")]

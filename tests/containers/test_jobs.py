@@ -14,6 +14,7 @@ from entrypoint import checkpoints
 from entrypoint.supervisor import free_ports
 from tests.conftest import ROOT
 from tests.containers.engine import OUT, Container, aip_dirs, files_under, started, vertex_spec, writable_dir
+from tests.horovod.keras_callbacks_check import SCRIPT, check_callbacks
 from tests.tensorflow.jobs import make_image_folder
 
 pytestmark = pytest.mark.containers
@@ -67,4 +68,14 @@ def test_horovod_digits_trains_across_two_containers(engine: Any, built: Any, tm
     metrics = json.loads((chief / "model" / "metrics.json").read_text())
     assert metrics["world_size"] == 2 and metrics["steps"] > 0 and metrics["accuracy"] > 0.5
     assert "state_dict.pt" in files_under(chief / "model")
+    assert files_under(worker) == []
+
+
+def test_horovod_keras_example_with_every_callback_across_two_containers(engine: Any, built: Any,
+                                                                          tmp_path: Path) -> None:
+    script = ROOT / SCRIPT
+    args = ["--script", "/code/hvd_keras_callbacks.py", "--timeout", "120", "--", "--out", f"{OUT}/keras"]
+    chief, worker = vertex_job(engine, built("horovod"), args, tmp_path,
+                               mounts={script: "/code/hvd_keras_callbacks.py:ro"})
+    check_callbacks(json.loads((chief / "keras" / "callbacks.json").read_text()), chief / "keras")
     assert files_under(worker) == []

@@ -23,13 +23,14 @@ ROOT = Path(__file__).resolve().parents[2]
 IMAGES = ("pytorch", "tensorflow", "horovod")
 VARIANTS = ("gpu", "cpu")
 SHELL = ["/bin/bash", "-euo", "pipefail", "-c"]
-ENTRYPOINT = ["/usr/bin/tini", "--", "python", "-m", "entrypoint", "run"]
+ENTRYPOINT = ["/usr/bin/tini", "-g", "--", "python", "-m", "entrypoint", "run"]
 PINNED_REF = re.compile(r"[a-z0-9][a-z0-9./_-]*:[\w.-]+@sha256:[0-9a-f]{64}")
 # The smoke check of each image: the planner runs, and the framework imports (Horovod: and is built right).
 SMOKE = {
-    "pytorch": ("entrypoint describe", "import sys, torch"),
+    "pytorch": ("entrypoint describe", "import sys, torch", "torchvision.ops.nms", "tensorboardX"),
     "tensorflow": ("entrypoint describe", "tensorflow as tf"),
-    "horovod": ("entrypoint describe", "horovod.torch as hvd", "horovodrun --check-build"),
+    "horovod": ("entrypoint describe", "horovod.torch as hvd", "horovodrun --check-build", "torchvision.ops.nms",
+                "horovod.tensorflow.keras.callbacks", "tensorboardX"),
 }
 
 
@@ -230,6 +231,7 @@ def test_runtime_environment(image: str) -> None:
     assert env["TRAINER_FRAMEWORK"] == image
     assert env["PYTHONUNBUFFERED"] == "1"
     assert env["PATH"].startswith("/opt/venv/bin:")
+    assert env["TINI_KILL_PROCESS_GROUP"] == "1"  # also for a command that runs tini itself (tini -- sh -c ...)
     if image == "tensorflow":
         assert env["TF_USE_LEGACY_KERAS"] == "1"
 

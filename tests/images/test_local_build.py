@@ -19,8 +19,10 @@ from tests.images.test_cloudbuild import build_steps, flag
 pytestmark = pytest.mark.images
 
 ROOT = Path(__file__).resolve().parents[2]
-# The only differences a local build may have: the base, its Python, and where torch's +cpu wheel comes from.
-LOCAL_ONLY = {"CPU_IMAGE", "PYTHON_VERSION", "TORCH_CPU_INDEX_URL"}
+# The only differences a local build may have: the base, its Python, and where torch's +cpu wheel and
+# Horovod's wheel come from.
+LOCAL_ONLY = {"CPU_IMAGE", "PYTHON_VERSION", "TORCH_CPU_INDEX_URL", "HOROVOD_WHEEL_URL"}
+SOURCES = driver.WheelSources("http://127.0.0.1:38417/simple/", "http://127.0.0.1:38417/horovod/")
 
 
 def cloud_cpu_args(image: str) -> dict[str, str]:
@@ -53,18 +55,20 @@ def test_local_builds_pass_cloud_builds_cpu_arguments(image: str) -> None:
 
 
 @pytest.mark.parametrize("image", driver.IMAGES)
-@pytest.mark.parametrize("torch_index", [None, "http://127.0.0.1:38417/simple/"])
-def test_everything_else_is_a_local_only_argument_the_dockerfile_declares(image: str, torch_index: str | None) -> None:
-    local = driver.local_build_args(image, torch_index)
+@pytest.mark.parametrize("sources", [driver.WheelSources(), SOURCES])
+def test_everything_else_is_a_local_only_argument_the_dockerfile_declares(image: str, sources: Any) -> None:
+    local = driver.local_build_args(image, sources)
     assert set(local) <= LOCAL_ONLY
     assert set(local) <= dockerfile_args(image)
     assert local["CPU_IMAGE"] == driver.BASE_REF and local["PYTHON_VERSION"] == driver.BASE_PYTHON
+    # Horovod's wheel source goes to the one image that compiles Horovod, when there is one
+    assert ("HOROVOD_WHEEL_URL" in local) == (image == "horovod" and sources.horovod_cache is not None)
 
 
 @pytest.mark.parametrize("image", driver.IMAGES)
 def test_build_command_uses_the_real_dockerfile_and_the_repository_context(image: str) -> None:
     engine = driver.Engine("podman", ("podman",))
-    command = driver.build_command(engine, image, "http://127.0.0.1:38417/simple/")
+    command = driver.build_command(engine, image, SOURCES)
     assert command[:2] == ["podman", "build"] and command[-1] == "."
     assert f"--file=images/{image}/Dockerfile" in command
     assert f"--tag=localhost/trainer-{image}:cpu" in command

@@ -102,3 +102,28 @@ def test_tensorflow_lock(variant: str) -> None:
     assert tf["tensorflow"] == "2.21.0" and tf["tf-keras"] == "2.21.0"
     assert "tensorflow-cpu" not in tf  # tf-keras requires `tensorflow`: both would be installed
     assert tf["cloudml-hypertune"] == "0.1.0.dev6"
+
+
+# torchvision's release for each torch release (its wheel's metadata requires exactly that torch).
+TORCHVISION_FOR_TORCH = {"2.13.0": "0.28.0"}
+
+
+@pytest.mark.parametrize("image", ["pytorch", "horovod"])
+def test_gpu_locks_ship_the_torchvision_matched_to_their_torch(image: str) -> None:
+    gpu = lock(image, "gpu")
+    assert gpu["torchvision"] == TORCHVISION_FOR_TORCH[gpu["torch"]]
+
+
+@pytest.mark.parametrize("image", ["pytorch", "horovod"])
+def test_cpu_locks_have_no_torchvision_nor_torchaudio(image: str) -> None:
+    """PyPI's torchvision is a CUDA build that does not import against torch's +cpu build, and no torchaudio
+    release is built for torch 2.13 (docs/images.md, "torchvision, torchaudio, TensorBoard")."""
+    assert {"torchvision", "torchaudio"} & set(lock(image, "cpu")) == set()
+    assert "torchaudio" not in lock(image, "gpu")
+
+
+@pytest.mark.parametrize("image", ["pytorch", "horovod"])
+@pytest.mark.parametrize("variant", ["cpu", "gpu"])
+def test_torch_images_ship_both_tensorboard_writers(image: str, variant: str) -> None:
+    found = lock(image, variant)
+    assert found["tensorboard"] == "2.21.0" and found["tensorboardx"] == "2.6.5"
