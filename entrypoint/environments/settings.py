@@ -10,9 +10,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from entrypoint import envvars as ev
+from entrypoint.errors import ConfigError
 
 _SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSW(OR)?D|CREDENTIAL|PRIVATE|AUTH)", re.IGNORECASE)
 _MIN_SECRET_LENGTH = 4  # shorter values ("1", "yes") would blank out ordinary text
+TORCH_USER_VARIABLES = (ev.OMP_NUM_THREADS, ev.TORCH_NCCL_ASYNC_ERROR_HANDLING)  # torchrun keeps the user's values
 
 
 @dataclass(frozen=True)
@@ -30,10 +32,12 @@ class PlatformSettings:
     tf_use_legacy_keras: str | None = None  # the user's own choice, if any
     tf_cpp_min_log_level: str | None = None  # likewise
     kubernetes: bool = False  # running in a Kubernetes pod (its termination log applies)
+    restart_count: int = 0  # how many times the platform restarted this replica (TRAINER_RESTART_COUNT)
+    torch_overrides: tuple[tuple[str, str], ...] = ()  # OMP_NUM_THREADS & co. the user set (torchrun keeps them)
 
 
 def read_settings(environ: Mapping[str, str] | None = None) -> PlatformSettings:
-    """Read TRAINER_*, AIP_* and CUDA_VISIBLE_DEVICES (empty strings count as unset)."""
+    """Read TRAINER_*, AIP_* and CUDA_VISIBLE_DEVICES (empty strings count as unset); a bad count is a ConfigError."""
     env = os.environ if environ is None else environ
 
     def get(name: str) -> str | None:
@@ -52,7 +56,19 @@ def read_settings(environ: Mapping[str, str] | None = None) -> PlatformSettings:
         tf_use_legacy_keras=get(ev.TF_USE_LEGACY_KERAS),
         tf_cpp_min_log_level=get(ev.TF_CPP_MIN_LOG_LEVEL),
         kubernetes=bool(get(ev.KUBERNETES_SERVICE_HOST)),
+        restart_count=_count(ev.TRAINER_RESTART_COUNT, get(ev.TRAINER_RESTART_COUNT)),
+        torch_overrides=tuple(sorted(user_overrides(TORCH_USER_VARIABLES, env).items())),
     )
+
+
+def _count(name: str, value: str | None) -> int:
+    """A non-negative whole number (unset: 0); anything else is a configuration error naming the variable."""
+    if value is None:
+        return 0
+    if not value.isdigit() or not value.isascii():
+        raise ConfigError(name, f"must be a whole number >= 0 (the platform's restarts of this replica), "
+                                f"got {value[:20]!r}")
+    return int(value)
 
 
 @dataclass(frozen=True)
