@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 
 import torch
@@ -39,5 +40,18 @@ def main() -> None:
     dist.destroy_process_group()
 
 
+def leave() -> None:
+    """Exit without the interpreter's finalization, where torch 2.13's gloo can abort a finished run.
+
+    DDP keeps the process group's threads alive past ``destroy_process_group``; one of them freeing a finished
+    collective during finalization aborts the process (docs/ARCHITECTURE.md, "Process exit"). Every launcher
+    measured runs this same script, so a run can no longer fail for it under a bare ``torchrun`` either.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 if __name__ == "__main__":
     main()
+    leave()
