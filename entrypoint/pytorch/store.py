@@ -42,6 +42,13 @@ class NodeStore:
         """The exit barrier after this node's processes succeeded; node 0 returns once every peer has left."""
         if self.num_nodes <= 1:
             return
+        try:
+            self._finish()
+        except RuntimeError as exc:  # torch's DistNetworkError & co.: node 0 went away first (a script's os._exit)
+            log.warning("node %d: the job's store on node 0 went away before every node finished (%s); leaving "
+                        "(this node's processes succeeded)", self.node_rank, " ".join(str(exc).split())[:200])
+
+    def _finish(self) -> None:
         store = self.store
         store.set(self._key(f"node{self.node_rank}"), "done")
         if store.add(self._key("arrived"), 1) >= self.num_nodes:

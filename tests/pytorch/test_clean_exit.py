@@ -49,6 +49,14 @@ def test_a_script_that_returned_normally_is_not_failed_by_torchs_teardown(tmp_pa
         assert error_lines(proc.stdout + proc.stderr) == []
 
 
+def test_a_chief_whose_script_ends_with_os_exit_fails_no_peer(tmp_path: Path) -> None:
+    proc = entrypoint("local", "--workers", "2", "--output-dir", str(tmp_path), "--", *RUN, "--script",
+                      "tests/pytorch/quick_exit_script.py")
+    assert proc.returncode == 0, failure_text(proc)
+    assert "rank 0 leaves" in proc.stdout and "rank 1 leaves" in proc.stdout
+    assert "the job's store on node 0 went away before every node finished" in proc.stdout + proc.stderr
+
+
 def _replica_process(marker: str, replica: str) -> int | None:
     """The ``python -m entrypoint run`` process of ``replica`` among the job's processes."""
     for pid in processes_with(marker):
