@@ -1,7 +1,8 @@
 """How our processes end: as Python ends them, except the interpreter's finalization while torch's threads live.
 
-torch's gloo process group frees each finished collective on its own worker thread, and the work holds a
-Python object (the caller's ``contextvars`` context), so that thread takes the GIL to free it. When the last
+torch's gloo process group frees each finished collective on its own worker thread, and a work can hold Python
+objects (the ``PyObject`` of a tensor only the work still owns; the ``contextvars`` context autograd stashes
+during backward, where DDP starts its all-reduce), so that thread takes the GIL to free it. When the last
 collective finished just before the interpreter starts finalizing, the worker asks for the GIL during
 finalization; Python ends such a thread with ``pthread_exit``, the unwinding meets a ``noexcept`` destructor
 and the process aborts ("terminate called without an active exception", SIGABRT) although the training
