@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 
 import torch
@@ -39,5 +40,20 @@ def main() -> None:
     dist.destroy_process_group()
 
 
+def leave() -> None:
+    """Exit without the interpreter's finalization, where torch 2.13's gloo can abort a finished run.
+
+    DDP keeps the process group's threads alive past ``destroy_process_group``; one of them freeing a finished
+    collective during finalization aborts the process (docs/ARCHITECTURE.md, "Process exit"), so a bare
+    ``torchrun`` run could fail for it. Under the entrypoint (``TRAINER_PLAN_FILE`` set) the script returns:
+    the entrypoint ends its processes that way itself, after its exit barrier, and that is part of what is timed.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 if __name__ == "__main__":
     main()
+    if not os.environ.get("TRAINER_PLAN_FILE"):
+        leave()

@@ -1,7 +1,6 @@
 """``python -m entrypoint``."""
 
-import sys
-
 from entrypoint.cli import main
+from entrypoint.shutdown import end
 
-sys.exit(main())
+end(main())

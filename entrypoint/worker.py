@@ -7,10 +7,9 @@ agent the entry is also wrapped with torch's ``record`` (the funnel writes torch
 
 from __future__ import annotations
 
-import sys
-
 from entrypoint.environments.settings import read_handoff
 from entrypoint.runner import run_worker
+from entrypoint.shutdown import end
 
 
 def main() -> int:
@@ -23,4 +22,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    end(main())

@@ -10,9 +10,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from entrypoint import envvars as ev
+from entrypoint.errors import ConfigError
 
 _SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSW(OR)?D|CREDENTIAL|PRIVATE|AUTH)", re.IGNORECASE)
 _MIN_SECRET_LENGTH = 4  # shorter values ("1", "yes") would blank out ordinary text
+TORCH_USER_VARIABLES = (ev.OMP_NUM_THREADS, ev.TORCH_NCCL_ASYNC_ERROR_HANDLING)  # torchrun keeps the user's values
 
 
 @dataclass(frozen=True)
@@ -35,10 +37,13 @@ class PlatformSettings:
     cuda_version: str | None = None  # the base image's CUDA (nvidia/cuda images set CUDA_VERSION)
     nccl_socket_ifname: str | None = None  # the user's NCCL_SOCKET_IFNAME, checked by `doctor`
     gloo_socket_ifname: str | None = None  # the user's GLOO_SOCKET_IFNAME, likewise
+    restart_count: int = 0  # how many times the platform restarted this replica (TRAINER_RESTART_COUNT)
+    torch_overrides: tuple[tuple[str, str], ...] = ()  # OMP_NUM_THREADS & co. the user set (torchrun keeps them)
 
 
 def read_settings(environ: Mapping[str, str] | None = None) -> PlatformSettings:
-    """Read TRAINER_*, AIP_*, CUDA_* and the socket interface choices (empty strings count as unset)."""
+    """Read TRAINER_*, AIP_*, CUDA_* and the socket interface choices (empty strings count as unset); a bad
+    restart count is a ConfigError."""
     env = os.environ if environ is None else environ
 
     def get(name: str) -> str | None:
@@ -62,7 +67,19 @@ def read_settings(environ: Mapping[str, str] | None = None) -> PlatformSettings:
         cuda_version=get(ev.CUDA_VERSION),
         nccl_socket_ifname=get(ev.NCCL_SOCKET_IFNAME),
         gloo_socket_ifname=get(ev.GLOO_SOCKET_IFNAME),
+        restart_count=_count(ev.TRAINER_RESTART_COUNT, get(ev.TRAINER_RESTART_COUNT)),
+        torch_overrides=tuple(sorted(user_overrides(TORCH_USER_VARIABLES, env).items())),
     )
+
+
+def _count(name: str, value: str | None) -> int:
+    """A non-negative whole number (unset: 0); anything else is a configuration error naming the variable."""
+    if value is None:
+        return 0
+    if not value.isdigit() or not value.isascii():
+        raise ConfigError(name, "must be a whole number >= 0 (the platform's restarts of this replica); the value "
+                                "set is not one (values are never echoed)")
+    return int(value)
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,16 @@ def plan(topo: ClusterTopology, options: RunOptions, settings: PlatformSettings,
     strategy = options.strategy or ("ddp" if world > 1 else "default")
     if world == 1 and options.strategy is None:
         reason = "a single process"
-    return NodePlan(strategy=strategy, reason=reason, nproc_per_node=nproc, server_pool=server_pool)
+    env = {} if topo.per_process else torchrun_defaults(nproc, settings)
+    return NodePlan(strategy=strategy, reason=reason, nproc_per_node=nproc, server_pool=server_pool, env=env)
+
+
+def torchrun_defaults(nproc: int, settings: PlatformSettings) -> dict[str, str]:
+    """torchrun's defaults besides ranks (one OpenMP thread per process when a node runs several), unless the user's."""
+    defaults = {ev.TORCH_NCCL_ASYNC_ERROR_HANDLING: "1"}
+    if nproc > 1:
+        defaults[ev.OMP_NUM_THREADS] = "1"
+    return {name: value for name, value in defaults.items() if name not in dict(settings.torch_overrides)}
 
 
 FRAMEWORK = Framework(

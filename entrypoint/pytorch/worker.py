@@ -6,8 +6,10 @@ by torch's elastic agent; either way it receives its plan already placed at its 
 
 from __future__ import annotations
 
+import os
 from datetime import timedelta
 
+from entrypoint import envvars as ev
 from entrypoint.plan import Plan
 from entrypoint.usercode import run_script
 
@@ -15,6 +17,10 @@ from entrypoint.usercode import run_script
 def run(plan: Plan) -> int:
     """This process's part of the job; its exit code (a script's own, or 0 after the loop)."""
     code = plan.require_code()
+    if not plan.topology.per_process:
+        # torch's agent counts only its own restarts of the workers (never: max_restarts is 0); the count
+        # users read is how often the platform restarted this replica, which only the plan knows.
+        os.environ[ev.TORCHELASTIC_RESTART_COUNT] = str(plan.restart_count)
     if code.kind != "hooks":
         return run_script(code, plan.options.user_args)  # it joins its own process group (env://)
     import torch

@@ -8,14 +8,23 @@ from __future__ import annotations
 
 import logging
 
+from entrypoint.errors import ExitCode
 from entrypoint.plan import Plan
+from entrypoint.tensorflow.finish import leave_together
 from entrypoint.usercode import load_hooks, run_script
 
 log = logging.getLogger("entrypoint.tensorflow")
 
 
 def launch(plan: Plan) -> int:
-    """Run this replica's part of a TensorFlow job and return its exit code."""
+    """Run this replica's part of a TensorFlow job and return its exit code (replicas that succeeded leave together)."""
+    code = _run(plan)
+    if code == ExitCode.OK:
+        leave_together(plan)
+    return code
+
+
+def _run(plan: Plan) -> int:
     topo, code = plan.topology, plan.require_code()
     log.info("tensorflow: role %s index %d, strategy %s (%s)", topo.role, topo.index, plan.strategy, plan.reason)
     if code.kind != "hooks":

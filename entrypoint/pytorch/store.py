@@ -1,0 +1,142 @@
+"""The job's TCPStore, owned by the node's launcher as torchrun's agent owns it, and the exit barrier.
+
+torchrun's agent on node 0 hosts the store every process of the job meets in
+(``TORCHELASTIC_USE_AGENT_STORE=True``: ``init_process_group`` connects to it as a client), and keeps
+it up while its workers run. The launcher here does the same on both paths: in this process when the
+node trains in it, for torch's agent (as its rendezvous) when the node runs several processes. When
+the node's processes succeeded, ``finish`` is the exit barrier: every node waits until every node is
+done, and node 0, whose store the others talk to, leaves last, once every peer said it has left.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+log = logging.getLogger("entrypoint.pytorch")
+BACKEND = "trainer-static"  # our rendezvous backend for torch's agent: a static one over this store
+LOG_EVERY = 20.0
+_POLL = 0.05
+_stores: dict[str, NodeStore] = {}  # by run id: the handler torch's agent creates finds its store here
+
+
+class NodeStore:
+    """This node's handle on the job's store: the server on node 0, a client elsewhere."""
+
+    def __init__(self, host: str, port: int, node_rank: int, num_nodes: int, timeout: float, run_id: str) -> None:
+        from torch.distributed import TCPStore
+
+        self.host, self.port, self.node_rank, self.num_nodes = host, port, node_rank, num_nodes
+        self.timeout, self.run_id = timeout, run_id
+        self.store: Any = TCPStore(host, port, None, node_rank == 0, timedelta(seconds=timeout),
+                                   wait_for_workers=False, multi_tenant=True)
+
+    def _key(self, name: str) -> str:
+        return f"trainer/{self.run_id}/exit/{name}"
+
+    def finish(self) -> None:
+        """The exit barrier after this node's processes succeeded; node 0 returns once every peer has left."""
+        if self.num_nodes <= 1:
+            return
+        try:
+            self._finish()
+        except RuntimeError as exc:  # torch's DistNetworkError & co.: node 0 went away first (a script's os._exit)
+            log.warning("node %d: the job's store on node 0 went away before every node finished (%s); leaving "
+                        "(this node's processes succeeded)", self.node_rank, " ".join(str(exc).split())[:200])
+
+    def _finish(self) -> None:
+        store = self.store
+        store.set(self._key(f"node{self.node_rank}"), "done")
+        if store.add(self._key("arrived"), 1) >= self.num_nodes:
+            store.set(self._key("all"), "1")
+        if not self._wait(lambda: store.check([self._key("all")]), "to finish"):
+            return
+        if self.node_rank != 0:
+            store.add(self._key("left"), 1)  # our last word to node 0's store: it may go now
+            return
+        self._wait(lambda: store.add(self._key("left"), 0) >= self.num_nodes - 1, "to leave")
+
+    def _wait(self, done: Any, what: str) -> bool:
+        """Poll ``done()`` until it holds (True) or ``--timeout`` passes (a warning, False): the job succeeded."""
+        start = time.monotonic()
+        deadline, next_log = start + self.timeout, start + LOG_EVERY
+        while not done():
+            now = time.monotonic()
+            if now >= deadline:
+                log.warning("node %d: %s did not finish within --timeout %g s; leaving without them (this node's "
+                            "processes succeeded)", self.node_rank, self._missing(), self.timeout)
+                return False
+            if now >= next_log:
+                log.info("node %d: waiting for %s %s; %.0f s left of --timeout %g", self.node_rank, self._missing(),
+                         what, deadline - now, self.timeout)
+                next_log = now + LOG_EVERY
+            time.sleep(_POLL)
+        return True
+
+    def _missing(self) -> str:
+        absent = [f"node {r}" for r in range(self.num_nodes) if not self.store.check([self._key(f"node{r}")])]
+        return ", ".join(absent) or "the other nodes"
+
+
+@contextlib.contextmanager
+def node_store(host: str, port: int, node_rank: int, num_nodes: int, timeout: float,
+               run_id: str) -> Iterator[NodeStore]:
+    """Host (node 0) or reach the job's store for the duration of the block; torch's agent can find it by run id."""
+    store = NodeStore(host, port, node_rank, num_nodes, timeout, run_id)
+    _stores[run_id] = store
+    try:
+        yield store
+    finally:
+        del _stores[run_id]
+
+
+def register_backend() -> None:
+    """Make ``BACKEND`` a rendezvous backend torch's agent can name (idempotent)."""
+    from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
+
+    rendezvous_handler_registry.register(BACKEND, _create_handler)
+
+
+def _create_handler(params: Any) -> Any:
+    from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousInfo, RendezvousStoreInfo
+
+    class StoreRendezvous(RendezvousHandler):
+        """torch's static rendezvous over the node's own store (which outlives the agent's run)."""
+
+        def __init__(self, node: NodeStore) -> None:
+            self.node = node
+
+        def get_backend(self) -> str:
+            return BACKEND
+
+        @property
+        def use_agent_store(self) -> bool:
+            return True
+
+        def next_rendezvous(self) -> Any:
+            from torch.distributed import PrefixStore
+
+            node = self.node
+            return RendezvousInfo(PrefixStore(node.run_id, node.store), node.node_rank, node.num_nodes,
+                                  RendezvousStoreInfo(node.host, node.port))
+
+        def is_closed(self) -> bool:
+            return False
+
+        def set_closed(self) -> None:
+            pass
+
+        def num_nodes_waiting(self) -> int:
+            return 0
+
+        def get_run_id(self) -> str:
+            return self.node.run_id
+
+        def shutdown(self) -> bool:
+            return True
+
+    return StoreRendezvous(_stores[params.run_id])

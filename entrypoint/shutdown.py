@@ -1,0 +1,65 @@
+"""How our processes end: as Python ends them, except the interpreter's finalization while torch's threads live.
+
+torch's gloo process group frees each finished collective on its own worker thread, and a work can hold Python
+objects (the ``PyObject`` of a tensor only the work still owns; the ``contextvars`` context autograd stashes
+during backward, where DDP starts its all-reduce), so that thread takes the GIL to free it. When the last
+collective finished just before the interpreter starts finalizing, the worker asks for the GIL during
+finalization; Python ends such a thread with ``pthread_exit``, the unwinding meets a ``noexcept`` destructor
+and the process aborts ("terminate called without an active exception", SIGABRT) although the training
+finished. ``destroy_process_group`` does not prevent it: DDP keeps the group alive in C++, so its threads are
+only stopped at finalization. A process where such threads are still alive therefore ends the way Python
+would up to finalization (non-daemon threads joined, garbage collected, ``atexit`` handlers run, open files
+and standard streams flushed) and then leaves with ``os._exit``. docs/ARCHITECTURE.md has the evidence.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import gc
+import io
+import os
+import sys
+import threading
+from pathlib import Path
+from typing import NoReturn
+
+# Threads of torch's process groups that free works holding Python objects: gloo's workers (torch names them).
+NATIVE_THREADS = ("pt_gloo_runloop",)
+
+
+def native_threads() -> list[str]:
+    """Names of this process's threads that must not meet Python's finalization (Linux; elsewhere none)."""
+    found = []
+    for task in Path("/proc/self/task").glob("*"):
+        with contextlib.suppress(OSError):
+            name = (task / "comm").read_text().strip()
+            if name.startswith(NATIVE_THREADS):
+                found.append(name)
+    return found
+
+
+def end(code: int) -> NoReturn:
+    """End this process with ``code``; without the interpreter's finalization while torch's threads live."""
+    if not native_threads():
+        sys.exit(code)
+    shutdown = getattr(threading, "_shutdown", None)  # what finalization runs first: joins non-daemon threads
+    if shutdown is not None:
+        shutdown()
+    gc.collect()
+    atexit._run_exitfuncs()
+    _flush_open_files()
+    os._exit(code)
+
+
+def _flush_open_files() -> None:
+    """Flush what finalization would have: every open buffered file, then the standard streams."""
+    for obj in gc.get_objects():
+        # type(), not isinstance(): some objects (torch's deprecated aliases) warn when asked for __class__
+        if issubclass(type(obj), (io.BufferedWriter, io.BufferedRandom, io.TextIOWrapper)):
+            with contextlib.suppress(Exception):
+                if not obj.closed:
+                    obj.flush()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
