@@ -14,11 +14,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-import torch
 
 from entrypoint import checkpoints
 from tests.jobs import Job, entrypoint, failure_text, last_line, summary, wait_gone
 
+torch = pytest.importorskip("torch")  # collected in every venv; these run where torch is
 pytestmark = [pytest.mark.pytorch, pytest.mark.slow]
 HOOKS = ["--module", "tests.pytorch.faults", "--log-every", "2", "--timeout", "120", "--grace-period", "5"]
 SLOW = ["--step-sleep", "0.05"]
