@@ -273,8 +273,8 @@ def conclude(ctx: Context, own: dict[str, Any]) -> int:
         earlier = root_cause([r for r in read_records(ctx.job_dir, ctx.started)
                              if r.get("pid") != own.get("pid", os.getpid()) or r.get("reported_by")])
         if earlier is not None and (earlier.get("class") not in errors.CONSEQUENCES or earlier.get("reported_by")):
-            print(f"entrypoint: {own['replica']} failed with {own['class']} because of an earlier failure",
-                  file=sys.stderr)
+            print(f"entrypoint: {own['replica']} failed with {own['class']} ({own.get('message', '')}) because of "
+                  f"an earlier failure", file=sys.stderr)
             cause = earlier
     return announce(ctx, cause)
 

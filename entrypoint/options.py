@@ -43,6 +43,7 @@ class RunOptions:
     checkpoint_mode: str = "async"
     resume_from: str | None = None
     on_nonfinite: str = "fail"
+    recovery: str = "in-place"
     hypertune_metric: str | None = None
     bf16: bool = False
     clip_grad_norm: float | None = None
@@ -128,6 +129,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     loop.add_argument("--on-nonfinite", choices=("fail", "skip"), default="fail",
                       help="a NaN/inf training loss: fail (exit 65, nothing exported; default) or skip that step's "
                       "update (PyTorch/Horovod hooks)")
+    loop.add_argument("--recovery", choices=("in-place", "restart"), default="in-place",
+                      help="a lost peer (PyTorch hooks across nodes): in-place: the survivors keep training with its "
+                      "replacement (default); restart: every process exits, the job restarts from its checkpoint")
     loop.add_argument("--hypertune-metric", help="evaluation metric reported to Vertex hyperparameter tuning")
     loop.add_argument("--bf16", action="store_true", help="bf16 autocast on GPU")
     loop.add_argument("--clip-grad-norm", type=_positive_float)

@@ -39,6 +39,7 @@ class Plan:
     framework_env: tuple[tuple[str, str], ...] = ()
     barrier_includes_servers: bool = False
     restart_count: int = 0  # the platform's restarts of this replica (TRAINER_RESTART_COUNT)
+    own_barrier: bool = False
 
     def for_process(self, local_rank: int) -> Plan:
         """This node's plan as seen by its ``local_rank``-th process (ranks set on the topology)."""
@@ -139,4 +140,5 @@ def make_plan(topo: ClusterTopology, options: RunOptions, settings: PlatformSett
         code=find_code(options.module or settings.module, options.script), server_pool=node.server_pool,
         framework_env=tuple(sorted(node.env.items())), barrier_includes_servers=node.barrier_includes_servers,
         restart_count=settings.restart_count,
+        own_barrier=node.own_barrier,
     )

@@ -23,7 +23,9 @@ class Recovery:
     lost_at_step: int | None  # the furthest step any process reported when the job stopped
     resumed_from_step: int
     lost_steps: int | None  # steps trained again
-    lost_seconds: float  # training time between reaching the resumed step and the first failure
+    lost_seconds: float  # training lost: since the resumed step was reached (restart), the step in flight (in place)
+    how: str = "restart"  # restart: the platform restarted processes, resumed from a checkpoint; in_place: survivors
+    stalled_seconds: float | None = None  # in place: from the failure to training again (waiting for the replacement)
 
     def line(self) -> str:
         """``recovered after losing <replica> at step N: resumed from step M (K steps, S s of training lost)``."""

@@ -42,6 +42,8 @@ class NodePlan:
     env: dict[str, str] = field(default_factory=dict)
     # Who meets at the start-up barrier: the training nodes, plus the ps pool when it takes part.
     barrier_includes_servers: bool = False
+    # The framework's launcher holds the start-up barrier itself (PyTorch: in the job's store), not rendezvous.py.
+    own_barrier: bool = False
 
 
 Planner = Callable[["ClusterTopology", "RunOptions", "PlatformSettings", int, "OutputDirs"], NodePlan]

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
+import socket
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, Protocol
@@ -12,6 +16,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from entrypoint.peers import KeyValue
+
+log = logging.getLogger("entrypoint.pytorch")
 
 
 class Vote:
@@ -29,8 +35,14 @@ class Collectives(Protocol):
     """Rank facts and the collectives the hooks loop uses."""
 
     name: str
-    rank: int
-    world_size: int
+
+    @property
+    def rank(self) -> int:
+        """This process's rank."""
+
+    @property
+    def world_size(self) -> int:
+        """How many processes train."""
 
     def broadcast_object(self, value: Any) -> Any:
         """Rank 0's ``value`` on every rank."""
@@ -57,14 +69,71 @@ class Collectives(Protocol):
 
 
 class TorchDistributed:
-    """torch.distributed (DDP over nccl or gloo); a single process when no group was initialised."""
+    """torch.distributed (DDP over nccl or gloo); a single process while no group is formed.
 
-    def __init__(self, backend: str) -> None:
-        self.active = dist.is_available() and dist.is_initialized()
+    ``rank`` and ``world_size`` are the plan's until a group is formed (``form_group``), the group's after;
+    ``drop_group`` abandons a group a lost peer broke (survivors keep training, ``inplace.py``).
+    """
+
+    def __init__(self, backend: str, rank: int = 0, world_size: int = 1, timeout: float = 300.0) -> None:
         self.name = backend
         self.device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
-        self.rank = dist.get_rank() if self.active else 0
-        self.world_size = dist.get_world_size() if self.active else 1
+        self._rank, self._world_size, self.timeout = rank, world_size, timeout
+        self._links: dict[int, str] = {}  # the connections the current group opened (to shut down if it breaks)
+        self._store_port: int | None = None
+
+    @property
+    def active(self) -> bool:
+        """Whether a process group is formed."""
+        return dist.is_available() and dist.is_initialized()
+
+    @property
+    def rank(self) -> int:
+        """This process's rank."""
+        return dist.get_rank() if self.active else self._rank
+
+    @property
+    def world_size(self) -> int:
+        """How many processes train."""
+        return dist.get_world_size() if self.active else self._world_size
+
+    def form_group(self, store: dist.Store) -> None:
+        """Form the process group over ``store`` (one generation's prefix of the job's store)."""
+        cuda = self.device.type == "cuda"
+        before = _sockets()
+        dist.init_process_group(self.name, store=store, rank=self._rank, world_size=self._world_size,
+                                timeout=timedelta(seconds=self.timeout), device_id=self.device if cuda else None)
+        self._links = {fd: link for fd, link in _sockets().items() if before.get(fd) != link}
+        self._store_port = _store_port(store)
+
+    def drop_group(self) -> None:
+        """Abandon the process group (a peer is lost) so that every peer notices at once, then destroy it.
+
+        gloo closes its connections only when the group is freed, and DDP's hooks keep it alive: a survivor
+        that leaves would make every peer waiting on it wait out the group's timeout. So the connections
+        this group opened (never the store's, never a listener) are shut down here, which every peer
+        blocked on them sees at once ("connection closed by peer"); NCCL's communicators are aborted.
+        """
+        if not self.active:
+            return
+        abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
+        try:
+            if self.name == "nccl" and abort is not None:
+                abort()
+            _shut_down(self._links, self._store_port)
+            dist.destroy_process_group()
+        except Exception as exc:  # a broken group may not even close cleanly: it is gone either way
+            log.warning("the broken process group did not close cleanly (%s)", type(exc).__name__)
+
+    def send_object(self, value: Any, dst: int) -> None:
+        """Send ``value`` to rank ``dst`` (pickled)."""
+        dist.send_object_list([value], dst=dst)
+
+    def recv_object(self, src: int) -> Any:
+        """Receive a value ``send_object`` sent from rank ``src``."""
+        box: list[Any] = [None]
+        dist.recv_object_list(box, src=src)
+        return box[0]
 
     def broadcast_object(self, value: Any) -> Any:
         """Rank 0's value everywhere."""
@@ -141,3 +210,40 @@ class TorchStore:
         if not self.store.check([key]):
             return None
         return bytes(self.store.get(key)).decode()
+
+
+def _sockets() -> dict[int, str]:
+    """This process's socket file descriptors and what they are (``socket:[inode]``)."""
+    found: dict[int, str] = {}
+    with contextlib.suppress(OSError):
+        for name in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):
+                link = os.readlink(f"/proc/self/fd/{name}")
+                if link.startswith("socket:"):
+                    found[int(name)] = link
+    return found
+
+
+def _store_port(store: Any) -> int | None:
+    while hasattr(store, "underlying_store"):
+        store = store.underlying_store
+    return int(store.port) if hasattr(store, "port") else None
+
+
+def _shut_down(links: dict[int, str], store_port: int | None) -> None:
+    """Shut down the connected sockets of ``links`` that still are what they were (not listeners, not the store)."""
+    for fd, link in links.items():
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/self/fd/{fd}") != link:
+                continue
+            sock = socket.socket(fileno=os.dup(fd))
+            try:
+                if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+                    continue
+                ports = {sock.getsockname()[1], sock.getpeername()[1]}
+                if store_port is not None and store_port in ports:
+                    continue
+                sock.shutdown(socket.SHUT_RDWR)
+            finally:
+                sock.close()
+

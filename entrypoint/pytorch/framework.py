@@ -43,7 +43,8 @@ def plan(topo: ClusterTopology, options: RunOptions, settings: PlatformSettings,
     if world == 1 and options.strategy is None:
         reason = "a single process"
     env = {} if topo.per_process else torchrun_defaults(nproc, settings)
-    return NodePlan(strategy=strategy, reason=reason, nproc_per_node=nproc, server_pool=server_pool, env=env)
+    return NodePlan(strategy=strategy, reason=reason, nproc_per_node=nproc, server_pool=server_pool, env=env,
+                    own_barrier=True)
 
 
 def torchrun_defaults(nproc: int, settings: PlatformSettings) -> dict[str, str]:

@@ -69,8 +69,10 @@ def launch(plan: Plan) -> int:
     if plan.nproc_per_node > 1:
         _import_quietly()
     host, port = rendezvous_address(plan)
+    from entrypoint.pytorch import membership
+
     with node_store(host, port, topo.node_rank or 0, topo.num_nodes, plan.options.timeout,
-                    run_id(plan, host, port)) as store:
+                    run_id(plan, host, port), topo.training_peers(), membership.applies(plan)) as store:
         code = _in_process(plan, store) if plan.nproc_per_node == 1 else _elastic(plan, store)
         if code == ExitCode.OK:
             store.finish()

@@ -4,7 +4,8 @@ Shared by PyTorch (torch.distributed) and Horovod through ``Collectives``. At ev
 ranks vote on stopping (a SIGTERM on any node stops every node at the same step, after the chief
 commits a checkpoint of that step); checkpoints go through the checkpoint I/O seam (asynchronous by
 default); resume takes the newest committed checkpoint that loads and continues the same data order
-and random streams; a hang watchdog fails a stalled job.
+and random streams; a hang watchdog fails a stalled job. With a ``Membership`` (PyTorch across nodes), a
+lost peer does not end the survivors: they re-form the group with its replacement and go on (``inplace.py``).
 """
 
 from __future__ import annotations
@@ -14,26 +15,29 @@ import signal
 import socket
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.data import Dataset, DistributedSampler, Subset
+from torch.utils.data import Dataset, DistributedSampler
 
-from entrypoint import checkpoints, errors, failures, peers, recovery
+from entrypoint import checkpoints, errors, failures, peers
 from entrypoint.errors import ConfigError, NonFiniteLoss, PeerError, StopRequested
 from entrypoint.hypertune import MetricReporter
 from entrypoint.options import DEFAULT_BATCH_SIZE, DEFAULT_EPOCHS
 from entrypoint.outputs import ensure_writable, local_path
 from entrypoint.plan import Plan
 from entrypoint.progress import Progress
-from entrypoint.pytorch import state as rng
 from entrypoint.pytorch.checkpoint_io import LOAD_WITH, export_model, make_io
-from entrypoint.pytorch.collectives import Collectives
+from entrypoint.pytorch.collectives import Collectives, TorchDistributed
 from entrypoint.pytorch.data import EpochSampler, make_loader, seed_loader, to_device
 from entrypoint.pytorch.defaults import Context, default_eval_step, default_loss, param_digest
+from entrypoint.pytorch.evaluation import evaluate
+from entrypoint.pytorch.inplace import InPlace
+from entrypoint.pytorch.membership import Membership
+from entrypoint.pytorch.resume import LoopCheckpoints
+from entrypoint.pytorch.state import TrainState, reseed
 from entrypoint.pytorch.vote import StepVote, Verdict, nonfinite
 from entrypoint.signals import StopRequest
 from entrypoint.summary import TrainingSummary, write_summary
@@ -43,28 +47,10 @@ from entrypoint.watchdog import HangWatchdog
 log = logging.getLogger("entrypoint.pytorch")
 
 
-@dataclass
-class _State:
-    """The training state the loop carries: the model (and its DDP wrapper), optimizer, position, metrics."""
-
-    model: nn.Module
-    optimizer: Any
-    scheduler: Any
-    ddp: nn.Module | None = None
-    step: int = 0
-    epoch: int = 0
-    batch: int = 0  # position inside ``epoch`` (batches done)
-    saved_step: int = -1
-    skipped: list[int] = field(default_factory=list)  # steps whose update was skipped (non-finite loss)
-    recoveries: list[dict[str, Any]] = field(default_factory=list)  # what each resume after a failure cost
-    metrics: dict[str, float] = field(default_factory=dict)
-    history: dict[str, list[float]] = field(default_factory=dict)
-
-
 class Trainer:
     """Runs the user's hooks under data parallelism with chief-only outputs."""
 
-    def __init__(self, plan: Plan, comm: Collectives) -> None:
+    def __init__(self, plan: Plan, comm: Collectives, membership: Membership | None = None) -> None:
         options, code, topo = plan.options, plan.require_code(), plan.topology
         self.plan, self.options, self.comm = plan, options, comm
         self.module = load_hooks(code.target)
@@ -80,12 +66,18 @@ class Trainer:
         self.metric_name = options.hypertune_metric or getattr(self.module, "HYPERTUNE_METRIC", None)
         self.reporter = MetricReporter(self.ctx.is_chief, topo.trial)
         self.io = make_io(options.checkpoint_mode, options.keep_checkpoints)
+        self.checkpoints = LoopCheckpoints(plan, comm, self.ctx, self.io)
+        self.inplace: InPlace | None = None
+        if membership is not None:
+            assert isinstance(comm, TorchDistributed), "survivors keep training over torch.distributed only"
+            self.inplace = InPlace(membership, comm, self.checkpoints, plan, (topo.replica_name, socket.gethostname()))
         self.request = StopRequest()
         self.vote = StepVote(comm, self.request, device)
         self.watchdog = HangWatchdog(options.hang_timeout, failures.active())
         self.board: peers.PeerBoard | None = None
         self.writer: Any = None
         self.digests: dict[str, list[Any]] = {}
+        self._step_started = time.monotonic()
 
     # ---- the loop ----------------------------------------------------------------------------
     def fit(self) -> None:
@@ -104,15 +96,18 @@ class Trainer:
             if self.board is not None:
                 self.board.stop()
 
-    def _join_board(self) -> None:
+    def _join_board(self, names: list[Any] | None = None) -> None:
         """Every rank says who it is and starts its heartbeat (survivors use them to name a lost peer)."""
-        names = self.comm.gather_object((self.plan.topology.replica_name, socket.gethostname()))
+        if names is None:
+            names = self.comm.gather_object((self.plan.topology.replica_name, socket.gethostname()))
         store = self.comm.heartbeat_store()
         if store is None:
             return
         members = [peers.Member(rank, replica, host) for rank, (replica, host) in enumerate(names)]
         self.board = peers.PeerBoard(store, members[self.ctx.rank], members).start()
         self.watchdog.board = self.board
+        if self.inplace is not None:
+            self.inplace.membership.names = lambda rank: members[rank].replica
 
     def _name_the_lost(self, exc: BaseException) -> BaseException:
         """A lost peer, named by the heartbeats (gloo only says an address and a port); ``exc`` otherwise."""
@@ -133,15 +128,18 @@ class Trainer:
         if ctx.is_chief:
             ensure_writable([ctx.model_dir, ctx.checkpoint_dir, ctx.tensorboard_dir])
         torch.manual_seed(opts.seed)
-        self._join_board()
         train_set, eval_set = self.module.build_datasets(self.args, ctx)
         model = self.module.build_model(self.args, ctx).to(ctx.device)
-        state = _State(model, *self._optimizer(model))
-        self._resume(state)
+        state = TrainState(model, *self._optimizer(model))
+        joined = self.inplace.enter(state) if self.inplace is not None else None
+        if joined is None:  # the group's first generation: every member starts here, from the newest checkpoint
+            self._join_board()
+            self.checkpoints.resume(state)
+            self.digests["init"] = self.comm.gather_object(param_digest(model))
+        else:  # a replacement: it does what the survivors do next, no more (collectives must pair up)
+            self._join_board(joined.members)
+            self.digests.update(init=[], start=[])
         start_step, start_epoch = state.step, state.epoch
-        self.digests["init"] = self.comm.gather_object(param_digest(model))
-        state.ddp, state.optimizer = self.comm.prepare(model, state.optimizer, ctx.device, opts.bucket_cap_mb)
-        self.digests["start"] = self.comm.gather_object(param_digest(model))
         sampler = EpochSampler(DistributedSampler(train_set, num_replicas=ctx.world_size, rank=ctx.rank,
                                                   shuffle=True, seed=opts.seed, drop_last=True))
         loader = make_loader(train_set, self.batch_size, sampler, self._workers(), ctx.device.type == "cuda", True)
@@ -152,19 +150,44 @@ class Trainer:
         progress = Progress(self.epochs * steps_per_epoch, self.batch_size * ctx.world_size, start_step=state.step)
         started = time.time()
         self.watchdog.start()
-        for epoch in range(state.epoch, self.epochs):
-            sampler.start(epoch, state.batch * self.batch_size)
-            seed_loader(loader, opts.seed, epoch)
-            self._train_epoch(state, loader, epoch, steps_per_epoch, progress)
-            self._end_epoch(state, eval_set, epoch)
-        self._finish(state, start_step, start_epoch, self.epochs * steps_per_epoch, time.time() - started)
+        if self.inplace is not None and joined is None:
+            self.inplace.started()
+        while True:  # once, unless a lost peer is replaced in place: then again from rank 0's position
+            try:
+                state.ddp, state.optimizer = self.comm.prepare(model, state.optimizer, ctx.device, opts.bucket_cap_mb)
+                self.digests.setdefault("start", self.comm.gather_object(param_digest(model)))
+                for epoch in range(state.epoch, self.epochs):
+                    sampler.start(epoch, state.batch * self.batch_size)
+                    seed_loader(loader, opts.seed, epoch)
+                    self._train_epoch(state, loader, epoch, steps_per_epoch, progress)
+                    self._end_epoch(state, eval_set, epoch)
+                self._finish(state, start_step, start_epoch, self.epochs * steps_per_epoch, time.time() - started)
+                return
+            except BaseException as exc:
+                if not self._recover(state, exc):
+                    raise
 
-    def _train_epoch(self, state: _State, loader: Any, epoch: int, steps_per_epoch: int, progress: Progress) -> None:
+    def _recover(self, state: TrainState, exc: BaseException) -> bool:
+        """A lost peer, with survivors-keep-training on: re-form the group and go on (False: fail as usual)."""
+        if self.inplace is None or failures.classify(exc).cls.name != "peer_lost":
+            return False
+        in_flight = time.monotonic() - self._step_started
+        lost = [s.member.replica for s in self.board.silent()] if self.board is not None else []
+        self.watchdog.phase = "re-forming the group after losing a peer"
+        self.vote = StepVote(self.comm, self.request, self.ctx.device)
+        self.inplace.recover(state, in_flight, lost)
+        self.watchdog.beat(state.step, "waiting for the next batch")
+        return True
+
+    def _train_epoch(self, state: TrainState, loader: Any, epoch: int, steps_per_epoch: int,
+                     progress: Progress) -> None:
         ctx, opts, ddp = self.ctx, self.options, state.ddp
         assert ddp is not None
         loss_fn = getattr(self.module, "compute_loss", default_loss)
         for i, batch in enumerate(loader, start=state.batch):
             self.watchdog.phase = "in a training step"
+            self._step_started = time.monotonic()
+            reseed(opts.seed, ctx.rank, state.step + 1)
             with self._autocast():
                 loss = loss_fn(ddp, to_device(batch, ctx.device), ctx)
             state.optimizer.zero_grad()  # set_to_none is the default (Horovod's optimizer takes no argument)
@@ -185,7 +208,7 @@ class Trainer:
             if opts.checkpoint_every and state.step % opts.checkpoint_every == 0 and i + 1 < steps_per_epoch:
                 self._save(state)
 
-    def _apply(self, state: _State, loss: torch.Tensor, ddp: nn.Module) -> bool | None:
+    def _apply(self, state: TrainState, loss: torch.Tensor, ddp: nn.Module) -> bool | None:
         """The optimizer step; with ``--on-nonfinite skip`` every rank first agrees the loss is finite.
 
         Returns None when the loss is checked later by the step vote (``fail``), else whether the update
@@ -205,14 +228,14 @@ class Trainer:
         state.optimizer.step()
         return True if checked else None
 
-    def _settle(self, state: _State) -> bool:
+    def _settle(self, state: TrainState) -> bool:
         """Finish the vote in flight before saving, evaluating or exporting; True when the ranks agreed to stop."""
         verdict = self.vote.drain()
         if verdict is not None and verdict.nonfinite:
             self._nonfinite(state, verdict)
         return verdict is not None and verdict.stop
 
-    def _nonfinite(self, state: _State, verdict: Verdict) -> None:
+    def _nonfinite(self, state: TrainState, verdict: Verdict) -> None:
         """Every rank saw the same non-finite step: keep what is committed (all finite), export nothing, fail."""
         self.io.wait()
         newest = checkpoints.checkpoint_path(self.ctx.checkpoint_dir, state.saved_step)
@@ -222,14 +245,15 @@ class Trainer:
                             f"{self.ctx.world_size} ranks: nothing exported, no metric reported; {kept} "
                             "(lower the learning rate, check the data, or pass --on-nonfinite skip)")
 
-    def _end_epoch(self, state: _State, eval_set: Dataset[Any], epoch: int) -> None:
+    def _end_epoch(self, state: TrainState, eval_set: Dataset[Any], epoch: int) -> None:
         ctx = self.ctx
         if self._settle(state):
             self._stop(state)
         if state.scheduler is not None:
             state.scheduler.step()
         self.watchdog.phase = "evaluating"
-        state.metrics = self.evaluate(state.model, eval_set)
+        state.metrics = evaluate(state.model, eval_set, getattr(self.module, "eval_step", default_eval_step), ctx,
+                                 self.comm, self.batch_size, self._workers(), self._autocast)
         for key, value in state.metrics.items():
             state.history.setdefault(key, []).append(value)
         state.epoch, state.batch = epoch + 1, 0
@@ -242,7 +266,7 @@ class Trainer:
         self._save(state)
         self.watchdog.beat(state.step, "waiting for the next batch")
 
-    def _stop(self, state: _State) -> None:
+    def _stop(self, state: TrainState) -> None:
         """Every rank agreed to stop: commit this exact step (chief), wait for the write, exit 128 + signal."""
         signum = self.request.signum or signal.SIGTERM
         name = signal.Signals(signum).name
@@ -257,62 +281,12 @@ class Trainer:
         raise StopRequested(signum, f"stopped by {name} at step {state.step}; the restart resumes from {path}")
 
     # ---- checkpoints -------------------------------------------------------------------------
-    def _save(self, state: _State) -> None:
-        """Every rank gives its RNG state; the chief hands the full state to the checkpoint I/O."""
+    def _save(self, state: TrainState) -> None:
+        """Commit ``state`` (chief) once the vote in flight is settled (a stop agreed on saves in ``_stop``)."""
         if self._settle(state):
             self._stop(state)
         self.watchdog.phase = "checkpointing"
-        rngs = self.comm.gather_object(rng.rng_state())
-        state.saved_step = state.step
-        if not self.ctx.is_chief:
-            return
-        payload = {
-            "model": state.model.state_dict(), "optimizer": state.optimizer.state_dict(),
-            "scheduler": state.scheduler.state_dict() if state.scheduler is not None else None,
-            "step": state.step, "epoch": state.epoch, "batch": state.batch, "rng": rngs,
-            "world_size": self.ctx.world_size, "history": state.history, "recoveries": state.recoveries,
-        }
-        meta = {"step": state.step, "epoch": state.epoch, "batch": state.batch, "framework": self.plan.framework,
-                "reached_at": recovery.reached_at()}
-        self.io.save(checkpoints.checkpoint_path(self.ctx.checkpoint_dir, state.step), payload, meta)
-
-    def _resume(self, state: _State) -> None:
-        """The chief picks the checkpoint (the newest that verifies and loads) and tells every rank what it cost."""
-        choice: tuple[str | None, tuple[str, str] | None, dict[str, Any] | None] = (None, None, None)
-        if self.ctx.is_chief:
-            try:
-                found = checkpoints.load_newest(self.ctx.checkpoint_dir, self.options.resume_from,
-                                                lambda path: self._load(path, state), self.io.retention)
-                lost = None
-                if found is not None:
-                    reached = checkpoints.read_marker(found[0]).get("reached_at")
-                    lost = recovery.after_resume(self.plan.outputs.job_dir, state.step, reached)
-                choice = (str(found[0]) if found else None, None, lost.to_dict() if lost else None)
-            except ConfigError as exc:
-                choice = (None, (exc.source, exc.problem), None)
-        path_text, error, lost_work = self.comm.broadcast_object(choice)
-        if error is not None:
-            raise ConfigError(*error)
-        if path_text is None:
-            return
-        if not self.ctx.is_chief:
-            self._load(Path(path_text), state)
-        log.info("resumed from %s at step %d (epoch %d, batch %d)", path_text, state.step, state.epoch, state.batch)
-        if lost_work is not None:
-            state.recoveries.append(lost_work)
-            log.info("%s", recovery.Recovery(**lost_work).line())
-
-    def _load(self, path: Path, state: _State) -> None:
-        saved = self.io.load(path, self.ctx.device)
-        state.model.load_state_dict(saved["model"])
-        state.optimizer.load_state_dict(saved["optimizer"])
-        if state.scheduler is not None and saved.get("scheduler") is not None:
-            state.scheduler.load_state_dict(saved["scheduler"])
-        state.step, state.epoch, state.batch = saved["step"], saved["epoch"], saved["batch"]
-        state.saved_step, state.history = state.step, dict(saved.get("history") or {})
-        state.recoveries = list(saved.get("recoveries") or [])
-        if saved.get("world_size") == self.ctx.world_size:
-            rng.set_rng_state(saved["rng"][self.ctx.rank])
+        self.checkpoints.save(state)
 
     # ---- pieces ------------------------------------------------------------------------------
     def _optimizer(self, model: nn.Module) -> tuple[Any, Any]:
@@ -340,31 +314,12 @@ class Trainer:
                  self.epochs, steps_per_epoch, self.batch_size * ctx.world_size, self.batch_size, ctx.world_size,
                  self.comm.name, self.options.checkpoint_mode)
 
-    def evaluate(self, model: nn.Module, dataset: Dataset[Any]) -> dict[str, float]:
-        """Metrics over this rank's shard (no padding), summed across ranks."""
-        ctx = self.ctx
-        shard = Subset(dataset, range(ctx.rank, len(dataset), ctx.world_size))  # type: ignore[arg-type]
-        step_fn = getattr(self.module, "eval_step", default_eval_step)
-        sums: dict[str, torch.Tensor] = {}
-        model.eval()
-        loader = make_loader(shard, self.batch_size, None, self._workers(), ctx.device.type == "cuda", False)
-        with torch.no_grad(), self._autocast():
-            for batch in loader:
-                for key, value in step_fn(model, to_device(batch, ctx.device), ctx).items():
-                    sums[key] = sums.get(key, torch.zeros((), device=ctx.device)) + value.detach().float()
-        model.train()
-        keys = sorted(sums)
-        vector = torch.stack([sums[k] for k in keys]) if keys else torch.zeros(0, device=ctx.device)
-        totals = dict(zip(keys, self.comm.all_reduce_sum(vector).tolist(), strict=True))
-        count = totals.pop("count", 1.0) or 1.0
-        return {k: v / count for k, v in totals.items()}
-
     def _scalars(self, prefix: str, values: dict[str, float], step: int) -> None:
         if self.writer is not None:
             for key, value in values.items():
                 self.writer.add_scalar(f"{prefix}/{key}", value, step)
 
-    def _finish(self, state: _State, start_step: int, start_epoch: int, total: int, seconds: float) -> None:
+    def _finish(self, state: TrainState, start_step: int, start_epoch: int, total: int, seconds: float) -> None:
         self._settle(state)  # a stop asked for at the very end is moot: training is complete
         self.io.wait()
         digests = self.comm.gather_object(param_digest(state.model))
@@ -377,7 +332,7 @@ class Trainer:
         # there when it is restarted, so its restart (from the final checkpoint) exports again.
         self.comm.gather_object(None)
 
-    def _export(self, state: _State, start_step: int, start_epoch: int, total: int, seconds: float,
+    def _export(self, state: TrainState, start_step: int, start_epoch: int, total: int, seconds: float,
                 digests: list[Any], ranks: list[Any], steps: list[Any]) -> None:
         ctx = self.ctx
         if self.writer is not None:

@@ -1,12 +1,14 @@
-"""Every random generator a training process uses, captured and restored with its checkpoint."""
+"""The training state the hooks loop carries, and every random generator a training process uses."""
 
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 
 
 def rng_state() -> dict[str, Any]:
@@ -25,3 +27,33 @@ def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
+
+
+def reseed(seed: int, rank: int, step: int) -> None:
+    """Seed every generator from (seed, rank, step): a step's randomness no longer depends on the steps before.
+
+    So a rank that replaces a lost one (survivors keep training, docs/recovery.md) draws the same dropout masks for a
+    step as the lost rank would have, and a step replayed after a failure draws what it drew the first time.
+    """
+    mixed = (seed * 1_000_003 + rank * 7_919 + step * 104_729) % (2**63 - 1)
+    random.seed(mixed)
+    np.random.seed(mixed % (2**32))
+    torch.manual_seed(mixed)
+
+
+@dataclass
+class TrainState:
+    """The training state the loop carries: the model (and its DDP wrapper), optimizer, position, metrics."""
+
+    model: nn.Module
+    optimizer: Any
+    scheduler: Any
+    ddp: nn.Module | None = None
+    step: int = 0
+    epoch: int = 0
+    batch: int = 0  # position inside ``epoch`` (batches done)
+    saved_step: int = -1
+    skipped: list[int] = field(default_factory=list)  # steps whose update was skipped (non-finite loss)
+    recoveries: list[dict[str, Any]] = field(default_factory=list)  # what each resume after a failure cost
+    metrics: dict[str, float] = field(default_factory=dict)
+    history: dict[str, list[float]] = field(default_factory=dict)

@@ -4,6 +4,9 @@ torchrun's agent on node 0 hosts the store every process of the job meets in
 (``TORCHELASTIC_USE_AGENT_STORE=True``: ``init_process_group`` connects to it as a client), and keeps
 it up while its workers run. The launcher here does the same on both paths: in this process when the
 node trains in it, for torch's agent (as its rendezvous) when the node runs several processes. When
+the job spans nodes, the store is also the start-up barrier (``barrier.py``): node 0 serves it from
+before anyone waits, the others reach it naming the chief while it starts, and node 0 releases them
+together; a node restarted in place finds the job in progress there (survivors keep training). When
 the node's processes succeeded, ``finish`` is the exit barrier: every node waits until every node is
 done, and node 0, whose store the others talk to, leaves last, once every peer said it has left.
 """
@@ -13,9 +16,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import timedelta
 from typing import Any
+
+from entrypoint.topology import Peer
 
 log = logging.getLogger("entrypoint.pytorch")
 BACKEND = "trainer-static"  # our rendezvous backend for torch's agent: a static one over this store
@@ -27,13 +32,30 @@ _stores: dict[str, NodeStore] = {}  # by run id: the handler torch's agent creat
 class NodeStore:
     """This node's handle on the job's store: the server on node 0, a client elsewhere."""
 
-    def __init__(self, host: str, port: int, node_rank: int, num_nodes: int, timeout: float, run_id: str) -> None:
-        from torch.distributed import TCPStore
-
+    def __init__(self, host: str, port: int, node_rank: int, num_nodes: int, timeout: float, run_id: str,
+                 peers: Sequence[Peer] = (), in_place: bool = False) -> None:
         self.host, self.port, self.node_rank, self.num_nodes = host, port, node_rank, num_nodes
         self.timeout, self.run_id = timeout, run_id
-        self.store: Any = TCPStore(host, port, None, node_rank == 0, timedelta(seconds=timeout),
-                                   wait_for_workers=False, multi_tenant=True)
+        self.joined = False  # a node restarted in place, joining a job already past its start-up barrier
+        if num_nodes > 1 and len(peers) == num_nodes:
+            from entrypoint.pytorch import barrier
+
+            deadline = time.monotonic() + timeout
+            while True:
+                self.store: Any = barrier.open_store(host, port, node_rank == 0, timeout, peers[0])
+                self.joined = barrier.meet(self.store, run_id, node_rank, peers, timeout)
+                if not self.joined or in_place:
+                    return
+                # The job runs on without this node and will not take it in (--recovery restart, or a script):
+                # its peers are being restarted too. Wait for the chief's store to go, then meet the new one.
+                log.info("the job's other replicas are still running the previous attempt; waiting for the chief "
+                         "%s to restart (--recovery restart)", peers[0])
+                barrier.wait_gone(self.store, deadline, timeout, peers[0])
+                del self.store
+        from torch.distributed import TCPStore
+
+        self.store = TCPStore(host, port, None, node_rank == 0, timedelta(seconds=timeout),
+                              wait_for_workers=False, multi_tenant=True)
 
     def _key(self, name: str) -> str:
         return f"trainer/{self.run_id}/exit/{name}"
@@ -83,10 +105,10 @@ class NodeStore:
 
 
 @contextlib.contextmanager
-def node_store(host: str, port: int, node_rank: int, num_nodes: int, timeout: float,
-               run_id: str) -> Iterator[NodeStore]:
+def node_store(host: str, port: int, node_rank: int, num_nodes: int, timeout: float, run_id: str,
+               peers: Sequence[Peer] = (), in_place: bool = False) -> Iterator[NodeStore]:
     """Host (node 0) or reach the job's store for the duration of the block; torch's agent can find it by run id."""
-    store = NodeStore(host, port, node_rank, num_nodes, timeout, run_id)
+    store = NodeStore(host, port, node_rank, num_nodes, timeout, run_id, peers, in_place)
     _stores[run_id] = store
     try:
         yield store

@@ -26,6 +26,7 @@ def run(plan: Plan) -> int:
     import torch
     import torch.distributed as dist
 
+    from entrypoint.pytorch import membership
     from entrypoint.pytorch.collectives import TorchDistributed
     from entrypoint.pytorch.loop import Trainer
 
@@ -34,13 +35,13 @@ def run(plan: Plan) -> int:
     if cuda:
         torch.cuda.set_device(topo.local_rank)
     backend = "nccl" if cuda else "gloo"
-    joined = plan.world_size > 1
-    if joined:
+    members = membership.for_plan(plan)  # survivors keep training: the loop forms (and re-forms) the group
+    if members is None and plan.world_size > 1:
         dist.init_process_group(backend, timeout=timedelta(seconds=plan.options.timeout),
                                 device_id=torch.device("cuda", topo.local_rank) if cuda else None)
     try:
-        Trainer(plan, TorchDistributed(backend)).fit()
+        Trainer(plan, TorchDistributed(backend, topo.rank, plan.world_size, plan.options.timeout), members).fit()
     finally:
-        if joined and dist.is_initialized():
+        if dist.is_initialized():
             dist.destroy_process_group()
     return 0

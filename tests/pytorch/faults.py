@@ -9,6 +9,7 @@ the loss NaN from ``--at-step`` on (``nan-once``: at that step only), on ``--fau
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import sys
@@ -36,6 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--at-step", type=int, default=5)
     parser.add_argument("--step-sleep", type=float, default=0.0)
     parser.add_argument("--export-delay", type=float, default=0.0, help="seconds the export waits before writing")
+    parser.add_argument("--hidden-on-restart", type=int, default=0, help="a different model in w1-1 restart 1")
+    parser.add_argument("--record-batches", action="store_true", help="each rank appends a digest of every batch")
     parser.add_argument("--api-token", default="")
     parser.add_argument("--blob-a", default="")
     parser.add_argument("--blob-b", default="")
@@ -46,6 +49,9 @@ def build_model(args: argparse.Namespace, ctx: Any) -> nn.Module:
     if args.fault == "exit":
         sys.exit(0)
     _state["args"] = args
+    restart = (os.environ.get("TRAINER_REPLICA"), os.environ.get("TRAINER_RESTART_COUNT", "0"))
+    if args.hidden_on_restart and restart == ("workerpool1-1", "1"):
+        args.hidden = args.hidden_on_restart  # workerpool1-1's first replacement: built from other code
     if ctx.is_chief and (args.blob_a or args.blob_b):
         ctx.model_dir.mkdir(parents=True, exist_ok=True)
         (ctx.model_dir / "blobs.json").write_text(json.dumps({"a": len(args.blob_a), "b": len(args.blob_b)}))
@@ -76,6 +82,11 @@ def compute_loss(model: nn.Module, batch: Any, ctx: Any) -> Any:
     if args.step_sleep:
         time.sleep(args.step_sleep)
     inputs, labels = batch
+    if args.record_batches:
+        record = ctx.model_dir.parent / "batches" / f"rank{ctx.rank}.txt"
+        record.parent.mkdir(parents=True, exist_ok=True)
+        with record.open("a") as f:
+            f.write(hashlib.sha256(inputs.numpy().tobytes() + labels.numpy().tobytes()).hexdigest()[:12] + "\n")
     loss = F.cross_entropy(model(inputs), labels)
     poisoned = _state["steps"] >= args.at_step if args.fault == "nan" else _state["steps"] == args.at_step
     if args.fault in ("nan", "nan-once") and poisoned and args.fault_rank in (-1, ctx.rank):
