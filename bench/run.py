@@ -32,6 +32,7 @@ FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
     "tensorflow": ("bench.tf_mwms", ("tensorflow",)),
     "memory": ("bench.memory", ("horovod", "pytorch")),
     "gpt": ("bench.gpu", ("pytorch",)),
+    "recovery": ("bench.recovery", ("pytorch",)),
 }
 
 

@@ -91,7 +91,7 @@ def reference_digest(tmp_path: Path, run: list[str]) -> str:
 
 
 def test_a_lost_worker_mid_epoch_costs_a_restart_and_the_weights_are_bit_identical(tmp_path: Path) -> None:
-    run = [*HOOKS, "--checkpoint-every", "5", "--", *SLOW]
+    run = [*HOOKS, "--checkpoint-every", "5", "--recovery", "restart", "--", *SLOW]  # restart the world
     expected = reference_digest(tmp_path, run)
     out = tmp_path / "job"
     job = Job(*local_args(out, run))
@@ -108,6 +108,28 @@ def test_a_lost_worker_mid_epoch_costs_a_restart_and_the_weights_are_bit_identic
     (lost,) = result["recoveries"]  # type: ignore[misc]
     assert lost["replica"] == "workerpool1-0" and lost["resumed_from_step"] == 10
     assert lost["lost_at_step"] >= 12 and lost["lost_steps"] == lost["lost_at_step"] - 10
+
+
+def test_a_lost_worker_mid_epoch_in_place_keeps_the_weights_bit_identical(tmp_path: Path) -> None:
+    """Survivors keep training (the default): at world 2 an allreduce sums two floats, in one order, so even the
+    step replayed with the new group gives the uninterrupted run's weights bit for bit."""
+    run = [*HOOKS, "--checkpoint-every", "5", "--", *SLOW]
+    expected = reference_digest(tmp_path, run)
+    out = tmp_path / "job"
+    job = Job(*local_args(out, run))
+    try:
+        job.wait_for_step(12)
+        chief = replica_group(job, "workerpool0-0")
+        vanish(job, "workerpool1-0")
+        job.wait_for(r"\[workerpool0-0\] .*group re-formed with 2 replicas at step \d+, healed rank 1 from rank 0")
+        assert replica_group(job, "workerpool0-0") == chief  # the chief kept its process
+        result = assert_recovered(job, out, "workerpool1-0")
+    finally:
+        job.cleanup()
+    assert "[workerpool0-0#1]" not in job.output()
+    assert result["param_digests"] == [expected, expected]
+    (lost,) = result["recoveries"]  # type: ignore[misc]
+    assert lost["how"] == "in_place" and lost["replica"] == "workerpool1-0" and lost["lost_steps"] <= 1
 
 
 def test_a_lost_chief_mid_epoch_recovers(tmp_path: Path) -> None:
@@ -190,3 +212,27 @@ def test_a_torchrun_style_script_with_a_snapshot_survives_a_lost_node(tmp_path: 
     assert "Resuming training from snapshot at Epoch 1" in output
     assert output.count("model written to") == 1 and (out / "model" / "model.pt").is_file()
     assert last_line(job).startswith("[local]")
+
+
+def test_an_exhausted_restart_budget_names_the_replica_the_restarts_and_the_first_root_cause(tmp_path: Path) -> None:
+    proc = entrypoint("local", "--workers", "1", "--max-restarts", "2", "--job-retries", "1", "--output-dir",
+                      str(tmp_path), "--", "run", "--framework", "pytorch", "--script",
+                      "tests/pytorch/vanishing_script.py", timeout=300)
+    assert proc.returncode == 137, failure_text(proc)
+    output = proc.stdout + proc.stderr
+    assert output.count("): restart 1 of 2") == 2 and "restarting every replica (job restart 1 of 1)" in output
+    assert "[workerpool0-0#5]" in output and "[workerpool0-0#6]" not in output
+    line = output.strip().splitlines()[-1]
+    assert line.startswith("entrypoint: error: signal on workerpool0-0") and "stopped by SIGKILL" in line, line
+    assert "workerpool0-0 was restarted 2 times and the job retried 1 times" in line and "(exit 137, retryable)" in line
+
+
+def test_a_module_that_cannot_be_imported_is_permanent_on_the_first_try(tmp_path: Path) -> None:
+    proc = entrypoint(*local_args(tmp_path, ["--module", "tests.pytorch.broken_import"]), timeout=300)
+    assert proc.returncode == 1, failure_text(proc)
+    output = proc.stdout + proc.stderr
+    assert not re.search(r"exited .*: restart", output), output[-3000:]  # a crash loop is not retried
+    assert "#1]" not in output
+    line = output.strip().splitlines()[-1]
+    assert line.startswith("entrypoint: error: user_code on workerpool0-0") and "a_package_missing_from_the_image" \
+        in line and "(exit 1, permanent)" in line, line
