@@ -14,7 +14,7 @@ import logging
 import select
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from entrypoint.errors import HostUnresolvableError, PeerError
 from entrypoint.plan import Plan
@@ -118,13 +118,21 @@ def _close_after_peer(conn: socket.socket) -> None:
 def _join(address: tuple[str, int], peers: Sequence[Peer], me: int, key: str, timeout: float) -> None:
     """A worker: resolve and reach the chief (retrying), say hello, wait for GO; say why it waits when that changes."""
     host, port = address
+    reach_chief(host, port, timeout, peers[0],
+                lambda deadline: _hello_and_wait(host, port, f"{_HELLO} {key} {me}\n", deadline, peers))
+
+
+def reach_chief(host: str, port: int, timeout: float, chief: Peer, attempt: Callable[[float], str]) -> None:
+    """Call ``attempt(deadline)`` until it returns "" (done), retrying while the chief's name does not resolve or
+    its port refuses; say whom it waits for and why whenever that changes (and every 20 s); fail at ``--timeout``
+    (HostUnresolvableError if the name never resolved, else PeerError). ``attempt`` returns what went wrong."""
     deadline = time.monotonic() + timeout
-    chief, resolved, said, next_log = peers[0], False, "", 0.0
+    resolved, said, next_log = False, "", 0.0
     while True:
         try:
             socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
             resolved = True
-            problem = _hello_and_wait(host, port, f"{_HELLO} {key} {me}\n", deadline, peers)
+            problem = attempt(deadline)
         except socket.gaierror:
             problem = "its host name does not resolve yet"
         except OSError as exc:

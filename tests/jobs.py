@@ -153,3 +153,15 @@ def last_line(proc: subprocess.CompletedProcess[str] | Job) -> str:
     text = proc.output() if isinstance(proc, Job) else proc.stderr
     lines = [line for line in text.splitlines() if line.strip()]
     return lines[-1] if lines else ""
+
+
+def replica_group(job: Job, replica: str) -> int:
+    """The process group (its session leader's pid) of an emulated replica's current attempt, children included."""
+    for pid in job.left():
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"TRAINER_REPLICA={replica}".encode() in environ and os.getpgid(pid) == pid:
+            return pid
+    raise AssertionError(f"no process group for {replica}:\n{job.output()[-2000:]}")

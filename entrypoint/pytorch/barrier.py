@@ -17,7 +17,8 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
-from entrypoint.errors import HostUnresolvableError, PeerError
+from entrypoint.errors import PeerError
+from entrypoint.rendezvous import reach_chief
 from entrypoint.topology import Peer
 
 log = logging.getLogger("entrypoint")
@@ -32,29 +33,15 @@ def open_store(host: str, port: int, hosts: bool, timeout: float, chief: Peer) -
     if hosts:
         return TCPStore(host, port, None, True, timedelta(seconds=timeout), wait_for_workers=False,
                         multi_tenant=True)
-    deadline = time.monotonic() + timeout
-    said, next_log, resolved = "", 0.0, False
-    while True:
-        try:
-            socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-            resolved = True
-            socket.create_connection((host, port), timeout=min(3.0, max(deadline - time.monotonic(), 0.1))).close()
-            return TCPStore(host, port, None, False, timedelta(seconds=timeout), wait_for_workers=False)
-        except socket.gaierror:
-            problem = "its host name does not resolve yet"
-        except OSError as exc:
-            problem = exc.strerror or type(exc).__name__
-        now = time.monotonic()
-        if now >= deadline:
-            if not resolved:
-                raise HostUnresolvableError(f"the chief's host name {host!r} did not resolve within {timeout:g} s "
-                                            f"(--timeout); chief {chief}")
-            raise PeerError(f"the chief {chief} never came within {timeout:g} s (--timeout): {problem}")
-        if problem != said or now >= next_log:
-            log.info("waiting for the chief %s: %s; %.0f s left of --timeout %g", chief, problem, deadline - now,
-                     timeout)
-            said, next_log = problem, now + LOG_EVERY
-        time.sleep(min(1.0, max(deadline - now, 0.0)))
+    found: list[Any] = []
+
+    def attempt(deadline: float) -> str:
+        socket.create_connection((host, port), timeout=min(3.0, max(deadline - time.monotonic(), 0.1))).close()
+        found.append(TCPStore(host, port, None, False, timedelta(seconds=timeout), wait_for_workers=False))
+        return ""
+
+    reach_chief(host, port, timeout, chief, attempt)
+    return found[0]
 
 
 def meet(store: Any, run: str, node: int, peers: Sequence[Peer], timeout: float) -> bool:

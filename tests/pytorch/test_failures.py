@@ -78,8 +78,10 @@ def test_user_error_record_last_line_and_no_secret_anywhere(tmp_path: Path) -> N
 
 def test_a_frozen_peer_is_lost_within_the_timeout(tmp_path: Path) -> None:
     specs = two_nodes("workerpool0", "workerpool1")
-    nodes = [Job(*run_args(tmp_path / pool, "--timeout", "10", "--", "--step-sleep", "0.05"), env=env)
-             for pool, env in specs.items()]
+    # --recovery restart: the detection alone is timed here (in place, the survivor would then also wait up to
+    # --timeout for a replacement that a frozen peer never gets; docs/recovery.md)
+    nodes = [Job(*run_args(tmp_path / pool, "--timeout", "10", "--recovery", "restart", "--", "--step-sleep", "0.05"),
+                 env=env) for pool, env in specs.items()]
     try:
         nodes[0].wait_for_step(6)
         os.kill(nodes[1].proc.pid, signal.SIGSTOP)

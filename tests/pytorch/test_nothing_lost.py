@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from entrypoint import checkpoints
-from tests.jobs import Job, entrypoint, failure_records, failure_text, last_line, summary, wait_gone
+from tests.jobs import Job, entrypoint, failure_records, failure_text, last_line, replica_group, summary, wait_gone
 
 torch = pytest.importorskip("torch")  # collected in every venv; these run where torch is
 pytestmark = [pytest.mark.pytorch, pytest.mark.slow]
@@ -162,16 +162,6 @@ def test_a_gcs_path_without_its_mount_is_an_output_failure_and_says_where_the_re
 
 
 # ---- named peers --------------------------------------------------------------------------------------
-def replica_group(job: Job, replica: str) -> int:
-    """The process group of an emulated replica (its own session, its children included)."""
-    for pid in job.left():
-        try:
-            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if f"TRAINER_REPLICA={replica}".encode() in environ:
-            return os.getpgid(pid)
-    raise AssertionError(f"no process of {replica}")
 
 
 def test_a_frozen_worker_under_local_is_named_by_the_hang_watchdog_as_the_root_cause(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.jobs import Job, entrypoint, failure_text, last_line, summary, wait_gone
+from tests.jobs import Job, entrypoint, failure_text, last_line, replica_group, summary, wait_gone
 
 torch = pytest.importorskip("torch")  # collected in every venv; these run where torch is
 pytestmark = [pytest.mark.pytorch, pytest.mark.slow]
@@ -23,16 +23,6 @@ def local_args(output: Path, run: list[str], *local: str) -> list[str]:
             *run]
 
 
-def replica_group(job: Job, replica: str) -> int:
-    """The process group (its session leader's pid) of an emulated replica's current attempt."""
-    for pid in job.left():
-        try:
-            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if f"TRAINER_REPLICA={replica}".encode() in environ and os.getpgid(pid) == pid:
-            return pid
-    raise AssertionError(f"no process group for {replica}:\n{job.output()[-2000:]}")
 
 
 def batches(output: Path) -> dict[str, list[str]]:
