@@ -14,6 +14,7 @@ Target (in-place): lost seconds <= the replacement's start-up + 2 s + one step.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -71,8 +72,6 @@ def descendants(root: int) -> list[int]:
 
 def job(recovery: str, kill_at: int | None, step_sleep: float) -> Run:
     """One ``local --workers 3`` job; SIGKILL the victim's process group when the chief logs ``kill_at``."""
-    import json
-
     with tempfile.TemporaryDirectory() as tmp:
         log_path = Path(tmp) / "log"
         cmd = [*python(), "-m", "entrypoint", "local", "--workers", "3", "--output-dir", f"{tmp}/out", "--",

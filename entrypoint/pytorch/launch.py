@@ -24,7 +24,7 @@ from entrypoint import envvars as ev
 from entrypoint import failures
 from entrypoint.errors import ExitCode
 from entrypoint.plan import Plan
-from entrypoint.pytorch.store import BACKEND, NodeStore, node_store, register_backend
+from entrypoint.pytorch.store import BACKEND, NodeStore, job_run_id, node_store, register_backend
 from entrypoint.runner import run_process
 from entrypoint.supervisor import free_ports
 
@@ -41,7 +41,7 @@ def rendezvous_address(plan: Plan) -> tuple[str, int]:
 
 def run_id(plan: Plan, host: str, port: int) -> str:
     """The rendezvous id every node derives alike (torchrun's ``--rdzv-id``)."""
-    return f"trainer-{host}-{port}-{plan.topology.trial or 'job'}"
+    return job_run_id(host, port, plan.topology.trial)
 
 
 def process_env(plan: Plan, host: str, port: int, error_file: str) -> dict[str, str]:

@@ -28,6 +28,7 @@ from datetime import timedelta
 from typing import Any
 
 from entrypoint.errors import PeerError
+from entrypoint.pytorch.store import job_run_id
 
 log = logging.getLogger("entrypoint.pytorch")
 LOG_EVERY = 20.0
@@ -257,5 +258,5 @@ def for_plan(plan: Any) -> Membership | None:
     hosts = topo.rank == 0 and plan.nproc_per_node == 1
     store = TCPStore(host, port, None, hosts, timedelta(seconds=options.timeout), wait_for_workers=False,
                      multi_tenant=True)
-    return Membership(store, f"trainer-{host}-{port}-{topo.trial or 'job'}", topo.rank, plan.world_size,
+    return Membership(store, job_run_id(host, port, topo.trial), topo.rank, plan.world_size,
                       options.timeout)

@@ -29,6 +29,11 @@ _POLL = 0.05
 _stores: dict[str, NodeStore] = {}  # by run id: the handler torch's agent creates finds its store here
 
 
+def job_run_id(host: str, port: int, trial: str | None) -> str:
+    """The rendezvous id every node and process derives alike (torchrun's ``--rdzv-id``): the job's store keys."""
+    return f"trainer-{host}-{port}-{trial or 'job'}"
+
+
 class NodeStore:
     """This node's handle on the job's store: the server on node 0, a client elsewhere."""
 
