@@ -16,13 +16,13 @@ import hashlib
 import json
 import logging
 import re
-import shutil
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, TypeVar
 
+from entrypoint import storage
 from entrypoint.errors import ConfigError
+from entrypoint.storage import Location
 
 MARKER = "COMMITTED"
 _NAME = re.compile(r"^ckpt-(\d{8,})$")
@@ -35,12 +35,12 @@ class CheckpointError(Exception):
     """A committed checkpoint whose files do not match its manifest."""
 
 
-def checkpoint_path(checkpoint_dir: str | Path, step: int) -> Path:
-    """The directory of the checkpoint taken at ``step``."""
-    return Path(checkpoint_dir) / f"ckpt-{step:08d}"
+def checkpoint_path(checkpoint_dir: str | Location, step: int) -> Location:
+    """The directory (or object prefix) of the checkpoint taken at ``step``."""
+    return storage.path(checkpoint_dir) / f"ckpt-{step:08d}"
 
 
-def file_digest(path: Path) -> dict[str, Any]:
+def file_digest(path: Location) -> dict[str, Any]:
     """A file's size and SHA-256."""
     digest = hashlib.sha256()
     with path.open("rb") as f:
@@ -49,22 +49,23 @@ def file_digest(path: Path) -> dict[str, Any]:
     return {"size": path.stat().st_size, "sha256": digest.hexdigest()}
 
 
-def commit(path: str | Path, meta: dict[str, Any], files: dict[str, dict[str, Any]] | None = None) -> None:
+def commit(path: str | Location, meta: dict[str, Any], files: dict[str, dict[str, Any]] | None = None) -> None:
     """Write the commit marker (last, after every file is complete) with each file's size and checksum.
 
     ``files`` maps relative names to ``{"size", "sha256"}`` when the writer already knows them;
-    otherwise every file under ``path`` is read and hashed here.
+    otherwise every file under ``path`` is read and hashed here. The marker is one file (one object on a
+    store: it appears whole or not at all).
     """
-    root = Path(path)
+    root = storage.path(path)
     if files is None:
-        files = {str(p.relative_to(root)): file_digest(p) for p in sorted(root.rglob("*"))
+        files = {storage.relative(p, root): file_digest(p) for p in root.rglob("*")
                  if p.is_file() and p.name != MARKER}
     (root / MARKER).write_text(json.dumps({**meta, "files": files, "committed_at": time.time()}, sort_keys=True))
 
 
-def check_sizes(path: str | Path) -> None:
+def check_sizes(path: str | Location) -> None:
     """Every file the marker lists has the size it says (cheap: no reading; a lying disk shows up here)."""
-    root = Path(path)
+    root = storage.path(path)
     for name, expected in (read_marker(root).get("files") or {}).items():
         target = root / name
         size = target.stat().st_size if target.is_file() else -1
@@ -72,20 +73,20 @@ def check_sizes(path: str | Path) -> None:
             raise CheckpointError(f"{name} is {size} bytes after the commit, the marker says {expected.get('size')}")
 
 
-def is_committed(path: str | Path) -> bool:
+def is_committed(path: str | Location) -> bool:
     """Whether the checkpoint at ``path`` has its commit marker."""
-    return (Path(path) / MARKER).is_file()
+    return (storage.path(path) / MARKER).is_file()
 
 
-def read_marker(path: str | Path) -> dict[str, Any]:
+def read_marker(path: str | Location) -> dict[str, Any]:
     """The metadata stored in a checkpoint's commit marker."""
-    data: dict[str, Any] = json.loads((Path(path) / MARKER).read_text())
+    data: dict[str, Any] = json.loads((storage.path(path) / MARKER).read_text())
     return data
 
 
-def verify(path: str | Path) -> None:
+def verify(path: str | Location) -> None:
     """Check every file against the marker's manifest (markers without one, from older versions, pass)."""
-    root = Path(path)
+    root = storage.path(path)
     try:
         files = read_marker(root).get("files")
     except (OSError, ValueError) as exc:
@@ -101,9 +102,9 @@ def verify(path: str | Path) -> None:
             raise CheckpointError(f"{name} does not match its checksum")
 
 
-def committed(checkpoint_dir: str | Path, warn: bool = True) -> list[tuple[int, Path]]:
+def committed(checkpoint_dir: str | Location, warn: bool = True) -> list[tuple[int, Location]]:
     """Committed checkpoints, oldest first; torn ones (no marker) are skipped with a warning."""
-    root = Path(checkpoint_dir)
+    root = storage.path(checkpoint_dir)
     if not root.is_dir():
         return []
     found = []
@@ -118,15 +119,15 @@ def committed(checkpoint_dir: str | Path, warn: bool = True) -> list[tuple[int, 
     return sorted(found)
 
 
-def latest(checkpoint_dir: str | Path) -> Path | None:
+def latest(checkpoint_dir: str | Location) -> Location | None:
     """The newest committed checkpoint, or None."""
     found = committed(checkpoint_dir)
     return found[-1][1] if found else None
 
 
-def _explicit(resume_from: str) -> Path:
+def _explicit(resume_from: str) -> Location:
     """``--resume-from``: a committed checkpoint, or a directory of them (its newest)."""
-    path = Path(resume_from)
+    path = storage.path(resume_from)
     if path.is_dir() and _NAME.match(path.name) is None:
         newest = latest(path)
         if newest is not None:
@@ -138,8 +139,8 @@ def _explicit(resume_from: str) -> Path:
     return path
 
 
-def load_newest(checkpoint_dir: str | Path, resume_from: str | None, load: Callable[[Path], T],
-                retention: Retention | None = None) -> tuple[Path, T] | None:
+def load_newest(checkpoint_dir: str | Location, resume_from: str | None, load: Callable[[Location], T],
+                retention: Retention | None = None) -> tuple[Location, T] | None:
     """Verify and ``load`` ``--resume-from`` (which must load), else the newest committed checkpoint that does.
 
     A bad checkpoint met on the way back is named in a warning (and ``retention`` learns it is bad, and
@@ -190,14 +191,14 @@ class Retention:
 
     def __init__(self, keep: int) -> None:
         self.keep = keep
-        self.good: set[Path] = set()  # known to verify: restored from, or committed by this process
-        self.bad: dict[Path, str] = {}  # committed, but failed to verify or load at resume: why
+        self.good: set[Location] = set()  # known to verify: restored from, or committed by this process
+        self.bad: dict[Location, str] = {}  # committed, but failed to verify or load at resume: why
 
-    def verified(self, path: Path) -> None:
+    def verified(self, path: Location) -> None:
         """``path`` is known to verify."""
-        self.good.add(Path(path))
+        self.good.add(storage.path(path))
 
-    def prune(self, checkpoint_dir: str | Path) -> list[Path]:
+    def prune(self, checkpoint_dir: str | Location) -> list[Location]:
         """Delete what exceeds the budget (bad first, then the oldest), and torn ones older than those kept."""
         found = [path for _step, path in committed(checkpoint_dir, warn=False)]
         good = [p for p in found if p in self.good]
@@ -209,16 +210,16 @@ class Retention:
             if path in self.bad:
                 log.warning("deleting checkpoint %s: it does not load (%s)", path, self.bad.pop(path))
             self.good.discard(path)
-            shutil.rmtree(path, ignore_errors=True)
+            storage.rmtree(path)
         kept = [p for p in found if p not in doomed]
         oldest_kept = min((_step_of(p) for p in kept), default=None)
-        for child in Path(checkpoint_dir).iterdir():
+        for child in storage.path(checkpoint_dir).iterdir():
             match = _NAME.match(child.name)
             if match and oldest_kept is not None and int(match.group(1)) < oldest_kept and not is_committed(child):
-                shutil.rmtree(child, ignore_errors=True)
+                storage.rmtree(child)
         return doomed
 
 
-def _step_of(path: Path) -> int:
+def _step_of(path: Location) -> int:
     match = _NAME.match(path.name)
     return int(match.group(1)) if match else -1

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from entrypoint import envvars as ev
-from entrypoint import failures
+from entrypoint import failures, storage
 from entrypoint.environments.vertex import VERTEX_POOLS
 from entrypoint.errors import ConfigError, ExitCode, is_retryable
 from entrypoint.options import DEFAULT_GRACE_PERIOD
@@ -92,11 +92,25 @@ def vertex_tf_config(spec: dict[str, Any]) -> dict[str, Any]:
     return {"cluster": cluster, "task": task, "environment": "cloud", "job": spec["job"]}
 
 
+def _output_base(output_dir: str) -> str:
+    """The job's base output directory: an absolute local path, or a ``gs://`` (fsspec) URL as given."""
+    if storage.is_remote(output_dir):
+        return output_dir.rstrip("/")
+    return str(Path(output_dir).resolve())
+
+
+def _metrics_root(output_dir: str) -> Path:
+    """Where replicas' tuning metric files go: the output dir, or the temp dir when outputs go to a store."""
+    if storage.is_remote(output_dir):
+        return Path(tempfile.gettempdir()) / f"trainer-local-{os.getppid()}-{os.getpid()}"
+    return Path(output_dir).resolve()
+
+
 def build_replicas(pools: Sequence[Pool], output_dir: str, trial: str | None,
                    base_env: dict[str, str]) -> list[Replica]:
     """Every started replica's environment, exactly as Vertex would set it."""
-    output = Path(output_dir).resolve()
-    base = output / trial if trial else output
+    output, metrics_root = _output_base(output_dir), _metrics_root(output_dir)
+    base = f"{output}/{trial}" if trial else output
     replicas = []
     for pool, index, spec in cluster_specs(pools, trial):
         if not pool.start:
@@ -112,7 +126,7 @@ def build_replicas(pools: Sequence[Pool], output_dir: str, trial: str | None,
             ev.AIP_TENSORBOARD_LOG_DIR: f"{base}/logs/",
             # Where the emulated platform collects this replica's tuning metrics (Vertex reads the
             # container's own /tmp/hypertune file; here it survives the replica for `local` to show).
-            ev.CLOUD_ML_HP_METRIC_FILE: str(output / METRICS_DIR / name / "hypertune" / "output.metrics"),
+            ev.CLOUD_ML_HP_METRIC_FILE: str(metrics_root / METRICS_DIR / name / "hypertune" / "output.metrics"),
             ev.TRAINER_REPLICA: name,
             "PYTHONUNBUFFERED": "1",
         })
@@ -191,9 +205,9 @@ def run_cluster(pools: Sequence[Pool], output_dir: str, trial: str | None = None
             print(f"[local] {pool.name}: {pool.replicas} replica(s) listed in CLUSTER_SPEC, not started: {pool.note}",
                   flush=True)
     replicas = build_replicas(pools, output_dir, trial, dict(os.environ))
-    output = Path(output_dir).resolve()
-    job_dir = output / trial if trial else output
-    ctx = failures.Context(replica="local", job_dir=str(job_dir), started=time.time())
+    output = _output_base(output_dir)
+    job_dir = f"{output}/{trial}" if trial else output
+    ctx = failures.Context(replica="local", job_dir=job_dir, started=time.time())
     disks = Disks(Path.cwd())
     names = ", ".join(r.name for r in replicas)
     print(f"[local] starting {len(replicas)} replicas ({names}); outputs under {output}; each replica's own disk "
@@ -204,7 +218,7 @@ def run_cluster(pools: Sequence[Pool], output_dir: str, trial: str | None = None
     finally:
         disks.remove()
     chief = replicas[0].env
-    metrics = sorted(output.glob(f"{METRICS_DIR}/*/hypertune/output.metrics"))
+    metrics = sorted(_metrics_root(output_dir).glob(f"{METRICS_DIR}/*/hypertune/output.metrics"))
     restarts = f" after {outcome.counts.total} replica restart(s)" if outcome.counts.total else ""
     restarts += f" and {outcome.counts.job} job restart(s)" if outcome.counts.job else ""
     print(f"[local] job finished with exit code {outcome.code}{restarts}", flush=True)

@@ -92,3 +92,8 @@ TF_CPP_MIN_LOG_LEVEL = "TF_CPP_MIN_LOG_LEVEL"
 CUDA_VERSION = "CUDA_VERSION"  # set by the nvidia/cuda base images: the image's CUDA
 NCCL_SOCKET_IFNAME = "NCCL_SOCKET_IFNAME"  # the user's choice of network interface for NCCL
 GLOO_SOCKET_IFNAME = "GLOO_SOCKET_IFNAME"  # likewise for gloo (torch.distributed on CPU)
+
+# --- Cloud Storage (read by storage.py; the Google libraries read their own) -------------------
+STORAGE_EMULATOR_HOST = "STORAGE_EMULATOR_HOST"  # gcsfs's emulator setting: gs:// goes to that server, anonymously
+GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT = "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"  # set to false under the emulator
+GOOGLE_APPLICATION_CREDENTIALS = "GOOGLE_APPLICATION_CREDENTIALS"  # ADC's key file (named in errors, never read by us)

@@ -20,6 +20,7 @@ class ExitCode(IntEnum):
     START_DEADLINE = 142  # SIGALRM: TensorFlow's cluster start outlived --timeout (it cannot be interrupted otherwise)
     PREEMPTED = 143  # SIGTERM: preemption or the job being stopped
     HOST_UNRESOLVABLE = 196  # a peer's host name never resolved (128 + sysexits EX_NOHOST, made retryable)
+    STORAGE_UNAVAILABLE = 197  # the object store (gs://) was unreachable or failing (128 + EX_UNAVAILABLE, retryable)
 
 
 def is_retryable(code: int) -> bool:
@@ -45,6 +46,8 @@ NONFINITE_LOSS = FailureClass("nonfinite_loss", ExitCode.NONFINITE_LOSS, "the tr
 PEER_LOST = FailureClass("peer_lost", ExitCode.PEER_LOST, "a peer is missing, died, froze or timed out")
 HANG = FailureClass("hang", ExitCode.PEER_LOST, "no training step completed within --hang-timeout")
 HOST_UNRESOLVABLE = FailureClass("host_unresolvable", ExitCode.HOST_UNRESOLVABLE, "a peer's host name never resolved")
+STORAGE_UNAVAILABLE = FailureClass("storage_unavailable", ExitCode.STORAGE_UNAVAILABLE,
+                                   "the object store holding the outputs was unreachable or failing")
 START_DEADLINE = FailureClass("peer_lost", ExitCode.START_DEADLINE, "TensorFlow's cluster start outlived --timeout")
 # Classes a failure of another replica can cause: the root cause is looked for elsewhere first.
 CONSEQUENCES = frozenset({PEER_LOST.name, HANG.name})

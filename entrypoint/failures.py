@@ -26,9 +26,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from entrypoint import errors, logs
+from entrypoint import errors, logs, storage
 from entrypoint.errors import ExitCode, FailureClass, TrainerError, is_retryable
 from entrypoint.outputs import local_path, missing_fuse_mount
+from entrypoint.storage import Location, StorageError
 
 log = logging.getLogger("entrypoint")
 FAILURES_DIR = "failures"
@@ -85,6 +86,8 @@ def classify(exc: BaseException, outputs: Iterable[str] = (), hooks: bool = Fals
     name = type(exc).__name__
     if isinstance(exc, TrainerError):
         return Failure(exc.failure, str(exc))
+    if isinstance(exc, StorageError):
+        return _storage_failure(exc)
     if isinstance(exc, KeyboardInterrupt):
         return Failure(errors.signal_class(2), "interrupted (SIGINT)")
     if isinstance(exc, SystemExit):
@@ -100,6 +103,33 @@ def classify(exc: BaseException, outputs: Iterable[str] = (), hooks: bool = Fals
     if "inline_container" in text and _nearly_full(outputs):
         return Failure(errors.DISK_FULL, f"no space left where outputs go ({', '.join(outputs)})")
     return Failure(errors.USER_CODE, f"{name}: {_first_line(text)}" if text else name, _traceback(exc))
+
+
+_CREDENTIAL_TYPES = ("DefaultCredentialsError", "RefreshError", "TransportError")
+_SET_CREDENTIALS = ("set GOOGLE_APPLICATION_CREDENTIALS to a service account key file, or run `gcloud auth "
+                    "application-default login`; on Vertex AI the job's service account is used")
+
+
+def _storage_failure(exc: StorageError) -> Failure:
+    """A store's failure: credentials missing or denied and a missing bucket are permanent output failures
+    (one line naming the bucket and what to set); anything else (unreachable, 5xx, timeouts) is retryable."""
+    cause, code = exc.cause, getattr(exc.cause, "code", None)
+    kind = type(cause).__name__
+    if kind == "DefaultCredentialsError":
+        return Failure(errors.OUTPUT_NOT_WRITABLE, f"{exc.bucket}: no Application Default Credentials found "
+                       f"({_SET_CREDENTIALS})")
+    if kind == "RefreshError" or code == 401:
+        return Failure(errors.OUTPUT_NOT_WRITABLE, f"{exc.bucket}: the Application Default Credentials were "
+                       f"rejected (expired or revoked?): {_SET_CREDENTIALS}")
+    if code == 403:
+        return Failure(errors.OUTPUT_NOT_WRITABLE, f"{exc.bucket}: access denied to the Application Default "
+                       "Credentials' account (grant it roles/storage.objectAdmin on the bucket, or "
+                       f"{_SET_CREDENTIALS})")
+    if code == 404 or isinstance(cause, FileNotFoundError):
+        return Failure(errors.OUTPUT_NOT_WRITABLE, f"{exc.bucket}: no such bucket (create it, or fix the URL): "
+                       f"{exc.url}")
+    return Failure(errors.STORAGE_UNAVAILABLE, f"{exc.bucket} unreachable or failing writing {exc.url} "
+                   f"({kind}: {_first_line(str(cause))[:200]}); retry the job")
 
 
 def _os_failure(exc: OSError, outputs: Iterable[str]) -> Failure | None:
@@ -136,6 +166,8 @@ def _under(path: str, outputs: Iterable[str]) -> bool:
 
 def _nearly_full(outputs: Iterable[str]) -> bool:
     for out in outputs:
+        if storage.is_remote(local_path(out)):
+            continue  # an object store is never full
         probe = Path(local_path(out))
         while not probe.exists() and probe != probe.parent:
             probe = probe.parent
@@ -165,12 +197,12 @@ def redact(text: str, secrets: Iterable[str]) -> str:
 
 
 # ---- records ---------------------------------------------------------------------------------
-def record_dir(job_dir: str) -> Path:
-    """Where every replica of the job writes its failure records."""
-    return Path(local_path(job_dir)) / FAILURES_DIR
+def record_dir(job_dir: str) -> Location:
+    """Where every replica of the job writes its failure records (a prefix on an object store)."""
+    return storage.path(local_path(job_dir)) / FAILURES_DIR
 
 
-def write_record(ctx: Context, failure: Failure, **extra: Any) -> Path | None:
+def write_record(ctx: Context, failure: Failure, **extra: Any) -> Location | None:
     """One JSON record of this process's failure (best effort: a failing disk must not hide the failure)."""
     if ctx.job_dir is None:
         return None
@@ -193,20 +225,24 @@ def stamped(record: dict[str, Any]) -> dict[str, Any]:
     return {**record, "time": now, "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))}
 
 
-def store_record(job_dir: str, record: dict[str, Any]) -> Path | None:
+def store_record(job_dir: str, record: dict[str, Any]) -> Location | None:
     """Write ``record`` under the job's ``failures/`` (else the node's temp dir); its path, None if neither took it."""
     rank = "node" if record.get("rank") is None else f"rank{record['rank']}"
     name = f"{time.time_ns()}-{record['replica']}-{rank}-{record['pid']}.json"
     text = json.dumps(record, indent=2, sort_keys=True)
     failed = ""
-    for directory in (record_dir(job_dir), Path(tempfile.gettempdir()) / "trainer-failures"):
+    places: tuple[Location, ...] = (record_dir(job_dir), Path(tempfile.gettempdir()) / "trainer-failures")
+    for directory in places:
         try:
-            if missing_fuse_mount(directory) is not None:  # never create /gcs/... on the container's own disk
-                raise OSError(errno.ENOENT, "no Cloud Storage FUSE mount there")
+            if isinstance(directory, Path) and missing_fuse_mount(directory) is not None:
+                raise OSError(errno.ENOENT, "no Cloud Storage FUSE mount there")  # never create /gcs/... locally
+            if isinstance(directory, storage.RemotePath) and directory.unreachable():
+                raise OSError(errno.EHOSTUNREACH, "the store was unreachable moments ago")
             directory.mkdir(parents=True, exist_ok=True)
-            (directory / name).write_text(text)
-        except OSError as exc:  # a read-only or full job dir: the node's temp dir still takes it
-            failed = f"could not write the failure record to {directory} ({exc.strerror})"
+            (directory / name).write_text(text)  # one object on a store: whole or absent
+        except (OSError, StorageError, TrainerError) as exc:  # read-only, full, unreachable: the node's temp dir
+            reason = exc.strerror if isinstance(exc, OSError) else classify(exc).message
+            failed = f"could not write the failure record to {directory} ({reason})"
             continue
         if failed:
             print(f"entrypoint: {failed}; it went to {directory / name} instead", file=sys.stderr)
@@ -220,10 +256,17 @@ def read_records(job_dir: str | None, since: float) -> list[dict[str, Any]]:
     if job_dir is None:
         return []
     found = []
-    for path in sorted(record_dir(job_dir).glob("*.json")):
+    place = record_dir(job_dir)
+    if isinstance(place, storage.RemotePath) and place.unreachable():
+        return []
+    try:
+        paths = sorted(str(p) for p in place.glob("*.json"))
+    except (OSError, StorageError, TrainerError):
+        return []
+    for name in paths:
         try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
+            data = json.loads(storage.path(name).read_text())
+        except (OSError, ValueError, StorageError, TrainerError):
             continue
         if isinstance(data, dict) and float(data.get("time", 0)) >= since - _CLOCK_SKEW:
             found.append(data)
@@ -324,7 +367,7 @@ def _torch_error_file(ctx: Context, failure: Failure) -> None:
 def code_class(code: int) -> FailureClass:
     """The class of a bare exit status (a child that left no record, a script's own exit code)."""
     known = {c.exit_code: c for c in (errors.CONFIG, errors.OUTPUT_NOT_WRITABLE, errors.DISK_FULL, errors.PEER_LOST,
-                                      errors.HOST_UNRESOLVABLE, errors.START_DEADLINE)}
+                                      errors.HOST_UNRESOLVABLE, errors.START_DEADLINE, errors.STORAGE_UNAVAILABLE)}
     if code in known:
         return known[code]
     if 128 < code < 128 + 65:

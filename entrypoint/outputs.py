@@ -8,8 +8,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from entrypoint import errors
-from entrypoint.errors import OutputError
+from entrypoint import errors, storage
+from entrypoint.errors import ConfigError, OutputError
 
 DEFAULT_JOB_DIR = "./outputs"
 
@@ -77,11 +77,40 @@ def resolve_outputs(
 FUSE_ROOT = "/gcs"
 
 
+def fuse_mounted(bucket: str) -> bool:
+    """Whether Vertex's Cloud Storage FUSE mount serves ``bucket`` (all of /gcs, or /gcs/<bucket>)."""
+    return os.path.ismount(FUSE_ROOT) or os.path.ismount(f"{FUSE_ROOT}/{bucket}")
+
+
 def local_path(uri: str) -> str:
-    """A path the process can open: ``gs://b/p`` becomes Vertex's Cloud Storage FUSE mount ``/gcs/b/p``."""
+    """Where the process writes ``uri``: ``gs://b/p`` is Vertex's FUSE mount ``/gcs/b/p`` when it is there.
+
+    Without the mount, a ``gs://`` URL (like any other fsspec URL) stays a URL: ``storage.path`` makes it
+    a ``RemotePath`` written through gcsfs.
+    """
     if uri.startswith("gs://"):
-        return f"{FUSE_ROOT}/" + uri[len("gs://"):]
+        bucket = uri[len("gs://"):].split("/", 1)[0]
+        if fuse_mounted(bucket):
+            return f"{FUSE_ROOT}/" + uri[len("gs://"):]
     return uri
+
+
+def require_local(outputs: OutputDirs, who: str) -> None:
+    """Refuse output URLs ``who`` cannot write without Vertex's FUSE mount (a configuration error, exit 2)."""
+    for name, uri in (("--job-dir", outputs.job_dir), ("--model-dir", outputs.model_dir),
+                      ("--checkpoint-dir", outputs.checkpoint_dir), ("--tensorboard-dir", outputs.tensorboard_dir)):
+        if storage.is_remote(local_path(uri)):
+            raise ConfigError(name, f"{uri}: {who} writes Cloud Storage only through Vertex's FUSE mount at "
+                              f"{FUSE_ROOT} in this version (gs:// without the mount: PyTorch and Horovod hooks, or "
+                              "the user's own script); mount the bucket or write to a local directory")
+
+
+def how_written(uri: str) -> str:
+    """One phrase for the first log lines: the FUSE mount, gcsfs, or the local file system."""
+    chosen = local_path(uri)
+    if chosen != uri:
+        return f"{uri} through the Cloud Storage FUSE mount at {chosen}"
+    return storage.description(uri)
 
 
 def missing_fuse_mount(path: str | Path) -> str | None:
@@ -114,14 +143,18 @@ def not_writable(path: Path, exc: OSError) -> OutputError:
                        "mount a volume this user can write, or pick another directory")
 
 
-def ensure_writable(directories: Iterable[str | Path]) -> None:
+def ensure_writable(directories: Iterable[str | Path | storage.RemotePath]) -> None:
     """Create each output directory and prove it takes a file (before any training time is spent).
 
-    A /gcs path without its FUSE mount, or a directory this user may not write, is an output failure
-    (73) naming the directory; other errors (read-only, no space) are the file system's own, which the
-    failure funnel classifies; nothing is left behind.
+    A remote URL gets one probe object written and deleted (credentials and bucket checked; a failure is
+    ``storage.StorageError``). A /gcs path without its FUSE mount, or a directory this user may not write,
+    is an output failure (73) naming the directory; other errors (read-only, no space) are the file
+    system's own, which the failure funnel classifies; nothing is left behind.
     """
     for directory in directories:
+        if storage.is_remote(local_path(str(directory))):
+            _probe_remote(storage.RemotePath(local_path(str(directory))))
+            continue
         path = Path(local_path(str(directory)))
         bucket = missing_fuse_mount(path)
         if bucket is not None:
@@ -136,3 +169,10 @@ def ensure_writable(directories: Iterable[str | Path]) -> None:
             raise not_writable(path, exc) from None
         finally:
             probe.unlink(missing_ok=True)
+
+
+def _probe_remote(root: storage.RemotePath) -> None:
+    """Write and delete one object under ``root``: the credentials and the bucket work (else ``StorageError``)."""
+    probe = root / f".write-probe-{os.getpid()}"
+    probe.write_bytes(b"ok")
+    probe.unlink(missing_ok=True)

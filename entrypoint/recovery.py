@@ -39,6 +39,15 @@ class Recovery:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class ResumePoint:
+    """The committed checkpoint a process resumed from: its step, when that step was reached, the recoveries so far."""
+
+    step: int
+    reached_at: float | None
+    recoveries: list[dict[str, Any]]
+
+
 def reached_at() -> float:
     """The wall time a checkpoint's step was reached (stored in its marker as ``reached_at``)."""
     return time.time()

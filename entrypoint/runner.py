@@ -8,15 +8,17 @@ load the plan, die with the launcher, run the framework's worker. Both go throug
 
 from __future__ import annotations
 
+import logging
 import os
 
 from entrypoint import failures, handoff, registry, rendezvous
 from entrypoint.environments.settings import read_handoff, read_settings, secret_values, secrets_in_args
 from entrypoint.errors import ExitCode
-from entrypoint.outputs import ensure_writable
+from entrypoint.outputs import ensure_writable, how_written
 from entrypoint.plan import Plan
 
 _current: Plan | None = None
+log = logging.getLogger("entrypoint")
 
 
 def current_plan() -> Plan | None:
@@ -47,8 +49,10 @@ def describe_failures(ctx: failures.Context, plan: Plan) -> failures.Context:
 def run_node(plan: Plan, ctx: failures.Context) -> int:
     """Run this node's part of the job; a non-zero exit names the job's root cause on the last line."""
     user_code = plan.require_code()
+    out = plan.outputs
+    log.info("outputs: job dir %s; model %s; checkpoints %s; tensorboard %s", how_written(out.job_dir),
+             how_written(out.model_dir), how_written(out.checkpoint_dir), how_written(out.tensorboard_dir))
     if user_code.kind != "hooks":  # scripts write into AIP_MODEL_DIR & co. as into a bucket, where every path exists
-        out = plan.outputs
         ensure_writable([out.model_dir, out.checkpoint_dir, out.tensorboard_dir])
     rendezvous.meet_peers(plan)
     os.environ.update(plan.emitted_env())  # what user code and children expect (TF_CONFIG, AIP_*, MASTER_*)

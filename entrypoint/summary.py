@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
+
+from entrypoint import storage
+from entrypoint.storage import Location
 
 SCHEMA_VERSION = 1
 SUMMARY_FILE = "training_summary.json"
@@ -58,9 +60,9 @@ def strict(value: Any) -> Any:
     return value
 
 
-def write_summary(model_dir: Path, summary: TrainingSummary) -> Path:
-    """Write ``training_summary.json`` into ``model_dir`` (strict JSON: a non-finite number is null)."""
-    path = model_dir / SUMMARY_FILE
+def write_summary(model_dir: str | Location, summary: TrainingSummary) -> Location:
+    """Write ``training_summary.json`` into ``model_dir`` (strict JSON: a non-finite number is null; one object)."""
+    path = storage.path(model_dir) / SUMMARY_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(strict(asdict(summary)), indent=2, sort_keys=True, allow_nan=False))
     return path

@@ -165,3 +165,35 @@ def replica_group(job: Job, replica: str) -> int:
         if f"TRAINER_REPLICA={replica}".encode() in environ and os.getpgid(pid) == pid:
             return pid
     raise AssertionError(f"no process group for {replica}:\n{job.output()[-2000:]}")
+
+
+def vanish(job: Job, replica: str) -> float:
+    """SIGKILL a replica's whole process tree, as a VM that disappears (no SIGTERM, no grace); when."""
+    os.killpg(replica_group(job, replica), signal.SIGKILL)
+    return time.monotonic()
+
+
+def assert_restarted_in_place(job: Job, victim: str, timeout: float = 420) -> str:
+    """The job ended 0 after ``local`` restarted ``victim`` once in place, and left no process; its output."""
+    assert job.wait(timeout) == 0, job.output()[-4000:]
+    assert wait_gone(job.marker) == []
+    output = job.output()
+    assert re.search(rf"\[local\] {victim} exited 137 \(retryable\): restart 1 of 5", output), output[-3000:]
+    assert f"[{victim}#1]" in output  # the restarted replica's lines show its attempt
+    return output
+
+
+def assert_export_is_newest_checkpoint(out: Path) -> dict[str, Any]:
+    """A PyTorch hooks job under ``out``: the newest committed checkpoint is the summary's last (and expected) step
+    and the exported weights are its weights; the summary."""
+    import torch  # only where the job was a PyTorch one: this module is shared by every framework's venv
+
+    from entrypoint import checkpoints
+
+    result = summary(out / "model")
+    newest = checkpoints.committed(out / "checkpoints", warn=False)[-1]
+    assert newest[0] == result["final_step"] == result["expected_steps"]
+    saved = torch.load(newest[1] / "state.pt", weights_only=False)["model"]
+    exported = torch.load(out / "model" / "state_dict.pt")
+    assert all(torch.equal(saved[k], exported[k]) for k in saved)
+    return result

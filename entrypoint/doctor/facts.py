@@ -22,8 +22,10 @@ from pathlib import Path
 
 from entrypoint import checkpoints
 from entrypoint.environments.settings import PlatformSettings
+from entrypoint.errors import TrainerError
 from entrypoint.gpus import driver_gpu_count
 from entrypoint.outputs import local_path
+from entrypoint.storage import StorageError, is_remote
 
 SHM = Path("/dev/shm")
 DRIVER_VERSION_FILE = Path("/proc/driver/nvidia/version")
@@ -125,9 +127,9 @@ def node_facts(settings: PlatformSettings) -> NodeFacts:
 
 def path_facts(uri: str) -> PathFacts:
     """Whether an output location can be written, judged without creating anything."""
+    if is_remote(local_path(uri)):
+        return PathFacts(uri, None, False, None)  # an object store (gs:// without the FUSE mount): not checked here
     path = Path(local_path(uri))
-    if uri.startswith("gs://") and not Path("/gcs").is_dir():
-        return PathFacts(uri, None, False, None)  # Cloud Storage without Vertex's FUSE mount: not checked here
     probe = path.absolute()
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
@@ -144,8 +146,8 @@ def checkpoint_bytes(checkpoint_dir: str) -> int | None:
             return None
         files = checkpoints.read_marker(found[-1][1]).get("files") or {}
         return sum(int(f.get("size", 0)) for f in files.values()) or None
-    except (OSError, ValueError, TypeError, AttributeError):
-        return None
+    except (OSError, ValueError, TypeError, AttributeError, TrainerError, StorageError):
+        return None  # unknown: the run itself reports a store it cannot reach
 
 
 def host_of(address: str) -> str:

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import io
 import logging
 import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -23,8 +25,9 @@ from typing import IO, Any
 
 import torch
 
-from entrypoint import checkpoints, errors
+from entrypoint import checkpoints, errors, storage
 from entrypoint.errors import OutputError
+from entrypoint.storage import Location, RemotePath, StorageError
 
 log = logging.getLogger("entrypoint.pytorch")
 STATE_FILE = "state.pt"
@@ -52,11 +55,12 @@ class _HashingWriter:
         self.f.flush()
 
 
-def write_file(obj: Any, path: Path) -> dict[str, Any]:
+def write_file(obj: Any, path: Location) -> dict[str, Any]:
     """``torch.save`` to ``path`` through a hashing writer; the file's size and SHA-256.
 
     A failure leaves no partial file and surfaces as the disk's own error (ENOSPC, EROFS), which
-    torch.save would otherwise turn into an opaque ``unexpected pos`` message.
+    torch.save would otherwise turn into an opaque ``unexpected pos`` message. On an object store the
+    object is uploaded while torch.save writes and appears only when the upload is finalized.
     """
     writer: _HashingWriter | None = None
     try:
@@ -71,8 +75,13 @@ def write_file(obj: Any, path: Path) -> dict[str, Any]:
     return {"size": writer.size, "sha256": writer.sha.hexdigest()}
 
 
-def output_error(exc: BaseException, path: Path) -> BaseException:
-    """The disk's errors as our output failures (the one place an OSError of ours is classified)."""
+def output_error(exc: BaseException, path: Location) -> BaseException:
+    """The disk's errors as our output failures (the one place an OSError of ours is classified).
+
+    On an object store every failure is the store's (``StorageError``, classified by ``failures.classify``).
+    """
+    if isinstance(path, RemotePath):
+        return exc if isinstance(exc, (StorageError, OutputError)) else StorageError(str(path), exc)
     if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return OutputError(errors.DISK_FULL, f"no space left on device writing {path}")
     if isinstance(exc, OSError) and exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
@@ -124,7 +133,7 @@ class SyncCheckpointIO:
         self.blocked_seconds = 0.0
         self.write_seconds = 0.0
 
-    def save(self, path: Path, state: dict[str, Any], meta: dict[str, Any]) -> None:
+    def save(self, path: Location, state: dict[str, Any], meta: dict[str, Any]) -> None:
         """Write ``state`` as ``path/state.pt`` and commit it."""
         started = time.perf_counter()
         self._write(path, state, meta)
@@ -133,15 +142,19 @@ class SyncCheckpointIO:
         self.write_seconds += elapsed
         log.info("checkpoint %s committed: training blocked %.2f s (synchronous write)", path.name, elapsed)
 
-    def _write(self, path: Path, state: dict[str, Any], meta: dict[str, Any]) -> None:
-        if path.exists():
-            shutil.rmtree(path)  # a rerun reached the same step: replace, never mix two saves
+    def _write(self, path: Location, state: dict[str, Any], meta: dict[str, Any]) -> None:
         try:
+            if path.exists():  # a rerun reached the same step: replace, never mix two saves
+                if isinstance(path, RemotePath):
+                    storage.rmtree(path)
+                else:
+                    shutil.rmtree(path)
             files = {STATE_FILE: write_file(state, path / STATE_FILE)}
             checkpoints.commit(path, meta, files)
             checkpoints.check_sizes(path)
         except BaseException as exc:
-            shutil.rmtree(path, ignore_errors=True)
+            if not isinstance(path, RemotePath) or not isinstance(exc, StorageError):
+                storage.rmtree(path)  # a store that failed would fail this too: what is uncommitted is skipped
             raise output_error(exc, path) from None
         self.retention.verified(path)
         self.retention.prune(path.parent)
@@ -153,9 +166,11 @@ class SyncCheckpointIO:
         """Nothing can have failed in the background."""
 
     @staticmethod
-    def load(path: Path, device: torch.device) -> dict[str, Any]:
-        """A committed checkpoint's state, onto ``device``."""
-        state: dict[str, Any] = torch.load(path / STATE_FILE, map_location=device, weights_only=False)
+    def load(path: Location, device: torch.device) -> dict[str, Any]:
+        """A committed checkpoint's state, onto ``device`` (an object is read whole, then loaded)."""
+        source = path / STATE_FILE
+        target: Any = io.BytesIO(source.read_bytes()) if isinstance(source, RemotePath) else source
+        state: dict[str, Any] = torch.load(target, map_location=device, weights_only=False)
         return state
 
 
@@ -168,7 +183,7 @@ class AsyncCheckpointIO(SyncCheckpointIO):
         self._error: BaseException | None = None
         self._host = HostBuffers()
 
-    def save(self, path: Path, state: dict[str, Any], meta: dict[str, Any]) -> None:
+    def save(self, path: Location, state: dict[str, Any], meta: dict[str, Any]) -> None:
         """Wait for the previous write, snapshot ``state``, start writing it; returns once the copy is made."""
         self.wait()
         started = time.perf_counter()
@@ -179,7 +194,7 @@ class AsyncCheckpointIO(SyncCheckpointIO):
                                         name=f"checkpoint-{path.name}")  # not a daemon: exit waits for it
         self._thread.start()
 
-    def _background(self, path: Path, state: dict[str, Any], meta: dict[str, Any], blocked: float) -> None:
+    def _background(self, path: Location, state: dict[str, Any], meta: dict[str, Any], blocked: float) -> None:
         started = time.perf_counter()
         try:
             self._write(path, state, meta)
@@ -211,8 +226,20 @@ def make_io(mode: str, keep: int) -> SyncCheckpointIO:
     return AsyncCheckpointIO(keep) if mode == "async" else SyncCheckpointIO(keep)
 
 
-def export_model(model: torch.nn.Module, model_dir: Path, custom: Callable[..., Any] | None, ctx: Any) -> None:
-    """The final export: the user's ``export`` hook, else ``model.pt`` (whole module) and ``state_dict.pt``."""
+def export_model(model: torch.nn.Module, model_dir: Location, custom: Callable[..., Any] | None, ctx: Any) -> None:
+    """The final export: the user's ``export`` hook, else ``model.pt`` (whole module) and ``state_dict.pt``.
+
+    On an object store the user's hook writes into a local staging directory (it may call ``torch.save``
+    on paths, as on disk), uploaded to ``model_dir`` once the hook returns.
+    """
+    if isinstance(model_dir, RemotePath) and callable(custom):
+        with tempfile.TemporaryDirectory(prefix="trainer-export-") as staging:
+            custom(model, Path(staging), ctx)
+            try:
+                storage.upload_tree(Path(staging), model_dir)
+            except BaseException as exc:
+                raise output_error(exc, model_dir) from None
+        return
     try:
         model_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from entrypoint.storage import Location
 
 
 @dataclass
@@ -21,9 +22,9 @@ class Context:
     local_rank: int
     device: torch.device
     is_chief: bool
-    model_dir: Path
-    checkpoint_dir: Path
-    tensorboard_dir: Path
+    model_dir: Location  # pathlib.Path, or storage.RemotePath for gs:// without Vertex's FUSE mount
+    checkpoint_dir: Location
+    tensorboard_dir: Location
     trial: str | None
 
 

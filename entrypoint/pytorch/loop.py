@@ -15,14 +15,13 @@ import signal
 import socket
 import time
 from contextlib import nullcontext
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 from torch.utils.data import Dataset, DistributedSampler
 
-from entrypoint import checkpoints, errors, failures, peers
+from entrypoint import checkpoints, errors, failures, peers, storage
 from entrypoint.errors import ConfigError, NonFiniteLoss, PeerError, StopRequested
 from entrypoint.hypertune import MetricReporter
 from entrypoint.options import DEFAULT_BATCH_SIZE, DEFAULT_EPOCHS
@@ -58,9 +57,9 @@ class Trainer:
         device = torch.device("cuda", topo.local_rank) if torch.cuda.is_available() else torch.device("cpu")
         out = plan.outputs
         self.ctx = Context(rank=comm.rank, world_size=comm.world_size, local_rank=topo.local_rank, device=device,
-                           is_chief=comm.rank == 0, model_dir=Path(local_path(out.model_dir)),
-                           checkpoint_dir=Path(local_path(out.checkpoint_dir)),
-                           tensorboard_dir=Path(local_path(out.tensorboard_dir)), trial=topo.trial)
+                           is_chief=comm.rank == 0, model_dir=storage.path(local_path(out.model_dir)),
+                           checkpoint_dir=storage.path(local_path(out.checkpoint_dir)),
+                           tensorboard_dir=storage.path(local_path(out.tensorboard_dir)), trial=topo.trial)
         self.epochs = int(options.epochs or module_default(self.module, "epochs", DEFAULT_EPOCHS))
         self.batch_size = int(options.batch_size or module_default(self.module, "batch_size", DEFAULT_BATCH_SIZE))
         self.metric_name = options.hypertune_metric or getattr(self.module, "HYPERTUNE_METRIC", None)
@@ -307,6 +306,8 @@ class Trainer:
         ctx = self.ctx
         if not ctx.is_chief:
             return
+        if isinstance(ctx.tensorboard_dir, storage.RemotePath):
+            storage.tensorboard_through_fsspec()
         from torch.utils.tensorboard import SummaryWriter
 
         self.writer = SummaryWriter(str(ctx.tensorboard_dir))

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Any
 
-from entrypoint import checkpoints, recovery
+from entrypoint import checkpoints, recovery, storage
 from entrypoint.errors import ConfigError
 from entrypoint.plan import Plan
 from entrypoint.pytorch import state as rng
@@ -14,6 +13,7 @@ from entrypoint.pytorch.checkpoint_io import SyncCheckpointIO
 from entrypoint.pytorch.collectives import Collectives
 from entrypoint.pytorch.defaults import Context
 from entrypoint.pytorch.state import TrainState
+from entrypoint.storage import Location
 
 log = logging.getLogger("entrypoint.pytorch")
 
@@ -65,13 +65,13 @@ class LoopCheckpoints:
         if path_text is None:
             return
         if not self.ctx.is_chief:
-            self.load(Path(path_text), state)
+            self.load(storage.path(path_text), state)
         log.info("resumed from %s at step %d (epoch %d, batch %d)", path_text, state.step, state.epoch, state.batch)
         if lost_work is not None:
             state.recoveries.append(lost_work)
             log.info("%s", recovery.Recovery(**lost_work).line())
 
-    def load(self, path: Path, state: TrainState) -> None:
+    def load(self, path: Location, state: TrainState) -> None:
         """A committed checkpoint into ``state`` (this rank's RNG too, when the world size is the same)."""
         saved = self.io.load(path, self.ctx.device)
         adopt(state, saved)

@@ -10,6 +10,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from entrypoint import recovery
 from entrypoint.checkpoints import Retention, check_sizes, checkpoint_path
 from entrypoint.errors import NonFiniteLoss
 from entrypoint.hypertune import MetricReporter
@@ -40,10 +41,26 @@ class CommitCheckpoints(tf.keras.callbacks.Callback):
     """At each epoch end every worker saves; the chief commits ``ckpt-<step>`` and prunes old ones."""
 
     def __init__(self, checkpoint_dir: Path, is_chief: bool, retention: Retention, strategy: str,
-                 recoveries: list[dict[str, Any]] | None = None) -> None:
+                 resumed: recovery.ResumePoint | None = None, job_dir: str | None = None) -> None:
         super().__init__()
         self.checkpoint_dir, self.is_chief, self.strategy = checkpoint_dir, is_chief, strategy
-        self.retention, self.recoveries = retention, recoveries or []
+        self.retention, self.resumed, self.job_dir = retention, resumed, job_dir
+        self.recoveries: list[dict[str, Any]] = list(resumed.recoveries) if resumed else []
+
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        """What this resume cost, once BackupAndRestore (an earlier callback) has restored: it resumes from its
+        backup when that is newer than the committed checkpoint (mid-epoch), so the step training starts from is
+        the model's step now, reached when the backup was written."""
+        step = global_step(self.model)
+        if step == 0:
+            return
+        reached = self.resumed.reached_at if self.resumed is not None else None
+        if self.resumed is None or step > self.resumed.step:
+            reached = backup_written(self.checkpoint_dir / "backup")
+        lost = recovery.after_resume(self.job_dir, step, reached)
+        if lost is not None:
+            log.info("%s", lost.line())
+            self.recoveries.append(lost.to_dict())
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         """Save, commit (chief), prune (chief)."""
@@ -67,7 +84,13 @@ class CommitCheckpoints(tf.keras.callbacks.Callback):
 
     def path(self, step: int) -> Path:
         """Where the checkpoint of ``step`` is committed."""
-        return checkpoint_path(self.checkpoint_dir, step)
+        return Path(str(checkpoint_path(self.checkpoint_dir, step)))
+
+
+def backup_written(backup_dir: Path) -> float | None:
+    """When BackupAndRestore last wrote its state (the newest file's time), None without one."""
+    times = [p.stat().st_mtime for p in backup_dir.rglob("*") if p.is_file()] if backup_dir.is_dir() else []
+    return max(times, default=None)
 
 
 class FailOnNonFiniteLoss(tf.keras.callbacks.Callback):
@@ -130,6 +153,12 @@ class ProgressAndSteps(tf.keras.callbacks.Callback):
         self._progress = Progress(per_epoch * self.epochs, self.global_batch_size, self.start_step)
         if self.watchdog is not None:
             self.watchdog.start().beat(self.start_step, "starting the first step")
+
+    @property
+    def expected_steps(self) -> int | None:
+        """The steps of the whole training (epochs x steps per epoch), None when Keras does not know them."""
+        per_epoch = (self.params or {}).get("steps") or 0
+        return per_epoch * self.epochs or None
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         """Remember the epoch (and the first one: > 0 after a resume)."""

@@ -18,6 +18,7 @@ from entrypoint.checkpoints import committed, read_marker
 from entrypoint.errors import ConfigError, ExitCode
 from entrypoint.plan import Plan
 from entrypoint.signals import stop_at_once
+from entrypoint.storage import Location
 from entrypoint.tensorflow.done import DoneWatcher
 from entrypoint.tensorflow.hooks import build_compiled_model, make_context, user_datasets
 from entrypoint.usercode import parse_user_args
@@ -28,7 +29,7 @@ METRICS_FILE = "metrics.jsonl"
 POLL_SECONDS = 1.0
 
 
-def newest_unevaluated(checkpoint_dir: Path, evaluated: set[int]) -> tuple[int, Path] | None:
+def newest_unevaluated(checkpoint_dir: Path, evaluated: set[int]) -> tuple[int, Location] | None:
     """The newest committed checkpoint not evaluated yet (older ones are skipped when behind)."""
     found = committed(checkpoint_dir, warn=False)
     if not found or found[-1][0] in evaluated:
@@ -36,7 +37,7 @@ def newest_unevaluated(checkpoint_dir: Path, evaluated: set[int]) -> tuple[int, 
     return found[-1]
 
 
-def evaluate_checkpoint(model: Any, data: Any, path: Path) -> dict[str, Any] | None:
+def evaluate_checkpoint(model: Any, data: Any, path: Location) -> dict[str, Any] | None:
     """Load ``path`` into ``model`` and evaluate: its epoch and metrics; None when the chief pruned it meanwhile."""
     import tensorflow as tf
 

@@ -30,7 +30,7 @@ def save_on_every_worker(save: Callable[[Path], None], target: Path, is_chief: b
 
 def save_checkpoint(model: Any, checkpoint_dir: Path, step: int, is_chief: bool, meta: dict[str, Any]) -> Path:
     """Save the model's weights (and optimizer) as ``ckpt-<step>/weights``; the chief commits it last."""
-    path = checkpoint_path(checkpoint_dir, step)
+    path = Path(str(checkpoint_path(checkpoint_dir, step)))  # TensorFlow writes local (or /gcs) paths
     if is_chief and path.exists():
         shutil.rmtree(path)  # a re-run reached the same step: replace, never mix two saves
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from entrypoint.errors import ConfigError
 from entrypoint.options import DEFAULT_BATCH_SIZE, DEFAULT_EPOCHS
-from entrypoint.outputs import local_path
+from entrypoint.outputs import local_path, require_local
 from entrypoint.plan import Plan
 from entrypoint.usercode import module_default
 
@@ -51,6 +51,7 @@ def make_context(plan: Plan, module: ModuleType, strategy: Any) -> TFContext:
     options = plan.options
     per_replica = int(options.batch_size or module_default(module, "batch_size", DEFAULT_BATCH_SIZE))
     topo, out = plan.topology, plan.outputs
+    require_local(out, "the TensorFlow hooks loop")
     return TFContext(
         role=topo.role, index=topo.index, rank=topo.rank, world_size=topo.world_size,
         is_chief=topo.is_chief, trial=topo.trial,

@@ -16,6 +16,7 @@ from entrypoint.hypertune import MetricReporter
 from entrypoint.outputs import ensure_writable
 from entrypoint.plan import Plan
 from entrypoint.signals import StopRequest
+from entrypoint.storage import Location
 from entrypoint.summary import TrainingSummary, write_summary
 from entrypoint.tensorflow.done import announce_done, clear_done
 from entrypoint.tensorflow.export import export_model
@@ -58,27 +59,25 @@ def fit_inputs(module: ModuleType, args: argparse.Namespace, ctx: TFContext) -> 
     return inputs
 
 
-def resume(model: Any, ctx: TFContext, plan: Plan, retention: Retention) -> tuple[int, list[dict[str, Any]]]:
+def resume(model: Any, ctx: TFContext, plan: Plan, retention: Retention) -> tuple[int, recovery.ResumePoint | None]:
     """Load ``--resume-from`` or the newest committed checkpoint that loads: the epoch to start from (0: none)
-    and the recoveries so far (what each resume after a failure cost, this one included)."""
+    and where that checkpoint was (its step, when it was reached, the recoveries so far). What the resume cost is
+    known only once BackupAndRestore has restored its own, possibly newer, state (``CommitCheckpoints``)."""
 
-    def load(path: Path) -> int:
+    def load(path: Location) -> int:
         model.load_weights(str(path / "weights")).expect_partial()
         return int(read_marker(path).get("epoch", 0))
 
     found = load_newest(ctx.checkpoint_dir, plan.options.resume_from, load, retention)
     if found is None:
-        return 0, []
+        return 0, None
     path, epoch = found
     marker = read_marker(path)
     step = int(marker.get("step", 0))
     log.info("resumed from %s at step %d (epoch %d)", path, step, epoch)
-    recoveries = list(marker.get("recoveries") or [])
-    lost = recovery.after_resume(plan.outputs.job_dir, step, marker.get("reached_at"))
-    if lost is not None:
-        log.info("%s", lost.line())
-        recoveries.append(lost.to_dict())
-    return epoch, recoveries
+    reached = marker.get("reached_at")
+    return epoch, recovery.ResumePoint(step, float(reached) if reached is not None else None,
+                              list(marker.get("recoveries") or []))
 
 
 def gather_steps(strategy: Any, batches: int) -> list[int]:
@@ -99,7 +98,7 @@ def gather_steps(strategy: Any, batches: int) -> list[int]:
 
 def make_callbacks(plan: Plan, ctx: TFContext, reporter: MetricReporter, metric: str | None,
                    request: StopRequest | None, watchdog: HangWatchdog, retention: Retention,
-                   recoveries: list[dict[str, Any]]) -> tuple[list[Any], Any]:
+                   resumed: recovery.ResumePoint | None) -> tuple[list[Any], Any, Any]:
     """Backup, restore and save-before-preemption first (it restores before the others look), then ours."""
     import tensorflow as tf
 
@@ -114,7 +113,7 @@ def make_callbacks(plan: Plan, ctx: TFContext, reporter: MetricReporter, metric:
     options, ckpt = plan.options, Path(ctx.checkpoint_dir)
     progress = ProgressAndSteps(ctx.epochs, ctx.global_batch_size, ctx.num_replicas_in_sync, options.log_every,
                                 ctx.is_chief, watchdog)
-    commit = CommitCheckpoints(ckpt, ctx.is_chief, retention, plan.strategy, recoveries)
+    commit = CommitCheckpoints(ckpt, ctx.is_chief, retention, plan.strategy, resumed, plan.outputs.job_dir)
     callbacks: list[Any] = [
         FailOnNonFiniteLoss(),
         SaveBeforePreemption(str(ckpt / "backup"), options.checkpoint_every or "epoch", request, commit),
@@ -125,7 +124,7 @@ def make_callbacks(plan: Plan, ctx: TFContext, reporter: MetricReporter, metric:
         callbacks.append(tf.keras.callbacks.TensorBoard(ctx.tensorboard_dir, update_freq="epoch", profile_batch=0))
         if metric:
             callbacks.append(ReportTuningMetric(reporter, metric))
-    return callbacks, progress
+    return callbacks, progress, commit
 
 
 def train(plan: Plan, module: ModuleType) -> int:
@@ -157,10 +156,10 @@ def _train(plan: Plan, module: ModuleType, args: argparse.Namespace, strategy: A
     model = build_compiled_model(module, args, ctx)
     inputs = fit_inputs(module, args, ctx)
     retention = Retention(options.keep_checkpoints)
-    initial_epoch, recoveries = resume(model, ctx, plan, retention)
+    initial_epoch, resumed = resume(model, ctx, plan, retention)
     metric = options.hypertune_metric or getattr(module, "HYPERTUNE_METRIC", None)
     reporter = MetricReporter(ctx.is_chief, ctx.trial)
-    callbacks, progress = make_callbacks(plan, ctx, reporter, metric, request, watchdog, retention, recoveries)
+    callbacks, progress, commit = make_callbacks(plan, ctx, reporter, metric, request, watchdog, retention, resumed)
     log.info("training %d epoch(s), global batch %d (%d per replica x %d)", ctx.epochs, ctx.global_batch_size,
              ctx.per_replica_batch_size, ctx.num_replicas_in_sync)
     history = model.fit(**inputs, epochs=ctx.epochs, initial_epoch=initial_epoch, callbacks=callbacks, verbose=0)
@@ -168,7 +167,7 @@ def _train(plan: Plan, module: ModuleType, args: argparse.Namespace, strategy: A
     export_model(model, Path(ctx.model_dir), ctx.is_chief)
     if ctx.is_chief:
         summary = summarize(plan, ctx, model, history, progress, steps, reporter, time.time() - started)
-        summary.recoveries = recoveries
+        summary.recoveries = commit.recoveries
         write_summary(Path(ctx.model_dir), summary)
         announce_done(Path(ctx.checkpoint_dir))
         log.info("exported the model to %s", ctx.model_dir)
@@ -188,7 +187,8 @@ def summarize(plan: Plan, ctx: TFContext, model: Any, history: Any, progress: An
         device="gpu" if plan.gpus_per_node else "cpu", world_size=ctx.world_size,
         replicas_in_sync=ctx.num_replicas_in_sync, global_batch_size=ctx.global_batch_size, epochs=ctx.epochs,
         start_epoch=progress.first_epoch if progress.first_epoch is not None else ctx.epochs,
-        start_step=progress.start_step, final_step=final_step, expected_steps=None, steps_per_replica=steps,
+        start_step=progress.start_step, final_step=final_step, expected_steps=progress.expected_steps,
+        steps_per_replica=steps,
         metrics=final, history=per_epoch, seconds=round(seconds, 3),
         samples_per_second=round((final_step - progress.start_step) * ctx.global_batch_size / max(seconds, 1e-9), 1),
         checkpoint_blocked_seconds=0.0, checkpoint_write_seconds=0.0, trial=ctx.trial,

@@ -146,14 +146,19 @@ def test_a_sigkilled_job_leaves_no_plan_and_no_secret_on_disk(tmp_path: Path, np
 
 
 # ---- outputs that cannot be written -------------------------------------------------------------------
-def test_a_gcs_path_without_its_mount_is_an_output_failure_and_says_where_the_record_went(tmp_path: Path) -> None:
+def test_gcs_without_its_mount_or_credentials_is_one_line_naming_the_bucket_and_says_where_the_record_went(
+        tmp_path: Path) -> None:
     if os.path.ismount("/gcs"):
         pytest.skip("this machine has a /gcs mount")
+    pytest.importorskip("gcsfs")
+    no_adc = {"TMPDIR": str(tmp_path), "GOOGLE_APPLICATION_CREDENTIALS": "", "STORAGE_EMULATOR_HOST": "",
+              "CLOUDSDK_CONFIG": str(tmp_path / "gcloud"), "NO_GCE_CHECK": "true"}
     proc = entrypoint("run", "--framework", "pytorch", "--module", "tests.pytorch.faults",
-                      "--model-dir", "gs://bucket-canary-3b2a/model", env={"TMPDIR": str(tmp_path)})
+                      "--model-dir", "gs://bucket-canary-3b2a/model", env=no_adc)
     assert proc.returncode == 73, failure_text(proc)
     line = last_line(proc)
-    assert line.startswith("entrypoint: error: output_not_writable") and "no Cloud Storage FUSE mount" in line, line
+    assert line.startswith("entrypoint: error: output_not_writable") and "gs://bucket-canary-3b2a: no Application " \
+        "Default Credentials" in line and "GOOGLE_APPLICATION_CREDENTIALS" in line, line
     assert "Traceback" not in proc.stderr
     assert not Path("/gcs/bucket-canary-3b2a").exists()  # nothing created on the container's own disk
     fallback = tmp_path / "trainer-failures"

@@ -6,9 +6,7 @@ SIGTERM, no grace. Triggers are lines of the job's own output (or a torn checkpo
 
 from __future__ import annotations
 
-import os
 import re
-import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,7 +14,17 @@ from pathlib import Path
 import pytest
 
 from entrypoint import checkpoints
-from tests.jobs import Job, entrypoint, failure_text, last_line, replica_group, summary, wait_gone
+from tests.jobs import (
+    Job,
+    assert_export_is_newest_checkpoint,
+    assert_restarted_in_place,
+    entrypoint,
+    failure_text,
+    last_line,
+    replica_group,
+    summary,
+    vanish,
+)
 
 torch = pytest.importorskip("torch")  # collected in every venv; these run where torch is
 pytestmark = [pytest.mark.pytorch, pytest.mark.slow]
@@ -29,12 +37,6 @@ def local_args(output: Path, run: list[str], *local: str) -> list[str]:
             *run]
 
 
-
-
-def vanish(job: Job, replica: str) -> float:
-    """SIGKILL a replica's whole process tree, as a VM that disappears; when."""
-    os.killpg(replica_group(job, replica), signal.SIGKILL)
-    return time.monotonic()
 
 
 def torn_checkpoint(checkpoint_dir: Path) -> Callable[[], bool]:
@@ -53,20 +55,11 @@ def wait_until(condition: Callable[[], bool], job: Job, timeout: float = 240) ->
 
 def assert_recovered(job: Job, out: Path, victim: str, hooks: bool = True, resumed: bool = True) -> dict[str, object]:
     """Exit 0, one export, no process left, the restart logged; for hooks, checkpoint and summary agree."""
-    assert job.wait(420) == 0, job.output()[-4000:]
-    assert wait_gone(job.marker) == []
-    output = job.output()
-    assert re.search(rf"\[local\] {victim} exited 137 \(retryable\): restart 1 of 5", output), output[-3000:]
-    assert f"[{victim}#1]" in output  # the restarted replica's lines show its attempt
+    output = assert_restarted_in_place(job, victim)
     if not hooks:
         return {}
     assert output.count("exported to ") == 1 or output.count("model exported to") == 1, output[-3000:]
-    result = summary(out / "model")
-    newest = checkpoints.committed(out / "checkpoints", warn=False)[-1]
-    assert newest[0] == result["final_step"] == result["expected_steps"]
-    saved = torch.load(newest[1] / "state.pt", weights_only=False)["model"]
-    exported = torch.load(out / "model" / "state_dict.pt")
-    assert all(torch.equal(saved[k], exported[k]) for k in saved)
+    result = assert_export_is_newest_checkpoint(out)
     if resumed:  # a replica lost before the first checkpoint: the restart starts afresh, nothing to recover
         assert result["recoveries"], "the lost work is on record"
         assert "recovered after losing" in output

@@ -86,8 +86,8 @@ def test_gcs_paths_without_the_fuse_mount_are_refused_and_never_created() -> Non
         pytest.skip("this machine has a /gcs mount")
     assert missing_fuse_mount("/gcs/bucket-canary/model") == "gs://bucket-canary"
     assert missing_fuse_mount("/tmp/gcs/bucket/model") is None
-    with pytest.raises(Exception) as info:
-        ensure_writable(["gs://bucket-canary/model"])
+    with pytest.raises(Exception) as info:  # a /gcs path given as such (gs:// URLs go through gcsfs instead)
+        ensure_writable(["/gcs/bucket-canary/model"])
     failure = failures.classify(info.value)
     assert failure.exit_code == 73 and "no Cloud Storage FUSE mount at /gcs for gs://bucket-canary" in failure.message
     assert not Path("/gcs/bucket-canary").exists()

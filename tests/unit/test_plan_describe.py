@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from typing import Any
 
@@ -84,7 +85,8 @@ def test_outputs_default_to_job_dir_and_trial_subdirectory() -> None:
                           tensorboard_dir=None, trial="3")
     assert aip.model_dir == "gs://b/base/model/3"  # the platform did not put the trial in it
     assert aip.checkpoint_dir == "gs://b/base/3/checkpoints"  # it did here: left alone
-    assert local_path("gs://b/base/model") == "/gcs/b/base/model"
+    mounted = os.path.ismount("/gcs") or os.path.ismount("/gcs/b")  # Vertex's FUSE mount, else gcsfs
+    assert local_path("gs://b/base/model") == ("/gcs/b/base/model" if mounted else "gs://b/base/model")
 
 
 def test_aip_variables_set_the_output_dirs(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,0 +1,78 @@
+"""A real GCS JSON API server on 127.0.0.1 (gcp-storage-emulator, on disk in a temp dir) for gs:// tests.
+
+gcsfs reaches it through its documented emulator setting, ``STORAGE_EMULATOR_HOST``. The server can be
+stopped and started again on the same port with the same data (``stop`` / ``start``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from entrypoint.supervisor import free_ports
+
+BUCKET = "trainer-test"
+
+
+class Emulator:
+    """One emulator process serving ``BUCKET``; its data survives a stop and start."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir, self.port = data_dir, free_ports(1)[0]
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.host = f"http://127.0.0.1:{self.port}"
+
+    @property
+    def env(self) -> dict[str, str]:
+        """What a child process needs to write gs:// to this server."""
+        return {"STORAGE_EMULATOR_HOST": self.host}
+
+    def start(self) -> None:
+        """Start the server and wait until it accepts connections."""
+        env = {**os.environ, "STORAGE_BASE": str(self.data_dir)}
+        self.proc = subprocess.Popen([sys.executable, "-m", "gcp_storage_emulator", "start", "--host", "127.0.0.1",
+                                      "--port", str(self.port), "--default-bucket", BUCKET, "--quiet"],
+                                     env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                     start_new_session=True)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                return
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the GCS emulator exited with {self.proc.returncode}")
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError("the GCS emulator did not start within 30 s")
+
+    def stop(self) -> None:
+        """Stop the server (its data stays on disk)."""
+        if self.proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=30)
+        self.proc = None
+
+    def fs(self) -> object:
+        """A gcsfs file system on this server (for assertions)."""
+        from gcsfs.core import GCSFileSystem
+
+        return GCSFileSystem(token="anon", endpoint_url=self.host, use_listings_cache=False)
+
+
+@contextlib.contextmanager
+def running(data_dir: Path) -> Iterator[Emulator]:
+    """An emulator for the block; always stopped afterwards."""
+    emulator = Emulator(data_dir)
+    emulator.start()
+    try:
+        yield emulator
+    finally:
+        emulator.stop()

@@ -1,0 +1,78 @@
+"""A TensorFlow job survives losing a node: `local --restart-policy vertex` (the default) restarts the SIGKILLed
+replica in place, as Vertex AI does, and the job ends 0 with one export, the newest committed checkpoint and the
+summary at the last step, and no process left, for every role: MultiWorkerMirrored's chief and worker,
+ParameterServer's ps, worker and evaluator. The replica's whole process tree is killed, as a vanished VM: no
+SIGTERM, no grace; triggers are lines of the job's output, never sleeps.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from entrypoint.checkpoints import committed
+from tests.jobs import Job, assert_restarted_in_place, summary, vanish
+from tests.tensorflow.jobs import SLOW
+
+pytest.importorskip("tensorflow")
+pytestmark = [pytest.mark.tensorflow, pytest.mark.slow]
+RUN = ["run", "--framework", "tensorflow", "--module", SLOW, "--log-every", "2", "--timeout", "60",
+       "--hang-timeout", "30", "--grace-period", "5"]
+
+
+def start(out: Path, *local: str, run: tuple[str, ...] = ()) -> Job:
+    return Job("local", *local, "--output-dir", str(out), "--", *RUN, *run)
+
+
+def assert_consistent(job: Job, out: Path, victim: str) -> dict[str, object]:
+    """Restarted in place, exported once, the newest committed checkpoint is the summary's last step."""
+    output = assert_restarted_in_place(job, victim)
+    assert output.count("exported the model to") == 1, output[-3000:]
+    result = summary(out / "model")
+    assert committed(out / "checkpoints")[-1][0] == result["final_step"] == result["expected_steps"]
+    assert (out / "model" / "saved_model.pb").is_file()
+    if "[workerpool0-0#1]" in output:  # the chief started again: it resumed, and the lost work is on record
+        assert result["recoveries"], "the lost work is on record"
+        assert "recovered after losing" in output
+        lost = result["recoveries"][-1]  # type: ignore[index]
+        assert lost["resumed_from_step"] == result["start_step"]  # BackupAndRestore's step, maybe mid-epoch
+    return result
+
+
+@pytest.mark.parametrize("victim", ["workerpool0-0", "workerpool1-0"])
+def test_multi_worker_mirrored_survives_a_lost_replica(tmp_path: Path, victim: str) -> None:
+    out = tmp_path / "job"
+    job = start(out, "--workers", "2", run=("--checkpoint-every", "8"))
+    try:
+        job.wait_for_step(40)  # epoch 2 of 4, after the first epoch's commit
+        killed = vanish(job, victim)
+        survivor = "workerpool1-0" if victim == "workerpool0-0" else "workerpool0-0"
+        job.wait_for(rf"\[local\] {survivor} exited", timeout=240)
+        noticed = time.monotonic() - killed
+        result = assert_consistent(job, out, victim)
+    finally:
+        job.cleanup()
+    assert noticed < 60 + 15, f"the survivor noticed the lost peer after {noticed:.0f} s (--timeout is 60)"
+    assert result["strategy"] == "MultiWorkerMirroredStrategy"
+    assert result["recoveries"]
+
+
+@pytest.mark.parametrize("victim", ["workerpool1-0", "workerpool2-0", "workerpool3-0"], ids=["worker", "ps",
+                                                                                           "evaluator"])
+def test_parameter_server_survives_a_lost_replica(tmp_path: Path, victim: str) -> None:
+    out = tmp_path / "job"
+    job = start(out, "--workers", "2", "--ps", "1", "--evaluators", "1")
+    try:
+        job.wait_for_step(40)
+        vanish(job, victim)
+        result = assert_consistent(job, out, victim)
+    finally:
+        job.cleanup()
+    assert result["strategy"] == "ParameterServerStrategy"
+    evaluated = [json.loads(line) for line in (out / "logs" / "eval" / "metrics.jsonl").read_text().splitlines()]
+    assert evaluated[-1]["step"] == result["final_step"]  # the evaluator (restarted or not) saw the last checkpoint
+    assert re.search(r"\[workerpool3-0(#1)?\] .*training is done", job.output())
