@@ -37,27 +37,39 @@ class Emulator:
     def start(self) -> None:
         """Start the server and wait until it accepts connections."""
         env = {**os.environ, "STORAGE_BASE": str(self.data_dir)}
-        self.proc = subprocess.Popen([sys.executable, "-m", "gcp_storage_emulator", "start", "--host", "127.0.0.1",
-                                      "--port", str(self.port), "--default-bucket", BUCKET, "--quiet"],
-                                     env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                     start_new_session=True)
+        log = self.data_dir.parent / f"{self.data_dir.name}-emulator.log"
+        with log.open("ab") as out:
+            self.proc = subprocess.Popen([sys.executable, "-m", "gcp_storage_emulator", "start", "--host", "127.0.0.1",
+                                          "--port", str(self.port), "--default-bucket", BUCKET, "--quiet"],
+                                         env=env, stdout=out, stderr=out, start_new_session=True)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), timeout=1):
                 return
             if self.proc.poll() is not None:
-                raise RuntimeError(f"the GCS emulator exited with {self.proc.returncode}")
+                tail = log.read_text(errors="replace").strip().splitlines()[-1:]
+                raise RuntimeError(f"the GCS emulator exited with {self.proc.returncode}: {tail}")
             time.sleep(0.1)
         self.stop()
         raise RuntimeError("the GCS emulator did not start within 30 s")
 
     def stop(self) -> None:
-        """Stop the server (its data stays on disk)."""
+        """Stop the server as a machine going away would for its clients: connections refused from now on.
+
+        SIGINT, not SIGKILL: the emulator rewrites its whole index file (``.meta``) in place after every
+        object, and a SIGKILL in the middle of that write leaves an index it cannot start from again. On
+        SIGINT it finishes the request in hand and stops serving; SIGKILL only if it does not within 20 s.
+        """
         if self.proc is None:
             return
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(timeout=30)
+            os.killpg(self.proc.pid, signal.SIGINT)
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=30)
         self.proc = None
 
     def fs(self) -> object:
