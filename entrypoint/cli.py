@@ -2,50 +2,26 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn
+from typing import Any
 
 from entrypoint import envvars as ev
 from entrypoint import failures
 from entrypoint.environments import read_settings, resolve, secret_like_names
-from entrypoint.errors import ConfigError, ExitCode, TrainerError
+from entrypoint.errors import ExitCode, TrainerError
 from entrypoint.gpus import detect_gpu_count
 from entrypoint.logs import resolve_format
-from entrypoint.options import RunOptions, add_run_arguments, options_from_namespace
+from entrypoint.options import RunOptions
 from entrypoint.outputs import resolve_outputs
 from entrypoint.plan import Plan, make_plan
 from entrypoint.progress import setup_logging
+from entrypoint.runargs import Parser, add_run_arguments, options_from_namespace, parse_options, split_user_args
 
 COMMANDS = ("run", "describe", "doctor", "local", "job")
 USAGE = "usage: python -m entrypoint {run,describe,doctor,local,job} ...  (python -m entrypoint COMMAND --help)"
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse that reports a bad option as our one-line configuration error."""
-
-    def error(self, message: str) -> NoReturn:
-        raise ConfigError(self.prog.split()[-1], message)
-
-
-def _split(argv: Sequence[str]) -> tuple[list[str], list[str]]:
-    """Split at the first ``--``: our options before it, the rest passed on unchanged."""
-    argv = list(argv)
-    if "--" in argv:
-        i = argv.index("--")
-        return argv[:i], argv[i + 1:]
-    return argv, []
-
-
-def parse_options(command: str, argv: Sequence[str]) -> RunOptions:
-    """The options of ``run`` / ``describe``, and the user's arguments after ``--``."""
-    ours, user_args = _split(argv)
-    parser = _Parser(prog=f"python -m entrypoint {command}", description="run or describe a training job")
-    add_run_arguments(parser)
-    return options_from_namespace(parser.parse_args(ours), user_args)
 
 
 def build_plan(options: RunOptions) -> Plan:
@@ -69,8 +45,8 @@ def _doctor(argv: Sequence[str]) -> int:
     """``doctor [run options] [--json]``: this node's checks against the plan those options give."""
     from entrypoint.doctor import report
 
-    ours, user_args = _split(argv)
-    parser = _Parser(prog="python -m entrypoint doctor", description="check this node for the job, one line a check")
+    ours, user_args = split_user_args(argv)
+    parser = Parser(prog="python -m entrypoint doctor", description="check this node for the job, one line a check")
     add_run_arguments(parser)
     parser.add_argument("--json", action="store_true", help="one JSON object instead of lines")
     namespace = parser.parse_args(ours)

@@ -21,15 +21,14 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from entrypoint import envvars as ev
 from entrypoint import failures, storage
-from entrypoint.environments.vertex import VERTEX_POOLS
 from entrypoint.errors import ConfigError, ExitCode, is_retryable
 from entrypoint.options import DEFAULT_GRACE_PERIOD
+from entrypoint.pools import Pool, cluster_specs, vertex_pools, vertex_tf_config
 from entrypoint.restarts import (
     DEFAULT_BACKOFF_LIMIT,
     POLICIES,
@@ -37,59 +36,12 @@ from entrypoint.restarts import (
     VERTEX_RESTARTS_PER_REPLICA,
     RestartPolicy,
 )
-from entrypoint.supervisor import Replica, Supervisor, free_ports
+from entrypoint.runargs import parse_options
+from entrypoint.supervisor import Replica, Supervisor
 
 COMMANDS = ("run", "describe")
 GRACE_MARGIN = 5.0
 METRICS_DIR = ".replicas"
-
-
-@dataclass(frozen=True)
-class Pool:
-    """One Vertex worker pool: its name (``workerpool0``..``3``), replica count and entrypoint command.
-
-    ``command`` is what follows ``python -m entrypoint`` (``run ...``). A pool with ``start=False``
-    is listed in every CLUSTER_SPEC, as Vertex lists it, but no process is started for it (a
-    Reduction Server runs Google's image, not ours); ``note`` says why. ``env`` is the pool's own
-    container environment (a job spec's ``containerSpec.env``), beneath the variables Vertex sets.
-    """
-
-    name: str
-    replicas: int
-    command: tuple[str, ...] = ()
-    start: bool = True
-    note: str = ""
-    env: tuple[tuple[str, str], ...] = ()
-
-
-def vertex_pools(workers: int, ps: int, evaluators: int, command: Sequence[str]) -> list[Pool]:
-    """``--workers N --ps P --evaluators E``: the chief, N-1 workers, P servers, E evaluators, one command."""
-    sizes = zip(VERTEX_POOLS, (1, workers - 1, ps, evaluators), strict=True)
-    return [Pool(name, count, tuple(command)) for name, count in sizes if count > 0]
-
-
-def cluster_specs(pools: Sequence[Pool], trial: str | None) -> list[tuple[Pool, int, dict[str, Any]]]:
-    """CLUSTER_SPEC per replica, as Vertex writes it (pools absent when empty), every pool on a free port."""
-    ports = iter(free_ports(sum(p.replicas for p in pools)))
-    cluster = {p.name: [f"127.0.0.1:{next(ports)}" for _ in range(p.replicas)] for p in pools if p.replicas > 0}
-    out = []
-    for pool in pools:
-        for index in range(pool.replicas):
-            task: dict[str, Any] = {"type": pool.name, "index": index}
-            if trial is not None:
-                task["trial"] = trial
-            spec = {"cluster": cluster, "environment": "cloud", "task": task, "job": {"emulated": True}}
-            out.append((pool, index, spec))
-    return out
-
-
-def vertex_tf_config(spec: dict[str, Any]) -> dict[str, Any]:
-    """The TF_CONFIG Vertex sets beside CLUSTER_SPEC: chief / worker / ps, evaluator outside ``cluster``."""
-    cluster = {VERTEX_POOLS[p]: m for p, m in spec["cluster"].items() if VERTEX_POOLS[p] != "evaluator"}
-    task = {"type": VERTEX_POOLS[spec["task"]["type"]], "index": spec["task"]["index"]}
-    if "trial" in spec["task"]:
-        task["trial"] = spec["task"]["trial"]
-    return {"cluster": cluster, "task": task, "environment": "cloud", "job": spec["job"]}
 
 
 def _output_base(output_dir: str) -> str:
@@ -174,8 +126,6 @@ def replica_grace(pools: Sequence[Pool]) -> float:
     A replica forwards the signal to its own processes and kills them after its grace period; the
     emulator waits a little longer, so it never kills a replica that is still saving on time.
     """
-    from entrypoint.cli import parse_options
-
     graces = [parse_options("run", p.command[1:]).grace_period for p in pools if p.start and p.command[:1] == ("run",)]
     return max(graces, default=DEFAULT_GRACE_PERIOD) + GRACE_MARGIN
 

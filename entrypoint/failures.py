@@ -416,6 +416,7 @@ def guarded(body: Callable[[], int], ctx: Context) -> int:
     """Run ``body``; turn any failure into a record, a last line and an exit code."""
     global _active
     _active = ctx
+    logs.identify(ctx)
     try:
         return body()
     except BaseException as exc:

@@ -20,7 +20,7 @@ import json
 import logging
 import sys
 import time
-from typing import Any
+from typing import Any, Protocol
 
 from entrypoint import envvars as ev
 from entrypoint.environments.settings import PlatformSettings, read_settings
@@ -35,6 +35,13 @@ _SEVERITIES = ((logging.CRITICAL, "CRITICAL"), (logging.ERROR, "ERROR"), (loggin
                (logging.INFO, "INFO"), (logging.DEBUG, "DEBUG"))
 
 
+class Identity(Protocol):
+    """Who this process is, as its failure context learns it (``failures.Context``: replica, then rank)."""
+
+    replica: str
+    rank: int | None
+
+
 class _State:
     """This process's logging: the format, the installed handler and the labels that change as it runs."""
 
@@ -42,6 +49,7 @@ class _State:
     handler: logging.Handler | None = None
     trial: str | None = None
     step: int | None = None
+    identity: Identity | None = None
 
 
 _state = _State()
@@ -73,11 +81,15 @@ def severity(levelno: int) -> str:
 
 def labels() -> dict[str, str]:
     """The labels of a line written now: replica, rank (once placed), step (once training), trial (when tuning)."""
-    from entrypoint import failures  # failures imports this module
-
-    ctx = failures.active()
-    found = {"replica": ctx.replica, "rank": ctx.rank, "step": _state.step, "trial": _state.trial}
+    who = _state.identity
+    found = {"replica": who.replica if who else "local", "rank": who.rank if who else None, "step": _state.step,
+             "trial": _state.trial}
     return {key: str(value) for key, value in found.items() if value is not None}
+
+
+def identify(who: Identity) -> None:
+    """Label the following lines with ``who`` (read at each line: it fills in as the process learns its rank)."""
+    _state.identity = who
 
 
 def note_step(step: int) -> None:

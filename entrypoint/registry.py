@@ -19,7 +19,6 @@ if TYPE_CHECKING:
     from entrypoint.environments.settings import PlatformSettings
     from entrypoint.options import RunOptions
     from entrypoint.outputs import OutputDirs
-    from entrypoint.plan import Plan
     from entrypoint.topology import ClusterTopology
 
 # name -> the module holding its FRAMEWORK. Adding a framework is one line here plus its package.
@@ -64,12 +63,12 @@ class Framework:
         """Whether the framework's module can be found (nothing is imported)."""
         return importlib.util.find_spec(self.probe) is not None
 
-    def load_launcher(self) -> Callable[[Plan], int]:
-        """The launcher function (imports the framework's launch module)."""
+    def load_launcher(self) -> Callable[[Any], int]:
+        """The launcher function, called with the node's ``Plan`` (imports the framework's launch module)."""
         return _load(self.launcher)
 
-    def load_worker(self) -> Callable[[Plan], int]:
-        """The worker function (imports the framework's worker module)."""
+    def load_worker(self) -> Callable[[Any], int]:
+        """The worker function, called with the process's ``Plan`` (imports the framework's worker module)."""
         if self.worker is None:
             raise AssertionError(f"{self.name} runs no separate worker processes")
         return _load(self.worker)

@@ -14,13 +14,13 @@ import sys
 from dataclasses import dataclass, replace
 from typing import Any
 
-from entrypoint.emulator import Pool
 from entrypoint.errors import ConfigError
 from entrypoint.jobs import network
 from entrypoint.jobs.model import JobSpec, PoolSpec
 from entrypoint.jobs.rules import infer_framework, run_options, validate
 from entrypoint.jobs.specdoc import SOURCE, Document, job_from_document, read_document
 from entrypoint.jobs.tuning import trial_values
+from entrypoint.pools import Pool
 
 DEFAULT_TRIAL = "1"
 # Fields local --spec reads (the rest is named as not emulated): pools, their machines and containers,

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from entrypoint.checkpoints import committed
-from entrypoint.emulator import free_ports
+from entrypoint.supervisor import free_ports
 from tests.conftest import PYTHON, subprocess_env
 from tests.tensorflow.jobs import (
     JOB_TIMEOUT,

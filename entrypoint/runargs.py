@@ -1,0 +1,134 @@
+"""The ``run`` command line (fixed by the design): its parser, and the ``RunOptions`` it produces.
+
+``describe`` and ``doctor`` accept the same options; ``local`` reads each pool's grace period with it and the
+job-spec checks (``jobs.rules``, ``jobs.tuning``) validate a spec's arguments with it.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from dataclasses import fields
+from typing import NoReturn
+
+from entrypoint import registry
+from entrypoint.errors import ConfigError
+from entrypoint.options import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_EPOCHS,
+    DEFAULT_GRACE_PERIOD,
+    DEFAULT_HANG_TIMEOUT,
+    DEFAULT_TIMEOUT,
+    LOG_FORMATS,
+    RunOptions,
+)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse that reports a bad option as our one-line configuration error."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(self.prog.split()[-1], message)
+
+
+def split_user_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Split at the first ``--``: our options before it, the rest passed on unchanged."""
+    argv = list(argv)
+    if "--" in argv:
+        i = argv.index("--")
+        return argv[:i], argv[i + 1:]
+    return argv, []
+
+
+def parse_options(command: str, argv: Sequence[str]) -> RunOptions:
+    """The options of ``run`` / ``describe``, and the user's arguments after ``--``."""
+    ours, user_args = split_user_args(argv)
+    parser = Parser(prog=f"python -m entrypoint {command}", description="run or describe a training job")
+    add_run_arguments(parser)
+    return options_from_namespace(parser.parse_args(ours), user_args)
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``run`` (``describe`` accepts the same ones to show the plan they give)."""
+    code = parser.add_mutually_exclusive_group()
+    code.add_argument("--module", help="user module: hooks (build_model, ...) or a script run as python -m")
+    code.add_argument("--script", help="a training script file run unchanged")
+    parser.add_argument("--framework", choices=registry.names(), help="default: $TRAINER_FRAMEWORK, else the one "
+                        "installed")
+    parser.add_argument("--strategy", choices=registry.all_strategies(), help="force a distribution strategy")
+    parser.add_argument("--job-dir", help="base of all outputs (default ./outputs)")
+    parser.add_argument("--model-dir", help="exported model (default $AIP_MODEL_DIR, else <job-dir>/model)")
+    parser.add_argument("--checkpoint-dir", help="default $AIP_CHECKPOINT_DIR, else <job-dir>/checkpoints")
+    parser.add_argument("--tensorboard-dir", help="default $AIP_TENSORBOARD_LOG_DIR, else <job-dir>/logs")
+    parser.add_argument("--nproc-per-node", type=_positive_int, help="processes per node (default: GPUs, 1 on CPU)")
+    parser.add_argument("--timeout", type=_positive_float, default=DEFAULT_TIMEOUT,
+                        help="seconds to wait for peers at start-up, rendezvous and in collectives (default 300)")
+    parser.add_argument("--grace-period", type=_positive_float, default=DEFAULT_GRACE_PERIOD,
+                        help="seconds a stopping process gets to save before SIGKILL (default 25)")
+    parser.add_argument("--hang-timeout", type=_non_negative_float, default=DEFAULT_HANG_TIMEOUT,
+                        help="fail (retryable) when no training step completes for this long; 0: off (default 1800)")
+    parser.add_argument("--log-format", choices=LOG_FORMATS, help="auto (default, or $TRAINER_LOG_FORMAT): json on "
+                        "Kubernetes outside Vertex AI, text elsewhere; json: one Cloud Logging object per line")
+    loop = parser.add_argument_group("training loop (hooks mode)")
+    loop.add_argument("--epochs", type=_positive_int, help=f"default: the module's DEFAULTS, else {DEFAULT_EPOCHS}")
+    loop.add_argument("--batch-size", type=_positive_int,
+                      help=f"per-replica batch size (default: the module's DEFAULTS, else {DEFAULT_BATCH_SIZE})")
+    loop.add_argument("--log-every", type=_positive_int, default=20, help="progress line every N steps")
+    loop.add_argument("--checkpoint-every", type=_non_negative_int, default=0,
+                      help="also checkpoint every N steps (0: only at epoch ends)")
+    loop.add_argument("--keep-checkpoints", type=_positive_int, default=3, help="committed checkpoints kept")
+    loop.add_argument("--checkpoint-mode", choices=("async", "sync"), default="async",
+                      help="async: training waits only for a CPU copy of the state (PyTorch/Horovod hooks)")
+    loop.add_argument("--resume-from", help="checkpoint to resume from (must exist and load)")
+    loop.add_argument("--on-nonfinite", choices=("fail", "skip"), default="fail",
+                      help="a NaN/inf training loss: fail (exit 65, nothing exported; default) or skip that step's "
+                      "update (PyTorch/Horovod hooks)")
+    loop.add_argument("--recovery", choices=("in-place", "restart"), default="in-place",
+                      help="a lost peer (PyTorch hooks across nodes): in-place: the survivors keep training with its "
+                      "replacement (default); restart: every process exits, the job restarts from its checkpoint")
+    loop.add_argument("--hypertune-metric", help="evaluation metric reported to Vertex hyperparameter tuning")
+    loop.add_argument("--bf16", action="store_true", help="bf16 autocast on GPU")
+    loop.add_argument("--clip-grad-norm", type=_positive_float)
+    loop.add_argument("--bucket-cap-mb", type=_positive_int, default=64, help="DDP gradient bucket size")
+    loop.add_argument("--seed", type=int, default=42)
+    loop.add_argument("--data-workers", type=_non_negative_int, help="DataLoader workers (default: 2 on GPU, 0 on CPU)")
+    hvd = parser.add_argument_group("horovod")
+    hvd.add_argument("--fusion-threshold", type=_non_negative_int,
+                     help="HOROVOD_FUSION_THRESHOLD bytes (default 134217728; the env var wins)")
+    hvd.add_argument("--cycle-time-ms", type=_positive_float, help="HOROVOD_CYCLE_TIME (default 5 ms)")
+    hvd.add_argument("--autotune", action="store_true", help="Horovod autotuning, log in the job dir")
+
+
+def options_from_namespace(ns: argparse.Namespace, user_args: list[str]) -> RunOptions:
+    """Build RunOptions from a parsed namespace."""
+    names = {f.name for f in fields(RunOptions)} - {"user_args"}
+    values = {name: getattr(ns, name) for name in names if hasattr(ns, name)}
+    return RunOptions(**values, user_args=tuple(user_args))
