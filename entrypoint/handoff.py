@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from entrypoint import envvars as ev
-from entrypoint.environments.settings import read_handoff
+from entrypoint.environments.settings import Handoff, read_handoff
 from entrypoint.errors import ConfigError
 from entrypoint.plan import Plan
 
@@ -44,9 +44,8 @@ def plan_file(plan: Plan) -> Iterator[dict[str, str]]:
         os.close(fd)
 
 
-def load() -> tuple[Plan, int | None]:
-    """This worker's plan, placed at its local rank, and its launcher's pid."""
-    handoff = read_handoff()
+def load(handoff: Handoff) -> tuple[Plan, int | None]:
+    """This worker's plan, placed at its local rank, and its launcher's pid (read once per process)."""
     if handoff.plan_file is None:
         raise ConfigError(ev.TRAINER_PLAN_FILE, "missing: a worker is started by the entrypoint's launcher")
     try:
@@ -60,6 +59,7 @@ def load() -> tuple[Plan, int | None]:
 
 def load_if_any() -> Plan | None:
     """The plan when this process was started by our launcher (or runs in-process), else None."""
-    if read_handoff().plan_file is None:
+    handed = read_handoff()
+    if handed.plan_file is None:
         return None
-    return load()[0]
+    return load(handed)[0]

@@ -12,7 +12,7 @@ import logging
 import os
 
 from entrypoint import failures, handoff, registry, rendezvous
-from entrypoint.environments.settings import read_handoff, read_settings, secret_values, secrets_in_args
+from entrypoint.environments.settings import Handoff, read_settings, secret_values, secrets_in_args
 from entrypoint.errors import ExitCode
 from entrypoint.outputs import ensure_writable, how_written
 from entrypoint.plan import Plan
@@ -75,15 +75,15 @@ def run_process(plan: Plan, ctx: failures.Context) -> int:
     return code
 
 
-def run_worker() -> int:
+def run_worker(handed: Handoff) -> int:
     """``python -m entrypoint.worker``: a process started by a launcher (torch elastic, Horovod)."""
     from entrypoint import signals
     from entrypoint.progress import setup_logging
 
-    ctx = failures.Context(top_level=False, error_file=read_handoff().error_file)
+    ctx = failures.Context(top_level=False, error_file=handed.error_file)
 
     def body() -> int:
-        plan, launcher = handoff.load()
+        plan, launcher = handoff.load(handed)
         signals.die_with_parent(expected_parent=launcher)
         setup_logging(f"[rank {plan.topology.rank}/{plan.world_size}] ")
         return run_process(plan, ctx)

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from entrypoint import envvars as ev
+from entrypoint.environments.settings import storage_emulator
 from entrypoint.errors import ConfigError
 
 log = logging.getLogger("entrypoint.storage")
@@ -35,7 +36,7 @@ _filesystems: dict[str, Any] = {}
 # 5 MiB means 20x the requests for a checkpoint (and a pure-Python emulator slows down with each chunk).
 UPLOAD_CHUNK = 100 << 20
 _unreachable: set[str] = set()  # buckets this process could not reach (after gcsfs's own retries)
-if os.environ.get(ev.STORAGE_EMULATOR_HOST):
+if storage_emulator():
     # gcsfs's default (experimental) file system asks the storage control API (gRPC) for each bucket's layout;
     # an emulator has no such API, so every call would retry it. Off for every gcsfs user of this process
     # (TensorBoard's writer included) unless the user chose otherwise.
@@ -78,7 +79,7 @@ def filesystem(protocol: str) -> Any:
             # storage control API for every bucket's layout (an emulator has none: retries on every call).
             from gcsfs.core import GCSFileSystem
 
-            emulator = os.environ.get(ev.STORAGE_EMULATOR_HOST) or None
+            emulator = storage_emulator()
             _filesystems[protocol] = GCSFileSystem(token=_gcs_token(), endpoint_url=emulator,
                                                    use_listings_cache=False, skip_instance_cache=True)
         else:
@@ -90,7 +91,7 @@ def filesystem(protocol: str) -> Any:
 
 def _gcs_token() -> Any:
     """Anonymous against ``STORAGE_EMULATOR_HOST``, else Application Default Credentials (raised when missing)."""
-    if os.environ.get(ev.STORAGE_EMULATOR_HOST):
+    if storage_emulator():
         return "anon"
     import google.auth
 
@@ -103,7 +104,7 @@ def description(uri: str) -> str:
     if not is_remote(uri):
         return f"{uri} (local file system)"
     if scheme(uri) in ("gs", "gcs"):
-        emulator = os.environ.get(ev.STORAGE_EMULATOR_HOST)
+        emulator = storage_emulator()
         how = f"the GCS emulator at {emulator}" if emulator else "Application Default Credentials"
         return f"{uri} (Cloud Storage through gcsfs, {how})"
     return f"{uri} (fsspec {scheme(uri)})"

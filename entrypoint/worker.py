@@ -14,11 +14,12 @@ from entrypoint.shutdown import end
 
 def main() -> int:
     """Run this worker; its exit code."""
-    if read_handoff().error_file is None:
-        return run_worker()
+    handed = read_handoff()
+    if handed.error_file is None:
+        return run_worker(handed)
     from torch.distributed.elastic.multiprocessing.errors import record
 
-    return int(record(run_worker)() or 0)
+    return int(record(run_worker)(handed) or 0)
 
 
 if __name__ == "__main__":

@@ -103,6 +103,12 @@ def read_handoff(environ: Mapping[str, str] | None = None) -> Handoff:
                    horovod_rendezvous=(host, int(port)) if host and port.isdigit() else None)
 
 
+def storage_emulator(environ: Mapping[str, str] | None = None) -> str | None:
+    """``STORAGE_EMULATOR_HOST``: the GCS server gs:// goes to, anonymously (gcsfs's emulator setting); None: GCS."""
+    env = os.environ if environ is None else environ
+    return env.get(ev.STORAGE_EMULATOR_HOST) or None
+
+
 def user_overrides(names: tuple[str, ...], environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The subset of ``names`` the user set explicitly (their values always win over our defaults)."""
     env = os.environ if environ is None else environ
