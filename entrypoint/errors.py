@@ -23,6 +23,16 @@ class ExitCode(IntEnum):
     STORAGE_UNAVAILABLE = 197  # the object store (gs://) was unreachable or failing (128 + EX_UNAVAILABLE, retryable)
 
 
+def signal_exit_code(signum: int) -> int:
+    """The exit status of a process ended by (or stopping for) signal ``signum``, as the shell reports it."""
+    return 128 + int(signum)
+
+
+def exit_code_of(returncode: int) -> int:
+    """A child's exit status as the shell reports it (``Popen.returncode`` is -N when signal N killed it)."""
+    return signal_exit_code(-returncode) if returncode < 0 else returncode
+
+
 def is_retryable(code: int) -> bool:
     """Whether a restart can help (Kubeflow's ExitCode restart policy reads codes the same way)."""
     return code >= 128
@@ -62,7 +72,7 @@ def signal_class(signum: int) -> FailureClass:
     except ValueError:
         name = f"signal {signum}"
     kind = "preempted" if signum == signal.SIGTERM else "signal"
-    return FailureClass(kind, 128 + signum, f"stopped by {name}")
+    return FailureClass(kind, signal_exit_code(signum), f"stopped by {name}")
 
 
 class TrainerError(Exception):

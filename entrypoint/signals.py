@@ -25,16 +25,11 @@ import time
 from collections.abc import Iterator, Sequence
 from types import FrameType
 
-from entrypoint.errors import StopRequested
+from entrypoint.errors import StopRequested, signal_exit_code
 
 log = logging.getLogger("entrypoint")
 _PR_SET_PDEATHSIG = 1
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-
-def exit_code_of(returncode: int) -> int:
-    """A child's exit status as the shell reports it: 128 + N when killed by signal N."""
-    return 128 - returncode if returncode < 0 else returncode
 
 
 def die_with_parent(sig: int = signal.SIGKILL, expected_parent: int | None = None) -> None:
@@ -47,7 +42,7 @@ def die_with_parent(sig: int = signal.SIGKILL, expected_parent: int | None = Non
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
     if expected_parent is not None and os.getppid() != expected_parent:
-        os._exit(128 + sig)
+        os._exit(signal_exit_code(sig))
 
 
 def child_preexec() -> None:

@@ -18,10 +18,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO
 
-from entrypoint.errors import is_retryable
+from entrypoint.errors import exit_code_of, is_retryable, signal_exit_code
 from entrypoint.options import DEFAULT_GRACE_PERIOD
 from entrypoint.restarts import Counts, Decision, RestartPolicy, decide
-from entrypoint.signals import Forwarder, child_preexec, exit_code_of, terminate
+from entrypoint.signals import Forwarder, child_preexec, terminate
 
 NEVER = RestartPolicy("never")
 
@@ -150,7 +150,7 @@ class Supervisor:
                 name = signal.Signals(sig).name
                 self.say(f"received {name}: forwarding it to every process (grace {self.grace:g} s)")
                 terminate(self._procs(), sig, self.grace)
-                return Outcome(128 + sig)
+                return Outcome(signal_exit_code(sig))
             for r in self.replicas:
                 code = r.exit_code
                 if code is None or r.proc is None or r.proc.pid in handled:

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 
 from entrypoint import envvars as ev
 from entrypoint import failures
-from entrypoint.errors import ExitCode
+from entrypoint.errors import ExitCode, exit_code_of, signal_exit_code
 from entrypoint.plan import Plan
 from entrypoint.pytorch.store import BACKEND, NodeStore, job_run_id, node_store, register_backend
 from entrypoint.runner import run_process
@@ -131,7 +131,7 @@ def _elastic(plan: Plan, store: NodeStore) -> int:
         elastic_launch(config, sys.executable)("-m", "entrypoint.worker")
     except ChildFailedError as exc:
         _rank, failure = exc.get_first_failure()
-        return 128 - failure.exitcode if failure.exitcode < 0 else failure.exitcode
+        return exit_code_of(failure.exitcode)
     except SignalException as exc:
-        return 128 + int(exc.sigval)
+        return signal_exit_code(exc.sigval)
     return ExitCode.OK
