@@ -27,6 +27,7 @@ from pathlib import Path
 from entrypoint import envvars as ev
 from entrypoint import failures, storage
 from entrypoint.errors import ConfigError, ExitCode, is_retryable
+from entrypoint.failure_records import read_records
 from entrypoint.options import DEFAULT_GRACE_PERIOD
 from entrypoint.pools import Pool, cluster_specs, vertex_pools, vertex_tf_config
 from entrypoint.restarts import (
@@ -134,12 +135,10 @@ def _record_exit(ctx: failures.Context) -> Callable[[Replica, int], None]:
     """A failed replica that left no failure record of its own (SIGKILLed, say) gets one on its behalf."""
 
     def record(replica: Replica, code: int) -> None:
-        mine = [r for r in failures.read_records(ctx.job_dir, replica.started_at)
-                if r.get("replica") == replica.name and not r.get("reported_by")]
+        mine = [r for r in read_records(ctx.job_dir, replica.started_at)
+                if r.replica == replica.name and not r.reported_by]
         if not mine:
-            cls = failures.code_class(code)
-            failures.write_record(replace(ctx, replica=replica.name, rank=None),
-                                  failures.Failure(cls, cls.meaning if code > 128 else f"exited with {code}"))
+            failures.write_record(replace(ctx, replica=replica.name, rank=None), failures.exit_failure(code))
 
     return record
 
@@ -179,14 +178,14 @@ def run_cluster(pools: Sequence[Pool], output_dir: str, trial: str | None = None
         return ExitCode.OK
     first = outcome.first
     if first is None:  # a signal stopped the job
-        return failures.conclude_exit(ctx, outcome.code)
+        return failures.finish_child(ctx, outcome.code)
     if outcome.counts.total or outcome.counts.job:
         # The job's root cause: the first failure when a budget ran out, else what ended it (since its start).
         exhausted = is_retryable(outcome.code)
         since = ctx.started if exhausted else first.started_at
-        return failures.conclude_exit(replace(ctx, started=since), outcome.code, who=first.name,
+        return failures.finish_child(replace(ctx, started=since), outcome.code, who=first.name,
                                       note=outcome.why if exhausted else "")
-    return failures.conclude_exit(ctx, outcome.code, who=first.name)
+    return failures.finish_child(ctx, outcome.code, who=first.name)
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:

@@ -18,26 +18,22 @@ import os
 import shutil
 import socket
 import sys
-import tempfile
 import time
 import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 from entrypoint import errors, logs, storage
-from entrypoint.errors import ExitCode, FailureClass, TrainerError, is_retryable
-from entrypoint.outputs import local_path, missing_fuse_mount
-from entrypoint.storage import Location, StorageError
+from entrypoint.errors import ExitCode, FailureClass, TrainerError
+from entrypoint.failure_records import FailureRecord, read_records, root_cause, store_record
+from entrypoint.outputs import local_path
+from entrypoint.storage import StorageError
 
 log = logging.getLogger("entrypoint")
-FAILURES_DIR = "failures"
-SCHEMA_VERSION = 1
 _MAX_MESSAGE = 400
 _MAX_TRACEBACK_LINES = 60
 _MAX_TRACEBACK_CHARS = 8000
-_CLOCK_SKEW = 2.0  # seconds: a peer's record written just before our start still belongs to this run
 # Messages of torch.distributed (gloo, nccl), Horovod and the OS that mean a peer is gone or stuck.
 _PEER_MESSAGES = (
     "connection closed by peer", "connection reset by peer", "broken pipe", "connection refused",
@@ -196,172 +192,57 @@ def redact(text: str, secrets: Iterable[str]) -> str:
     return "".join(c if c.isprintable() or c in "\n\t" else "?" for c in text)
 
 
-# ---- records ---------------------------------------------------------------------------------
-def record_dir(job_dir: str) -> Location:
-    """Where every replica of the job writes its failure records (a prefix on an object store)."""
-    return storage.path(local_path(job_dir)) / FAILURES_DIR
+# ---- records and the end of a process ------------------------------------------------------------
+def make_record(ctx: Context, failure: Failure, reported_by: str | None = None) -> FailureRecord:
+    """This process's failure as a record, redacted and stamped now (not yet written)."""
+    return FailureRecord(
+        replica=ctx.replica, rank=ctx.rank, host=socket.gethostname(), failure_class=failure.cls.name,
+        exit_code=failure.exit_code, message=redact(failure.message, ctx.secrets), pid=os.getpid(), step=ctx.step,
+        traceback=redact(failure.traceback, ctx.secrets), reported_by=reported_by,
+    ).stamped()
 
 
-def write_record(ctx: Context, failure: Failure, **extra: Any) -> Location | None:
-    """One JSON record of this process's failure (best effort: a failing disk must not hide the failure)."""
-    if ctx.job_dir is None:
-        return None
-    return store_record(ctx.job_dir, render_record(ctx, failure, **extra))
+def write_record(ctx: Context, failure: Failure, reported_by: str | None = None) -> FailureRecord:
+    """Record this process's failure (best effort: a failing disk must not hide the failure); the record."""
+    record = make_record(ctx, failure, reported_by)
+    if ctx.job_dir is not None:
+        store_record(ctx.job_dir, record)
+    return record
 
 
-def render_record(ctx: Context, failure: Failure, **extra: Any) -> dict[str, Any]:
-    """This process's failure as a record, stamped now (redacted; not yet written)."""
-    return stamped({
-        "schema_version": SCHEMA_VERSION, "replica": ctx.replica, "rank": ctx.rank, "host": socket.gethostname(),
-        "pid": os.getpid(), "step": ctx.step, "exit_code": failure.exit_code, "class": failure.cls.name,
-        "retryable": is_retryable(failure.exit_code), "message": redact(failure.message, ctx.secrets),
-        "traceback": redact(failure.traceback, ctx.secrets), **extra,
-    })
-
-
-def stamped(record: dict[str, Any]) -> dict[str, Any]:
-    """``record`` with the time it happened: now."""
-    now = time.time()
-    return {**record, "time": now, "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))}
-
-
-def store_record(job_dir: str, record: dict[str, Any]) -> Location | None:
-    """Write ``record`` under the job's ``failures/`` (else the node's temp dir); its path, None if neither took it."""
-    rank = "node" if record.get("rank") is None else f"rank{record['rank']}"
-    name = f"{time.time_ns()}-{record['replica']}-{rank}-{record['pid']}.json"
-    text = json.dumps(record, indent=2, sort_keys=True)
-    failed = ""
-    places: tuple[Location, ...] = (record_dir(job_dir), Path(tempfile.gettempdir()) / "trainer-failures")
-    for directory in places:
-        try:
-            if isinstance(directory, Path) and missing_fuse_mount(directory) is not None:
-                raise OSError(errno.ENOENT, "no Cloud Storage FUSE mount there")  # never create /gcs/... locally
-            if isinstance(directory, storage.RemotePath) and directory.unreachable():
-                raise OSError(errno.EHOSTUNREACH, "the store was unreachable moments ago")
-            directory.mkdir(parents=True, exist_ok=True)
-            (directory / name).write_text(text)  # one object on a store: whole or absent
-        except (OSError, StorageError, TrainerError) as exc:  # read-only, full, unreachable: the node's temp dir
-            reason = exc.strerror if isinstance(exc, OSError) else classify(exc).message
-            failed = f"could not write the failure record to {directory} ({reason})"
-            continue
-        if failed:
-            print(f"entrypoint: {failed}; it went to {directory / name} instead", file=sys.stderr)
-        return directory / name
-    print(f"entrypoint: {failed}, nor to the temp dir: this failure has no record", file=sys.stderr)
-    return None
-
-
-def read_records(job_dir: str | None, since: float) -> list[dict[str, Any]]:
-    """Every failure record written since ``since`` (minus a little clock skew), oldest first."""
-    if job_dir is None:
-        return []
-    found = []
-    place = record_dir(job_dir)
-    if isinstance(place, storage.RemotePath) and place.unreachable():
-        return []
-    try:
-        paths = sorted(str(p) for p in place.glob("*.json"))
-    except (OSError, StorageError, TrainerError):
-        return []
-    for name in paths:
-        try:
-            data = json.loads(storage.path(name).read_text())
-        except (OSError, ValueError, StorageError, TrainerError):
-            continue
-        if isinstance(data, dict) and float(data.get("time", 0)) >= since - _CLOCK_SKEW:
-            found.append(data)
-    return sorted(found, key=lambda r: float(r["time"]))
-
-
-def root_cause(records: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The earliest failure that is not a consequence of another (a lost peer, a hang), else the earliest.
-
-    A survivor's verdict about a peer that stopped responding (``reported_by``) names the culprit: it
-    comes before every consequence, after what the culprit (or its supervisor) recorded itself.
-    """
-    for record in records:
-        if record.get("class") not in errors.CONSEQUENCES and not record.get("reported_by"):
-            return record
-    for record in records:
-        if record.get("reported_by"):
-            return record
-    return records[0] if records else None
-
-
-def record_verdict(ctx: Context, replica: str, rank: int | None, cls: FailureClass, message: str) -> None:
+def record_verdict(ctx: Context, replica: str, rank: int | None, cls: FailureClass, message: str) -> FailureRecord:
     """Record, on a silent peer's behalf, that it stopped responding (this process is the witness)."""
     witness = ctx.replica if ctx.rank is None else f"{ctx.replica} (rank {ctx.rank})"
-    write_record(replace(ctx, replica=replica, rank=rank, step=None), Failure(cls, message), reported_by=witness)
+    return write_record(replace(ctx, replica=replica, rank=rank, step=None), Failure(cls, message),
+                        reported_by=witness)
 
 
-def last_line(record: dict[str, Any]) -> str:
-    """The one line a failing job ends with."""
-    rank = "" if record.get("rank") is None else f", rank {record['rank']}"
-    kind = "retryable" if record.get("retryable") else "permanent"
-    return (f"entrypoint: error: {record['class']} on {record['replica']}{rank}, host {record['host']}: "
-            f"{record['message']} (exit {record['exit_code']}, {kind})")
+def finish(ctx: Context, own: FailureRecord, *, stored: bool = True, blame: FailureRecord | None = None,
+           note: str = "") -> int:
+    """End with ``own`` (this process's failure, or the child's a supervisor saw end): the one way out.
 
-
-def as_record(ctx: Context, failure: Failure) -> dict[str, Any]:
-    """This process's failure in record form (for the last line when no record could be written)."""
-    return {"replica": ctx.replica, "rank": ctx.rank, "host": socket.gethostname(), "class": failure.cls.name,
-            "message": redact(failure.message, ctx.secrets), "exit_code": failure.exit_code,
-            "retryable": is_retryable(failure.exit_code)}
-
-
-def conclude(ctx: Context, own: dict[str, Any]) -> int:
-    """Print the job's root cause as the last line (this process's failure unless an earlier one caused it)."""
-    cause = own
-    if own.get("class") in errors.CONSEQUENCES:
+    ``own`` is written first unless ``stored``. A worker's last line names its own failure, or ``blame``
+    (the silent peer a watchdog waited for). A top-level process names the job's root cause: ``blame``
+    when the caller knows it (a supervisor, from the records), else its own failure unless that is a
+    consequence (a lost peer, a hang) of an earlier one recorded since it started. ``note`` is added to the
+    line (why no restart followed). Returns the exit code to end with: the worker's own, else the cause's.
+    """
+    if not stored and ctx.job_dir is not None:
+        store_record(ctx.job_dir, own)
+    cause = blame or own
+    if ctx.top_level and cause.consequence:
         earlier = root_cause([r for r in read_records(ctx.job_dir, ctx.started)
-                             if r.get("pid") != own.get("pid", os.getpid()) or r.get("reported_by")])
-        if earlier is not None and (earlier.get("class") not in errors.CONSEQUENCES or earlier.get("reported_by")):
-            print(f"entrypoint: {own['replica']} failed with {own['class']} ({own.get('message', '')}) because of "
-                  f"an earlier failure", file=sys.stderr)
+                              if r.pid != own.pid or r.reported_by])
+        if earlier is not None and not earlier.consequence:
+            print(f"entrypoint: {own.replica} failed with {own.failure_class} ({own.message}) because of an "
+                  f"earlier failure", file=sys.stderr)
             cause = earlier
-    return announce(ctx, cause)
-
-
-def announce(ctx: Context, cause: dict[str, Any]) -> int:
-    """Print the root cause as the job's last line (and Kubernetes' termination message); its exit code."""
-    line = last_line(cause)
+    line = cause.noted(note).last_line()
     logs.error_line(line)
-    if ctx.termination_log:
-        _termination_log(line)
-    return int(cause["exit_code"])
-
-
-def _termination_log(line: str) -> None:
-    with contextlib.suppress(OSError), open("/dev/termination-log", "w") as f:
-        f.write(line + "\n")
-
-
-def fail(ctx: Context, failure: Failure) -> int:
-    """Record this process's failure and report it; returns the exit code to end with."""
-    if failure.traceback and failure.cls.name == "user_code":
-        print(redact(failure.traceback, ctx.secrets), file=sys.stderr)
-    write_record(ctx, failure)
-    _torch_error_file(ctx, failure)
-    return report(ctx, as_record(ctx, failure))
-
-
-def report(ctx: Context, own: dict[str, Any]) -> int:
-    """End with the last line: the job's root cause in a top-level process, else this process's own failure."""
-    if not ctx.top_level:
-        logs.error_line(last_line(own))
-        return int(own["exit_code"])
-    return conclude(ctx, own)
-
-
-def _torch_error_file(ctx: Context, failure: Failure) -> None:
-    """torch elastic's error file (its agent reads it to name the first failure)."""
-    if ctx.error_file is None:
-        return
-    payload = {"message": {"message": f"{failure.cls.name}: {redact(failure.message, ctx.secrets)}",
-                           "extraInfo": {"py_callstack": redact(failure.traceback, ctx.secrets),
-                                         "timestamp": str(int(time.time()))}}}
-    with contextlib.suppress(OSError):
-        Path(ctx.error_file).write_text(json.dumps(payload))
+    if ctx.top_level and ctx.termination_log:
+        with contextlib.suppress(OSError), open("/dev/termination-log", "w") as f:
+            f.write(line + "\n")
+    return cause.exit_code if ctx.top_level else own.exit_code
 
 
 def code_class(code: int) -> FailureClass:
@@ -375,33 +256,25 @@ def code_class(code: int) -> FailureClass:
     return FailureClass("user_code", code, "the user's code exited non-zero")
 
 
-def record_exit(ctx: Context, code: int, message: str) -> None:
-    """Record that this process ends with ``code`` without an exception (a script's own exit code)."""
-    failure = Failure(code_class(code), message)
-    write_record(ctx, failure)
-    if not ctx.top_level:
-        logs.error_line(last_line(as_record(ctx, failure)))
+def exit_failure(code: int, message: str | None = None) -> Failure:
+    """The failure of a bare exit status: its class, and ``message`` (else what the status says)."""
+    cls = code_class(code)
+    return Failure(cls, message or (cls.meaning if code > 128 else f"exited with {code}"))
 
 
-def conclude_exit(ctx: Context, code: int, who: str | None = None, note: str = "") -> int:
-    """A child (or the user's script) ended with ``code``: record it if nobody did, then name the root cause.
+def finish_child(ctx: Context, code: int, who: str | None = None, note: str = "") -> int:
+    """A supervisor's end: its child (``who``, else this node's launcher) ended with ``code``.
 
-    ``who`` names the child when it is not this process (its record is written on its behalf); ``note``
-    is added to the last line (why no restart followed, say).
+    The child gets a record on its behalf if it left none (killed by a signal, a script's exit code); the
+    last line names the root cause among every record written since the supervisor started.
     """
     records = read_records(ctx.job_dir, ctx.started)
-    if not records or (who is not None and all(r.get("replica") != who for r in records)):
-        cls = code_class(code)  # the child left no record (killed by a signal, or a script's exit code)
-        child = replace(ctx, replica=who, rank=None) if who else ctx
-        write_record(child, Failure(cls, cls.meaning if code > 128 else f"exited with {code}"))
-        records = read_records(ctx.job_dir, ctx.started)
+    if not records or (who is not None and all(r.replica != who for r in records)):
+        written = write_record(replace(ctx, replica=who, rank=None) if who else ctx, exit_failure(code))
+        records = read_records(ctx.job_dir, ctx.started) or [written]  # written, or not even a record could be
     cause = root_cause(records)
-    if cause is None:  # not even a fallback record could be written
-        cls = code_class(code)
-        cause = as_record(ctx, Failure(cls, cls.meaning))
-    if note:
-        cause = {**cause, "message": f"{cause['message']}; {note}"}
-    return announce(ctx, cause)
+    assert cause is not None
+    return finish(ctx, cause, blame=cause, note=note)
 
 
 _active: Context | None = None
@@ -423,4 +296,19 @@ def guarded(body: Callable[[], int], ctx: Context) -> int:
         failure = classify(exc, ctx.outputs, ctx.hooks)
         if failure.exit_code == ExitCode.OK:
             return ExitCode.OK
-        return fail(ctx, failure)
+        if failure.traceback and failure.cls.name == "user_code":
+            print(redact(failure.traceback, ctx.secrets), file=sys.stderr)
+        own = write_record(ctx, failure)
+        _torch_error_file(ctx, failure)
+        return finish(ctx, own)
+
+
+def _torch_error_file(ctx: Context, failure: Failure) -> None:
+    """torch elastic's error file (its agent reads it to name the first failure)."""
+    if ctx.error_file is None:
+        return
+    payload = {"message": {"message": f"{failure.cls.name}: {redact(failure.message, ctx.secrets)}",
+                           "extraInfo": {"py_callstack": redact(failure.traceback, ctx.secrets),
+                                         "timestamp": str(int(time.time()))}}}
+    with contextlib.suppress(OSError):
+        Path(ctx.error_file).write_text(json.dumps(payload))

@@ -12,7 +12,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from entrypoint import failures
+from entrypoint.failure_records import read_records, root_cause
 
 
 @dataclass(frozen=True)
@@ -57,14 +57,13 @@ def after_resume(job_dir: str | None, step: int, reached: float | None) -> Recov
     """The recovery that resuming at ``step`` (reached at ``reached``) makes, from the records since; None if none."""
     if reached is None:
         return None
-    records = failures.read_records(job_dir, reached)
-    records = [r for r in records if float(r.get("time", 0)) >= reached]  # no clock-skew allowance here
-    cause = failures.root_cause(records)
+    records = [r for r in read_records(job_dir, reached) if r.time >= reached]  # no clock-skew allowance here
+    cause = root_cause(records)
     if cause is None:
         return None
-    steps = [int(r["step"]) for r in records if isinstance(r.get("step"), int)]
+    steps = [r.step for r in records if isinstance(r.step, int)]
     lost_at = max(steps) if steps else None
-    first = min(float(r["time"]) for r in records)
-    return Recovery(replica=str(cause.get("replica")), lost_at_step=lost_at, resumed_from_step=step,
+    first = min(r.time for r in records)
+    return Recovery(replica=cause.replica, lost_at_step=lost_at, resumed_from_step=step,
                     lost_steps=max(lost_at - step, 0) if lost_at is not None else None,
                     lost_seconds=round(max(first - reached, 0.0), 3))

@@ -62,7 +62,7 @@ def run_node(plan: Plan, ctx: failures.Context) -> int:
         code = registry.get(plan.framework).load_launcher()(plan)
     if code == ExitCode.OK:
         return ExitCode.OK
-    return failures.conclude_exit(ctx, code)
+    return failures.finish_child(ctx, code)
 
 
 def run_process(plan: Plan, ctx: failures.Context) -> int:
@@ -71,7 +71,10 @@ def run_process(plan: Plan, ctx: failures.Context) -> int:
     describe_failures(ctx, plan)
     code = registry.get(plan.framework).load_worker()(plan)
     if code != ExitCode.OK:  # the user's script exited non-zero: recorded like any other failure
-        failures.record_exit(ctx, code, f"the user's {plan.require_code().kind} exited with {code}")
+        own = failures.write_record(ctx, failures.exit_failure(code, f"the user's {plan.require_code().kind} "
+                                                                     f"exited with {code}"))
+        if not ctx.top_level:  # a worker ends here; in the node's own process run_node names the root cause
+            failures.finish(ctx, own)
     return code
 
 

@@ -28,10 +28,10 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import replace
 from typing import Any
 
 from entrypoint import errors, failures, peers, signals
+from entrypoint.failure_records import FailureRecord
 from entrypoint.peers import PeerBoard
 
 BACKSTOP = 3.0  # seconds after the watcher's deadline: the kernel's alarm, should the watcher be gone
@@ -80,27 +80,24 @@ class HangWatchdog:
         sys.stderr.write(f"entrypoint: {message}; Python stacks of every thread follow\n")
         faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
         silent = self.board.silent() if self.board is not None else []
-        verdict = None
+        verdicts = []
         if silent:  # this rank waits for peers that stopped: they are the cause, named by their heartbeats
             message += f", waiting for {peers.describe(silent)}"
             for lost in silent:
                 text = f"{peers.describe([lost])}; the others waited {self.timeout:g} s (--hang-timeout)"
-                failures.record_verdict(self.ctx, lost.member.replica, lost.member.rank, errors.HANG, text)
-                verdict = verdict or {**failures.as_record(replace(self.ctx, replica=lost.member.replica,
-                                                                    rank=lost.member.rank),
-                                                            failures.Failure(errors.HANG, text))}
-        failure = failures.Failure(errors.HANG, message)
-        failures.write_record(self.ctx, failure)
-        sys.stderr.write(failures.last_line(verdict or failures.as_record(self.ctx, failure)) + "\n")
+                verdicts.append(failures.record_verdict(self.ctx, lost.member.replica, lost.member.rank, errors.HANG,
+                                                        text))
+        own = failures.write_record(self.ctx, failures.Failure(errors.HANG, message))
+        code = failures.finish(self.ctx, own, blame=verdicts[0] if verdicts else None)
         sys.stderr.flush()
         sys.stdout.flush()
-        os._exit(failure.exit_code)
+        os._exit(code)
 
 
 @contextlib.contextmanager
 def start_deadline(seconds: float, ctx: failures.Context, failure: failures.Failure) -> Iterator[None]:
     """End this process with ``failure`` (record, last line, exit 142) if the block outlasts ``seconds``."""
-    job = {"pid": os.getpid(), "seconds": seconds, "record": failures.render_record(ctx, failure),
+    job = {"pid": os.getpid(), "seconds": seconds, "record": failures.make_record(ctx, failure).to_json(),
            "context": {k: v for k, v in dataclasses.asdict(ctx).items() if k not in ("secrets", "outputs")}}
     watcher = subprocess.Popen([sys.executable, "-m", "entrypoint.watchdog"], stdin=subprocess.PIPE,
                                preexec_fn=signals.child_preexec)
@@ -122,10 +119,9 @@ def _watch_start(job: dict[str, Any]) -> int:
     signals.die_with_parent(signal.SIGKILL, expected_parent=pid)
     time.sleep(float(job["seconds"]))
     ctx = failures.Context(**job["context"])
-    record = failures.stamped(job["record"])
-    if ctx.job_dir is not None:
-        failures.store_record(ctx.job_dir, record)
-    failures.report(ctx, record)
+    record = FailureRecord.from_json(job["record"])
+    assert record is not None
+    failures.finish(ctx, record.stamped(), stored=False)
     os.kill(pid, signal.SIGALRM)
     return 0
 

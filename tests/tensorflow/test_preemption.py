@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from entrypoint.checkpoints import committed, read_marker
-from entrypoint.failures import read_records
+from entrypoint.failure_records import read_records
 from tests.conftest import PYTHON, ROOT
 from tests.tensorflow.jobs import (
     JOB_TIMEOUT,
@@ -60,9 +60,9 @@ def assert_stopped_and_resumable(stopped: Stopped, checkpoint_dir: Path, job_dir
     assert step >= stopped.last_logged > 0
     assert read_marker(path)["stopped_by"].startswith("SIGTERM")
     records = read_records(str(job_dir), 0)
-    assert {r["replica"] for r in records} == replicas
-    assert all(r["class"] == "preempted" and r["exit_code"] == 143 for r in records), records
-    assert f"stopped by SIGTERM at step {step};" in records[0]["message"]
+    assert {r.replica for r in records} == replicas
+    assert all(r.failure_class == "preempted" and r.exit_code == 143 for r in records), records
+    assert f"stopped by SIGTERM at step {step};" in records[0].message
     assert not (job_dir / "model" / "training_summary.json").exists()
     assert no_process_left(marker)
     return step
@@ -120,9 +120,9 @@ def test_parameter_servers_and_the_evaluator_stop_at_once(tmp_path: Path) -> Non
     stopped = stop_at_step(command, tmp_path, 10, timeout=JOB_TIMEOUT)
     assert stopped.code == 143, stopped.output[-5000:]
     assert stopped.seconds < SIGNAL_TO_EXIT, f"{stopped.seconds:.1f} s from SIGTERM to exit"
-    records = {r["replica"]: r for r in read_records(str(out), 0)}
+    records = {r.replica: r for r in read_records(str(out), 0)}
     assert set(records) == {"workerpool0-0", "workerpool1-0", "workerpool2-0", "workerpool3-0"}
-    assert all(r["class"] == "preempted" and r["exit_code"] == 143 for r in records.values()), records
-    assert "ParameterServerStrategy" in records["workerpool0-0"]["message"]
-    assert "nothing to save" in records["workerpool3-0"]["message"]
+    assert all(r.failure_class == "preempted" and r.exit_code == 143 for r in records.values()), records
+    assert "ParameterServerStrategy" in records["workerpool0-0"].message
+    assert "nothing to save" in records["workerpool3-0"].message
     assert no_process_left(marker)

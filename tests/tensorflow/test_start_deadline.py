@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint.failures import read_records
+from entrypoint.failure_records import read_records
 from entrypoint.supervisor import free_ports
 from tests.conftest import PYTHON, ROOT, subprocess_env
 from tests.tensorflow.jobs import TOY, run_args
@@ -59,4 +59,4 @@ def test_a_peer_lost_after_the_barrier_ends_tensorflows_start_at_the_timeout(tmp
     assert last.startswith("entrypoint: error: peer_lost on chief-0"), output[-3000:]
     assert f"worker[0] (127.0.0.1:{worker})" in last and last.endswith("(exit 142, retryable)"), last
     [record] = read_records(str(tmp_path), 0)
-    assert record["exit_code"] == 142 and record["pid"] == proc.pid and "--timeout 5 s" in record["message"]
+    assert record.exit_code == 142 and record.pid == proc.pid and "--timeout 5 s" in record.message

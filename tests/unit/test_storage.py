@@ -13,6 +13,7 @@ import pytest
 
 from entrypoint import checkpoints, errors, failures, storage
 from entrypoint.errors import ConfigError
+from entrypoint.failure_records import read_records
 from entrypoint.storage import RemotePath, StorageError
 from tests.gcs import BUCKET, Emulator, running
 
@@ -128,10 +129,11 @@ def test_failure_records_and_summary_go_to_gcs(gs: RemotePath) -> None:
     from entrypoint.summary import TrainingSummary, write_summary
 
     ctx = failures.Context(replica="workerpool0-0", rank=0, job_dir=str(gs), secrets=frozenset({"hunter2"}))
-    written = failures.write_record(ctx, failures.Failure(errors.USER_CODE, "boom hunter2"))
+    failures.write_record(ctx, failures.Failure(errors.USER_CODE, "boom hunter2"))
+    (written,) = (gs / "failures").glob("*.json")
     assert isinstance(written, RemotePath) and str(written.parent) == f"{gs}/failures"
-    (record,) = failures.read_records(str(gs), since=ctx.started)
-    assert record["message"] == "boom ***" and record["replica"] == "workerpool0-0"
+    (record,) = read_records(str(gs), since=ctx.started)
+    assert record.message == "boom ***" and record.replica == "workerpool0-0"
     summary = TrainingSummary("pytorch", "ddp", "gloo", "cpu", 2, 2, 64, 1, 0, 0, 10, 10, [10, 10],
                               {"loss": float("nan")}, {}, 1.0, 1.0, 0.0, 0.0, None, None, "x")
     path = write_summary(gs / "model", summary)
