@@ -33,6 +33,13 @@ def exit_code_of(returncode: int) -> int:
     return signal_exit_code(-returncode) if returncode < 0 else returncode
 
 
+def sys_exit_code(exc: SystemExit) -> int:
+    """``sys.exit(x)`` as the shell sees it: None is 0, an int itself, anything else (a message) 1."""
+    if exc.code is None:
+        return ExitCode.OK
+    return exc.code if isinstance(exc.code, int) else ExitCode.USER_CODE
+
+
 def is_retryable(code: int) -> bool:
     """Whether a restart can help (Kubeflow's ExitCode restart policy reads codes the same way)."""
     return code >= 128

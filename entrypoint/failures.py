@@ -89,7 +89,7 @@ def classify(exc: BaseException, outputs: Iterable[str] = (), hooks: bool = Fals
     if isinstance(exc, SystemExit):
         if hooks:
             return Failure(errors.USER_CODE, f"the user's code called sys.exit({exc.code!r}) before training finished")
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        code = errors.sys_exit_code(exc)
         return Failure(FailureClass("user_code", code, "the user's code exited"), f"exited with {code}")
     if isinstance(exc, OSError) and (found := _os_failure(exc, outputs)) is not None:
         return found

@@ -19,7 +19,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Literal
 
-from entrypoint.errors import ConfigError, ExitCode
+from entrypoint.errors import ConfigError, ExitCode, sys_exit_code
 
 REQUIRED_HOOKS = ("build_model", "build_datasets")
 log = logging.getLogger("entrypoint")
@@ -129,13 +129,6 @@ def module_default(module: ModuleType, key: str, fallback: Any) -> Any:
     return defaults.get(key, fallback)
 
 
-def script_exit_code(exc: SystemExit) -> int:
-    """``sys.exit(x)`` as the shell would see it: None/0 success, an int itself, anything else 1."""
-    if exc.code is None:
-        return ExitCode.OK
-    return exc.code if isinstance(exc.code, int) else ExitCode.USER_CODE
-
-
 def run_script(code: UserCode, user_args: Sequence[str]) -> int:
     """Run a script or ``python -m`` module as ``__main__`` with ``sys.argv = [target, *user_args]``."""
     argv0 = str(Path(code.target).resolve()) if code.kind == "script" else str(module_source(code.target))
@@ -150,7 +143,7 @@ def run_script(code: UserCode, user_args: Sequence[str]) -> int:
         else:
             runpy.run_module(code.target, run_name="__main__", alter_sys=True)
     except SystemExit as exc:
-        return script_exit_code(exc)
+        return sys_exit_code(exc)
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
     return ExitCode.OK

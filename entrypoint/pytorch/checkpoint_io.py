@@ -11,10 +11,10 @@ A checkpoint loads with one line: ``torch.load("ckpt-00000100/state.pt", weights
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import io
 import logging
+import os
 import shutil
 import tempfile
 import threading
@@ -25,7 +25,7 @@ from typing import IO, Any
 
 import torch
 
-from entrypoint import checkpoints, errors, storage
+from entrypoint import checkpoints, storage
 from entrypoint.errors import OutputError
 from entrypoint.storage import Location, RemotePath, StorageError
 
@@ -76,16 +76,15 @@ def write_file(obj: Any, path: Location) -> dict[str, Any]:
 
 
 def output_error(exc: BaseException, path: Location) -> BaseException:
-    """The disk's errors as our output failures (the one place an OSError of ours is classified).
+    """A failed write of ``path``, with the path it concerns; ``failures.classify`` decides its class.
 
-    On an object store every failure is the store's (``StorageError``, classified by ``failures.classify``).
+    On an object store every failure is the store's (``StorageError``); a disk's ``OSError`` keeps its
+    errno and names ``path`` when it named no file (``torch.save`` to an open file does not).
     """
     if isinstance(path, RemotePath):
         return exc if isinstance(exc, (StorageError, OutputError)) else StorageError(str(path), exc)
-    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return OutputError(errors.DISK_FULL, f"no space left on device writing {path}")
-    if isinstance(exc, OSError) and exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
-        return OutputError(errors.OUTPUT_NOT_WRITABLE, f"{exc.strerror.lower() if exc.strerror else exc}: {path}")
+    if isinstance(exc, OSError) and exc.errno is not None and not exc.filename:
+        return OSError(exc.errno, exc.strerror or os.strerror(exc.errno), str(path))
     return exc
 
 
