@@ -71,7 +71,7 @@ class Plan:
         return env
 
     def describe(self) -> dict[str, Any]:
-        """JSON-ready view (the design's ``plan`` keys plus a few more)."""
+        """JSON-ready view (what ``describe`` prints and the plan file holds)."""
         return {
             "framework": self.framework, "strategy": self.strategy, "reason": self.reason,
             "nproc_per_node": self.nproc_per_node, "gpus_per_node": self.gpus_per_node,

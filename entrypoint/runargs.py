@@ -1,4 +1,4 @@
-"""The ``run`` command line (fixed by the design): its parser, and the ``RunOptions`` it produces.
+"""The ``run`` command line (README, "Command line"): its parser, and the ``RunOptions`` it produces.
 
 ``describe`` and ``doctor`` accept the same options; ``local`` reads each pool's grace period with it and the
 job-spec checks (``jobs.rules``, ``jobs.tuning``) validate a spec's arguments with it.
