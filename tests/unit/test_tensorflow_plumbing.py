@@ -1,4 +1,4 @@
-"""Fast checks of the TensorFlow launcher's plumbing (no TensorFlow job started)."""
+"""Fast checks of the TensorFlow launcher's plumbing: no TensorFlow import, so they run in every venv."""
 
 from __future__ import annotations
 
@@ -18,8 +18,6 @@ from entrypoint.plan import Plan, make_plan
 from entrypoint.tensorflow.done import DoneWatcher, announce_done, clear_done
 from entrypoint.tensorflow.export import save_on_every_worker
 from entrypoint.usercode import UserCode, run_script
-
-pytestmark = pytest.mark.tensorflow
 
 
 def plan_for(env: dict[str, str], strategy: str | None = None) -> Plan:
