@@ -308,13 +308,39 @@ def tensorboard_through_fsspec() -> None:
     sys.modules.setdefault("tensorboard.compat.notf", types.ModuleType("tensorboard.compat.notf"))
 
 
-def upload_tree(source: Path, target: RemotePath) -> None:
-    """Copy every file under the local directory ``source`` to objects under ``target``."""
-    for item in sorted(source.rglob("*")):
-        if item.is_file():
-            destination = target / str(item.relative_to(source))
-            with item.open("rb") as src, destination.open("wb") as dst:
-                shutil.copyfileobj(src, dst, 8 << 20)
+def upload_tree(source: Path, target: RemotePath, last: tuple[str, ...] = ()) -> list[str]:
+    """Copy every file under the local directory ``source`` to objects under ``target``; the names (relative to
+    ``source``) in ``last`` go last, in that order (a reader that finds them finds everything else whole).
+    Returns the names copied."""
+    names = [str(p.relative_to(source)) for p in sorted(source.rglob("*")) if p.is_file()]
+    ordered = [n for n in names if n not in last] + [n for n in last if n in names]
+    for name in ordered:
+        with (source / name).open("rb") as src, (target / name).open("wb") as dst:
+            shutil.copyfileobj(src, dst, 8 << 20)
+    return ordered
+
+
+def download_tree(source: RemotePath, target: Path) -> list[str]:
+    """Copy every object under ``source`` into the local directory ``target``, each file dated as its object was
+    (its last write); returns the names copied (none for a missing prefix)."""
+    try:
+        found: dict[str, dict[str, Any]] = source._call("find", source._key, detail=True)
+    except FileNotFoundError:
+        return []
+    names = []
+    for key, info in sorted(found.items()):
+        name = key.rstrip("/")[len(source._key) + 1:]
+        if not name or key.endswith("/") or not key.startswith(source._key + "/"):
+            continue
+        destination = target / name
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        with (source / name).open("rb") as src, destination.open("wb") as dst:
+            shutil.copyfileobj(src, dst, 8 << 20)
+        written = info.get("mtime")
+        if written is not None and hasattr(written, "timestamp"):
+            os.utime(destination, (written.timestamp(), written.timestamp()))
+        names.append(name)
+    return names
 
 
 def rmtree(target: Location) -> None:
