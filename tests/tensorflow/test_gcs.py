@@ -42,9 +42,9 @@ def gs_dir(request: pytest.FixtureRequest) -> str:
     return f"gs://{BUCKET}/{request.node.name}"
 
 
-def two_workers(output: str, *extra: str) -> list[str]:
-    return ["local", "--workers", "2", "--output-dir", output, "--restart-policy", "never", "--",
-            *run_args(*extra)]
+def two_workers(output: str, *extra: str, evaluators: int = 0) -> list[str]:
+    return ["local", "--workers", "2", "--evaluators", str(evaluators), "--output-dir", output,
+            "--restart-policy", "never", "--", *run_args(*extra)]
 
 
 def steps(checkpoint_dir: str) -> list[int]:
@@ -60,10 +60,10 @@ def staging_left(root: Path) -> list[Path]:
     return [p for p in root.rglob("trainer-staging-*")]
 
 
-def test_two_workers_write_checkpoints_the_export_and_tensorboard_to_gcs(
+def test_two_workers_and_an_evaluator_write_checkpoints_the_export_and_tensorboard_to_gcs(
         emulator: Emulator, request: pytest.FixtureRequest, tmp_path: Path) -> None:
     out = gs_dir(request)
-    proc = entrypoint(*two_workers(out, "--module", TOY), env={**emulator.env, "TMPDIR": str(tmp_path)})
+    proc = entrypoint(*two_workers(out, "--module", TOY, evaluators=1), env={**emulator.env, "TMPDIR": str(tmp_path)})
     assert proc.returncode == 0, failure_text(proc)
     assert f"outputs: job dir {out} (Cloud Storage through gcsfs, the GCS emulator at {emulator.host})" in proc.stdout
     assert steps(f"{out}/checkpoints") == [8, 16]  # 2 epochs of 256 examples, global batch 32
@@ -81,7 +81,9 @@ def test_two_workers_write_checkpoints_the_export_and_tensorboard_to_gcs(
     storage.download_tree(model, exported)
     assert_loadable(exported, 8)
     events = [p for p in RemotePath(f"{out}/logs").rglob("*") if p.name.startswith("events.out.tfevents")]
-    assert {p.parent.name for p in events} >= {"train", "validation"}, events
+    assert {p.parent.name for p in events} == {"train", "validation", "eval"}, events
+    evaluated = [json.loads(line) for line in RemotePath(f"{out}/logs/eval/metrics.jsonl").read_text().splitlines()]
+    assert evaluated and evaluated[-1]["step"] == 16 and "accuracy" in evaluated[-1], evaluated  # the final one
     assert not RemotePath(f"{out}/failures").exists()
     assert not (ROOT / "gs:").exists() and not (ROOT / "outputs").exists()  # nothing written locally instead
     assert staging_left(tmp_path) == []
