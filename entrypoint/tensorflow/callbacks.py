@@ -54,6 +54,7 @@ class CommitCheckpoints(tf.keras.callbacks.Callback):
         self.retention, self.resumed, self.job_dir = retention, resumed, job_dir
         self.staging = staging
         self.target: Location = staging.target("checkpoints") if staging is not None else checkpoint_dir
+        self.seconds = 0.0  # training time spent in checkpoint saves and uploads (all synchronous)
         self.recoveries: list[dict[str, Any]] = list(resumed.recoveries) if resumed else []
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
@@ -82,7 +83,7 @@ class CommitCheckpoints(tf.keras.callbacks.Callback):
     def commit(self, epochs_done: int, extra: dict[str, Any]) -> Location:
         """Every worker saves the current step (a collective under MWMS); the chief commits it (uploads it when
         staged, marker last) and prunes."""
-        step = global_step(self.model)
+        started, step = time.monotonic(), global_step(self.model)
         meta = {"epoch": epochs_done, "step": step, "framework": "tensorflow", "strategy": self.strategy,
                 "reached_at": time.time(), "recoveries": self.recoveries, **extra}
         path: Location = save_checkpoint(self.model, self.checkpoint_dir, step, self.is_chief, meta)
@@ -92,6 +93,7 @@ class CommitCheckpoints(tf.keras.callbacks.Callback):
                 path = self.staging.push_checkpoint(Path(str(path)))
             self.retention.verified(path)
             self.retention.prune(self.target)
+        self.seconds += time.monotonic() - started
         return path
 
     def path(self, step: int) -> Location:

@@ -132,10 +132,12 @@ class SaveBeforePreemption(tf.keras.callbacks.BackupAndRestore):
 
     def _backup(self, epoch: int, batch: int = 0) -> None:
         """tf-keras' backup write, then (chief, staged) its mirror on the store."""
+        started = time.monotonic()
         super()._backup(epoch, batch)
         if self.mirror is not None and self.staging is not None:
             local, remote = self.mirror
             self.staging.push(local, remote, last=("checkpoint",), prune=True)
+        self.commit.seconds += time.monotonic() - started
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         """Restore (tf-keras, on every worker from the chief's copy), then switch the handler on."""

@@ -185,6 +185,8 @@ def _train(plan: Plan, module: ModuleType, args: argparse.Namespace, strategy: A
         staging.publish("model", last=(SAVED_MODEL,))  # gs:// without the mount: saved_model.pb last
         summary = summarize(plan, ctx, model, history, progress, steps, reporter, time.time() - started)
         summary.recoveries = commit.recoveries
+        # Saves and uploads are synchronous: training waited for all of it.
+        summary.checkpoint_blocked_seconds = summary.checkpoint_write_seconds = round(commit.seconds, 3)
         write_summary(staging.target("model"), summary)
         announce_done(staging.target("checkpoints"))
         log.info("exported the model to %s", staging.target("model"))

@@ -77,6 +77,8 @@ def test_two_workers_and_an_evaluator_write_checkpoints_the_export_and_tensorboa
     assert {"saved_model.pb", "training_summary.json", "variables/variables.index"} <= names, names
     result = summary(f"{out}/model")
     assert result["world_size"] == 2 and result["final_step"] == 16 and result["start_step"] == 0
+    blocked = result["checkpoint_blocked_seconds"]
+    assert isinstance(blocked, float) and 0 < blocked == result["checkpoint_write_seconds"] < result["seconds"]
     exported = tmp_path / "exported"
     storage.download_tree(model, exported)
     assert_loadable(exported, 8)
