@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from entrypoint import errors, storage
-from entrypoint.errors import ConfigError, OutputError
+from entrypoint.errors import OutputError
 
 DEFAULT_JOB_DIR = "./outputs"
 
@@ -93,16 +93,6 @@ def local_path(uri: str) -> str:
         if fuse_mounted(bucket):
             return f"{FUSE_ROOT}/" + uri[len("gs://"):]
     return uri
-
-
-def require_local(outputs: OutputDirs, who: str) -> None:
-    """Refuse output URLs ``who`` cannot write without Vertex's FUSE mount (a configuration error, exit 2)."""
-    for name, uri in (("--job-dir", outputs.job_dir), ("--model-dir", outputs.model_dir),
-                      ("--checkpoint-dir", outputs.checkpoint_dir), ("--tensorboard-dir", outputs.tensorboard_dir)):
-        if storage.is_remote(local_path(uri)):
-            raise ConfigError(name, f"{uri}: {who} writes Cloud Storage only through Vertex's FUSE mount at "
-                              f"{FUSE_ROOT} in this version (gs:// without the mount: PyTorch and Horovod hooks, or "
-                              "the user's own script); mount the bucket or write to a local directory")
 
 
 def how_written(uri: str) -> str:

@@ -177,17 +177,8 @@ class RemotePath:
                               f"({type(exc).__name__}: {exc}); write to a local directory or a FUSE mount") from None
         except Exception as exc:  # no or unusable credentials
             raise StorageError(str(self), exc) from exc
-        try:
+        with failing_as_store(self):
             return getattr(fs, method)(*args, **kwargs)
-        except FileNotFoundError:
-            raise
-        except StorageError:
-            raise
-        except Exception as exc:
-            error = StorageError(str(self), exc)
-            if isinstance(exc, (OSError, TimeoutError)):  # aiohttp's connection errors are OSErrors
-                _unreachable.add(error.bucket)
-            raise error from exc
 
     def unreachable(self) -> bool:
         """Whether this process already failed to reach the bucket (so a failure record goes elsewhere at once)."""
@@ -278,6 +269,23 @@ class RemotePath:
 Location = Path | RemotePath
 
 
+@contextlib.contextmanager
+def failing_as_store(target: RemotePath) -> Iterator[None]:
+    """Whatever fails in the block (but a missing object) is the store's: ``StorageError`` naming ``target``.
+
+    For the calls ``RemotePath`` makes, and for streaming through a file it opened (an upload is sent while
+    written and finalized at close, outside any of its calls)."""
+    try:
+        yield
+    except (FileNotFoundError, StorageError):
+        raise
+    except Exception as exc:
+        error = StorageError(str(target), exc)
+        if isinstance(exc, (OSError, TimeoutError)):  # aiohttp's connection errors are OSErrors
+            _unreachable.add(error.bucket)
+        raise error from exc
+
+
 def path(uri: str | os.PathLike[str] | RemotePath) -> Location:
     """``RemotePath`` for an fsspec URL, else ``pathlib.Path`` (``file://`` stripped)."""
     if isinstance(uri, (Path, RemotePath)):
@@ -309,13 +317,39 @@ def tensorboard_through_fsspec() -> None:
     sys.modules.setdefault("tensorboard.compat.notf", types.ModuleType("tensorboard.compat.notf"))
 
 
-def upload_tree(source: Path, target: RemotePath) -> None:
-    """Copy every file under the local directory ``source`` to objects under ``target``."""
-    for item in sorted(source.rglob("*")):
-        if item.is_file():
-            destination = target / str(item.relative_to(source))
-            with item.open("rb") as src, destination.open("wb") as dst:
-                shutil.copyfileobj(src, dst, 8 << 20)
+def upload_tree(source: Path, target: RemotePath, last: tuple[str, ...] = ()) -> list[str]:
+    """Copy every file under the local directory ``source`` to objects under ``target``; the names (relative to
+    ``source``) in ``last`` go last, in that order (a reader that finds them finds everything else whole).
+    Returns the names copied."""
+    names = [str(p.relative_to(source)) for p in sorted(source.rglob("*")) if p.is_file()]
+    ordered = [n for n in names if n not in last] + [n for n in last if n in names]
+    for name in ordered:
+        with failing_as_store(target / name), (source / name).open("rb") as src, (target / name).open("wb") as dst:
+            shutil.copyfileobj(src, dst, 8 << 20)
+    return ordered
+
+
+def download_tree(source: RemotePath, target: Path) -> list[str]:
+    """Copy every object under ``source`` into the local directory ``target``, each file dated as its object was
+    (its last write); returns the names copied (none for a missing prefix)."""
+    try:
+        found: dict[str, dict[str, Any]] = source._call("find", source._key, detail=True)
+    except FileNotFoundError:
+        return []
+    names = []
+    for key, info in sorted(found.items()):
+        name = key.rstrip("/")[len(source._key) + 1:]
+        if not name or key.endswith("/") or not key.startswith(source._key + "/"):
+            continue
+        destination = target / name
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        with failing_as_store(source / name), (source / name).open("rb") as src, destination.open("wb") as dst:
+            shutil.copyfileobj(src, dst, 8 << 20)
+        written = info.get("mtime")
+        if written is not None and hasattr(written, "timestamp"):
+            os.utime(destination, (written.timestamp(), written.timestamp()))
+        names.append(name)
+    return names
 
 
 def rmtree(target: Location) -> None:

@@ -15,6 +15,8 @@ from entrypoint.checkpoints import Retention, check_sizes, checkpoint_path
 from entrypoint.errors import NonFiniteLoss
 from entrypoint.hypertune import MetricReporter
 from entrypoint.progress import Progress
+from entrypoint.staging import Staging
+from entrypoint.storage import Location
 from entrypoint.tensorflow.export import save_checkpoint
 from entrypoint.watchdog import HangWatchdog
 
@@ -38,13 +40,21 @@ def global_step(model: Any) -> int:
 
 
 class CommitCheckpoints(tf.keras.callbacks.Callback):
-    """At each epoch end every worker saves; the chief commits ``ckpt-<step>`` and prunes old ones."""
+    """At each epoch end every worker saves; the chief commits ``ckpt-<step>`` and prunes old ones.
+
+    With ``staging`` (gs:// checkpoints without the FUSE mount) TensorFlow saves and the chief commits in the
+    local staging directory, then uploads the checkpoint, marker last, before pruning on the store.
+    """
 
     def __init__(self, checkpoint_dir: Path, is_chief: bool, retention: Retention, strategy: str,
-                 resumed: recovery.ResumePoint | None = None, job_dir: str | None = None) -> None:
+                 resumed: recovery.ResumePoint | None = None, job_dir: str | None = None,
+                 staging: Staging | None = None) -> None:
         super().__init__()
         self.checkpoint_dir, self.is_chief, self.strategy = checkpoint_dir, is_chief, strategy
         self.retention, self.resumed, self.job_dir = retention, resumed, job_dir
+        self.staging = staging
+        self.target: Location = staging.target("checkpoints") if staging is not None else checkpoint_dir
+        self.seconds = 0.0  # training time spent in checkpoint saves and uploads (all synchronous)
         self.recoveries: list[dict[str, Any]] = list(resumed.recoveries) if resumed else []
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
@@ -70,21 +80,44 @@ class CommitCheckpoints(tf.keras.callbacks.Callback):
             shown = " ".join(f"{k} {v:.4f}" for k, v in metrics.items())
             log.info("epoch %d: %s; committed %s", epoch + 1, shown, path)
 
-    def commit(self, epochs_done: int, extra: dict[str, Any]) -> Path:
-        """Every worker saves the current step (a collective under MWMS); the chief commits it and prunes."""
-        step = global_step(self.model)
+    def commit(self, epochs_done: int, extra: dict[str, Any]) -> Location:
+        """Every worker saves the current step (a collective under MWMS); the chief commits it (uploads it when
+        staged, marker last) and prunes."""
+        started, step = time.monotonic(), global_step(self.model)
         meta = {"epoch": epochs_done, "step": step, "framework": "tensorflow", "strategy": self.strategy,
                 "reached_at": time.time(), "recoveries": self.recoveries, **extra}
-        path = save_checkpoint(self.model, self.checkpoint_dir, step, self.is_chief, meta)
+        path: Location = save_checkpoint(self.model, self.checkpoint_dir, step, self.is_chief, meta)
         if self.is_chief:
             check_sizes(path)
+            if self.staging is not None:
+                path = self.staging.push_checkpoint(Path(str(path)))
             self.retention.verified(path)
-            self.retention.prune(self.checkpoint_dir)
+            self.retention.prune(self.target)
+        self.seconds += time.monotonic() - started
         return path
 
-    def path(self, step: int) -> Path:
+    def path(self, step: int) -> Location:
         """Where the checkpoint of ``step`` is committed."""
-        return Path(str(checkpoint_path(self.checkpoint_dir, step)))
+        return checkpoint_path(self.target, step)
+
+
+class PublishTensorBoard(tf.keras.callbacks.Callback):
+    """Chief, gs:// TensorBoard dir without the mount: upload the staged event files at each epoch end and at the
+    end (after Keras' TensorBoard callback, which comes before it, has written and closed them)."""
+
+    def __init__(self, staging: Staging, board: Any) -> None:
+        super().__init__()
+        self.staging, self.board = staging, board
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        """Flush Keras' writers (its epoch scalars are queued otherwise), then upload."""
+        for writer in list(getattr(self.board, "_writers", {}).values()):
+            writer.flush()
+        self.staging.publish("tensorboard")
+
+    def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
+        """The closed event files, whole."""
+        self.staging.publish("tensorboard")
 
 
 def backup_written(backup_dir: Path) -> float | None:

@@ -13,30 +13,32 @@ import json
 import socket
 import time
 import uuid
-from pathlib import Path
 
+from entrypoint import storage
 from entrypoint.errors import PeerError
+from entrypoint.storage import Location
 
 MARKER = "TRAINING_DONE"
 
 
-def marker_path(checkpoint_dir: Path) -> Path:
-    """Where the chief announces the end of training (shared storage, like the checkpoints)."""
-    return checkpoint_dir / MARKER
+def marker_path(checkpoint_dir: str | Location) -> Location:
+    """Where the chief announces the end of training (shared storage, like the checkpoints; a gs:// one is read
+    and written through the storage seam)."""
+    return storage.path(checkpoint_dir) / MARKER
 
 
-def announce_done(checkpoint_dir: Path) -> None:
+def announce_done(checkpoint_dir: str | Location) -> None:
     """Chief only: training and export succeeded; servers and evaluators may stop."""
-    checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    storage.path(checkpoint_dir).mkdir(parents=True, exist_ok=True)
     marker_path(checkpoint_dir).write_text(json.dumps({"run": uuid.uuid4().hex, "finished_at": time.time()}))
 
 
-def clear_done(checkpoint_dir: Path) -> None:
+def clear_done(checkpoint_dir: str | Location) -> None:
     """Chief only, at start: drop a previous run's marker (watchers ignore it anyway)."""
     marker_path(checkpoint_dir).unlink(missing_ok=True)
 
 
-def _read(path: Path) -> str | None:
+def _read(path: Location) -> str | None:
     try:
         return path.read_text()
     except OSError:
@@ -55,7 +57,7 @@ def _listening(address: str) -> bool:
 class DoneWatcher:
     """Polls for the chief's done marker; raises PeerError once the chief has been gone too long."""
 
-    def __init__(self, checkpoint_dir: Path, chief_address: str | None, timeout: float) -> None:
+    def __init__(self, checkpoint_dir: str | Location, chief_address: str | None, timeout: float) -> None:
         self.path = marker_path(checkpoint_dir)
         self.stale = _read(self.path)
         self.chief_address, self.timeout = chief_address, timeout

@@ -15,8 +15,8 @@ from typing import Any
 
 from entrypoint.errors import ConfigError
 from entrypoint.options import DEFAULT_BATCH_SIZE, DEFAULT_EPOCHS
-from entrypoint.outputs import local_path, require_local
 from entrypoint.plan import Plan
+from entrypoint.staging import Staging
 from entrypoint.usercode import module_default
 
 log = logging.getLogger("entrypoint.tensorflow")
@@ -46,20 +46,23 @@ class TFContext:
     strategy: Any = field(repr=False)
 
 
-def make_context(plan: Plan, module: ModuleType, strategy: Any) -> TFContext:
-    """The context for this replica; the global batch is per-replica batch x replicas in sync."""
+def make_context(plan: Plan, module: ModuleType, strategy: Any, staging: Staging) -> TFContext:
+    """The context for this replica; the global batch is per-replica batch x replicas in sync.
+
+    The output dirs are where TensorFlow writes: local (or the FUSE mount), or for ``gs://`` without the mount
+    the process's staging directories, which ``staging`` mirrors to the bucket (entrypoint/staging.py).
+    """
     options = plan.options
     per_replica = int(options.batch_size or module_default(module, "batch_size", DEFAULT_BATCH_SIZE))
-    topo, out = plan.topology, plan.outputs
-    require_local(out, "the TensorFlow hooks loop")
+    topo = plan.topology
     return TFContext(
         role=topo.role, index=topo.index, rank=topo.rank, world_size=topo.world_size,
         is_chief=topo.is_chief, trial=topo.trial,
         num_replicas_in_sync=strategy.num_replicas_in_sync, per_replica_batch_size=per_replica,
         global_batch_size=per_replica * strategy.num_replicas_in_sync,
         epochs=int(options.epochs or module_default(module, "epochs", DEFAULT_EPOCHS)), seed=options.seed,
-        model_dir=local_path(out.model_dir), checkpoint_dir=local_path(out.checkpoint_dir),
-        tensorboard_dir=local_path(out.tensorboard_dir), strategy=strategy,
+        model_dir=str(staging.local("model")), checkpoint_dir=str(staging.local("checkpoints")),
+        tensorboard_dir=str(staging.local("tensorboard")), strategy=strategy,
     )
 
 

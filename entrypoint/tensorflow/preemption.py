@@ -11,7 +11,8 @@ tf-keras turns this on only when it detects GCP (``save_before_preemption=True``
 and TensorFlow's handler does nothing on a GCP CPU machine), so we switch it on ourselves, as tf-keras
 does on GCP. Private names relied on (pinned by tests/tensorflow/test_preemption.py):
 
-- tf-keras: ``BackupAndRestore._training_state`` (a ``WorkerTrainingState``) and ``_current_epoch``; the
+- tf-keras: ``BackupAndRestore._training_state`` (a ``WorkerTrainingState``), ``_current_epoch`` and ``_backup``
+  (every backup write goes through it; the chief's copy is in ``<backup_dir>/chief``); the
   state's ``_enable_save_before_preemption`` (mid-epoch resume counters, a handler check per batch),
   ``preemption_handler``, ``_ckpt_saved_batch`` and ``back_up``; its ``backup_if_preempted`` calls the
   handler's ``_run_counter`` and ``_check_preemption_and_maybe_checkpoint``.
@@ -25,15 +26,19 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import shutil
 import signal
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import tensorflow as tf
 
 from entrypoint.errors import StopRequested
 from entrypoint.signals import StopRequest, stop_at_once
+from entrypoint.staging import Staging
+from entrypoint.storage import Location
 from entrypoint.tensorflow.callbacks import CommitCheckpoints, global_step
 from entrypoint.tensorflow.strategy import is_parameter_server
 
@@ -86,15 +91,53 @@ def make_handler(strategy: Any, requested: Callable[[], bool], save: Callable[[]
             getattr(strategy, "cluster_resolver", None), manager, termination_config=config)
 
 
+BACKUP_DIR = "backup"  # below the checkpoint dir
+CHIEF_COPY = "chief"  # tf-keras' WorkerTrainingState: the copy every worker restores from, below the backup dir
+
+
+def backup_mirror(backup_dir: str | Path, staging: Staging | None) -> tuple[Path, Location] | None:
+    """The chief's backup copy in staging and its place on the store (gs:// checkpoints without the mount)."""
+    if staging is None or not staging.staged("checkpoints"):
+        return None
+    return Path(backup_dir) / CHIEF_COPY, staging.target("checkpoints") / BACKUP_DIR / CHIEF_COPY
+
+
+def restore_backup(backup_dir: str | Path, staging: Staging | None) -> list[str]:
+    """Every replica before fit: download the chief's backup from the store into this replica's staging (a
+    replica restarted on a new machine resumes mid-epoch as on a shared disk); the names copied."""
+    mirror = backup_mirror(backup_dir, staging)
+    if mirror is None or staging is None:
+        return []
+    local, remote = mirror
+    shutil.rmtree(local, ignore_errors=True)
+    return staging.pull(remote, local)
+
+
 class SaveBeforePreemption(tf.keras.callbacks.BackupAndRestore):
-    """BackupAndRestore that also saves (and commits ``ckpt-<step>``) at the step every worker agreed to stop at."""
+    """BackupAndRestore that also saves (and commits ``ckpt-<step>``) at the step every worker agreed to stop at.
+
+    With ``staging`` (gs:// checkpoints without the mount) the chief mirrors its backup copy to the store after
+    each write (TensorFlow's ``checkpoint`` index file last, stale files deleted after it), and deletes it there
+    when fit ends as tf-keras deletes the local one.
+    """
 
     def __init__(self, backup_dir: str, save_freq: int | str, request: StopRequest | None,
-                 commit: CommitCheckpoints) -> None:
+                 commit: CommitCheckpoints, staging: Staging | None = None) -> None:
         super().__init__(backup_dir, save_freq=save_freq)  # save_before_preemption stays off: it probes for GCP
         self.request, self.commit = request, commit
+        self.mirror = backup_mirror(backup_dir, staging) if commit.is_chief else None
+        self.staging = staging
         self.handler: Any = None
         self.stopped_at: int | None = None
+
+    def _backup(self, epoch: int, batch: int = 0) -> None:
+        """tf-keras' backup write, then (chief, staged) its mirror on the store."""
+        started = time.monotonic()
+        super()._backup(epoch, batch)
+        if self.mirror is not None and self.staging is not None:
+            local, remote = self.mirror
+            self.staging.push(local, remote, last=("checkpoint",), prune=True)
+        self.commit.seconds += time.monotonic() - started
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         """Restore (tf-keras, on every worker from the chief's copy), then switch the handler on."""
@@ -126,6 +169,8 @@ class SaveBeforePreemption(tf.keras.callbacks.BackupAndRestore):
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
         """Delete the backup (tf-keras) and stop the handler's watcher threads."""
         super().on_train_end(logs)
+        if self.mirror is not None and self.staging is not None:
+            self.staging.discard(self.mirror[1].parent)
         if self.handler is not None:
             self.handler._stop_poll_termination_signal_thread()
             self.handler._stop_cluster_wise_termination_watcher_thread()
@@ -135,7 +180,7 @@ class SaveBeforePreemption(tf.keras.callbacks.BackupAndRestore):
         """Every worker, at the agreed step: the BackupAndRestore state, then ``ckpt-<step>`` (chief commits)."""
         step = global_step(self.model)
         batch = int(self._training_state._ckpt_saved_batch.numpy()) + 1
-        self._training_state.back_up(epoch=self._current_epoch, batch=batch)
+        self._backup(epoch=self._current_epoch, batch=batch)
         self.commit.commit(self._current_epoch, {"batch": batch, "stopped_by": self._signal_name()})
         self.stopped_at = step
 

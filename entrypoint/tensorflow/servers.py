@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
+from entrypoint import storage
 from entrypoint.errors import ExitCode
-from entrypoint.outputs import local_path, require_local
+from entrypoint.outputs import local_path
 from entrypoint.plan import Plan
 from entrypoint.signals import stop_at_once
 from entrypoint.tensorflow.done import DoneWatcher
@@ -19,8 +19,7 @@ def serve(plan: Plan) -> int:
     """Start this replica's server, serve the chief's coordinator, exit 0 once it announces the end."""
     import tensorflow as tf
 
-    require_local(plan.outputs, "the TensorFlow hooks loop")
-    watcher = DoneWatcher(Path(local_path(plan.outputs.checkpoint_dir)), plan.topology.chief_address,
+    watcher = DoneWatcher(storage.path(local_path(plan.outputs.checkpoint_dir)), plan.topology.chief_address,
                           plan.options.timeout)
     resolver = cluster_resolver()
     server = tf.distribute.Server(resolver.cluster_spec(), job_name=resolver.task_type, task_index=resolver.task_id,

@@ -16,6 +16,7 @@ from entrypoint.hypertune import MetricReporter
 from entrypoint.outputs import ensure_writable
 from entrypoint.plan import Plan
 from entrypoint.signals import StopRequest
+from entrypoint.staging import Staging
 from entrypoint.storage import Location
 from entrypoint.summary import TrainingSummary, write_summary
 from entrypoint.tensorflow.done import announce_done, clear_done
@@ -35,6 +36,7 @@ from entrypoint.watchdog import HangWatchdog
 
 log = logging.getLogger("entrypoint.tensorflow")
 LOAD_WITH = "tf_keras.models.load_model('<model_dir>')  # a SavedModel"
+SAVED_MODEL = "saved_model.pb"  # a SavedModel's graph: uploaded last, so finding it means the export is whole
 
 
 def fit_inputs(module: ModuleType, args: argparse.Namespace, ctx: TFContext) -> dict[str, Any]:
@@ -59,16 +61,18 @@ def fit_inputs(module: ModuleType, args: argparse.Namespace, ctx: TFContext) -> 
     return inputs
 
 
-def resume(model: Any, ctx: TFContext, plan: Plan, retention: Retention) -> tuple[int, recovery.ResumePoint | None]:
+def resume(model: Any, plan: Plan, retention: Retention,
+           staging: Staging) -> tuple[int, recovery.ResumePoint | None]:
     """Load ``--resume-from`` or the newest committed checkpoint that loads: the epoch to start from (0: none)
     and where that checkpoint was (its step, when it was reached, the recoveries so far). What the resume cost is
-    known only once BackupAndRestore has restored its own, possibly newer, state (``CommitCheckpoints``)."""
+    known only once BackupAndRestore has restored its own, possibly newer, state (``CommitCheckpoints``).
+    A checkpoint on a store (gs:// without the mount) is verified there and loaded from a downloaded copy."""
 
     def load(path: Location) -> int:
-        model.load_weights(str(path / "weights")).expect_partial()
+        model.load_weights(str(staging.pull_checkpoint(path) / "weights")).expect_partial()
         return int(read_marker(path).get("epoch", 0))
 
-    found = load_newest(ctx.checkpoint_dir, plan.options.resume_from, load, retention)
+    found = load_newest(staging.target("checkpoints"), plan.options.resume_from, load, retention)
     if found is None:
         return 0, None
     path, epoch = found
@@ -98,7 +102,7 @@ def gather_steps(strategy: Any, batches: int) -> list[int]:
 
 def make_callbacks(plan: Plan, ctx: TFContext, reporter: MetricReporter, metric: str | None,
                    request: StopRequest | None, watchdog: HangWatchdog, retention: Retention,
-                   resumed: recovery.ResumePoint | None) -> tuple[list[Any], Any, Any]:
+                   resumed: recovery.ResumePoint | None, staging: Staging) -> tuple[list[Any], Any, Any]:
     """Backup, restore and save-before-preemption first (it restores before the others look), then ours."""
     import tensorflow as tf
 
@@ -106,22 +110,27 @@ def make_callbacks(plan: Plan, ctx: TFContext, reporter: MetricReporter, metric:
         CommitCheckpoints,
         FailOnNonFiniteLoss,
         ProgressAndSteps,
+        PublishTensorBoard,
         ReportTuningMetric,
     )
-    from entrypoint.tensorflow.preemption import SaveBeforePreemption
+    from entrypoint.tensorflow.preemption import BACKUP_DIR, SaveBeforePreemption
 
     options, ckpt = plan.options, Path(ctx.checkpoint_dir)
     progress = ProgressAndSteps(ctx.epochs, ctx.global_batch_size, ctx.num_replicas_in_sync, options.log_every,
                                 ctx.is_chief, watchdog)
-    commit = CommitCheckpoints(ckpt, ctx.is_chief, retention, plan.strategy, resumed, plan.outputs.job_dir)
+    commit = CommitCheckpoints(ckpt, ctx.is_chief, retention, plan.strategy, resumed, plan.outputs.job_dir,
+                               staging)
     callbacks: list[Any] = [
         FailOnNonFiniteLoss(),
-        SaveBeforePreemption(str(ckpt / "backup"), options.checkpoint_every or "epoch", request, commit),
+        SaveBeforePreemption(str(ckpt / BACKUP_DIR), options.checkpoint_every or "epoch", request, commit, staging),
         progress,
         commit,
     ]
     if ctx.is_chief:
-        callbacks.append(tf.keras.callbacks.TensorBoard(ctx.tensorboard_dir, update_freq="epoch", profile_batch=0))
+        board = tf.keras.callbacks.TensorBoard(ctx.tensorboard_dir, update_freq="epoch", profile_batch=0)
+        callbacks.append(board)
+        if staging.staged("tensorboard"):
+            callbacks.append(PublishTensorBoard(staging, board))
         if metric:
             callbacks.append(ReportTuningMetric(reporter, metric))
     return callbacks, progress, commit
@@ -140,37 +149,47 @@ def train(plan: Plan, module: ModuleType) -> int:
     # After the strategy: TensorFlow's cluster start installs its own SIGTERM handler, ours replaces it.
     watchdog = HangWatchdog(options.hang_timeout, failures.active())
     try:
-        with stop_signals(strategy) as request:
-            return _train(plan, module, args, strategy, request, watchdog)
+        with Staging(plan.outputs) as staging, stop_signals(strategy) as request:
+            return _train(plan, module, args, strategy, request, watchdog, staging)
     finally:
         watchdog.stop()
 
 
 def _train(plan: Plan, module: ModuleType, args: argparse.Namespace, strategy: Any, request: StopRequest | None,
-           watchdog: HangWatchdog) -> int:
-    started, options = time.time(), plan.options
-    ctx = make_context(plan, module, strategy)
+           watchdog: HangWatchdog, staging: Staging) -> int:
+    from entrypoint.tensorflow.preemption import BACKUP_DIR, restore_backup
+
+    started, options, out = time.time(), plan.options, plan.outputs
+    ctx = make_context(plan, module, strategy, staging)
+    if staging.any_staged:
+        log.info("TensorFlow writes the gs:// outputs to %s; the chief uploads each commit, the export and "
+                 "TensorBoard's events from there", staging.root)
     if ctx.is_chief:
-        ensure_writable([ctx.model_dir, ctx.checkpoint_dir, ctx.tensorboard_dir])
-        clear_done(Path(ctx.checkpoint_dir))
+        ensure_writable([out.model_dir, out.checkpoint_dir, out.tensorboard_dir])
+        clear_done(staging.target("checkpoints"))
     model = build_compiled_model(module, args, ctx)
     inputs = fit_inputs(module, args, ctx)
     retention = Retention(options.keep_checkpoints)
-    initial_epoch, resumed = resume(model, ctx, plan, retention)
+    initial_epoch, resumed = resume(model, plan, retention, staging)
+    restore_backup(Path(ctx.checkpoint_dir) / BACKUP_DIR, staging)  # BackupAndRestore reads the chief's copy
     metric = options.hypertune_metric or getattr(module, "HYPERTUNE_METRIC", None)
     reporter = MetricReporter(ctx.is_chief, ctx.trial)
-    callbacks, progress, commit = make_callbacks(plan, ctx, reporter, metric, request, watchdog, retention, resumed)
+    callbacks, progress, commit = make_callbacks(plan, ctx, reporter, metric, request, watchdog, retention, resumed,
+                                                 staging)
     log.info("training %d epoch(s), global batch %d (%d per replica x %d)", ctx.epochs, ctx.global_batch_size,
              ctx.per_replica_batch_size, ctx.num_replicas_in_sync)
     history = model.fit(**inputs, epochs=ctx.epochs, initial_epoch=initial_epoch, callbacks=callbacks, verbose=0)
     steps = gather_steps(strategy, progress.batches)
     export_model(model, Path(ctx.model_dir), ctx.is_chief)
     if ctx.is_chief:
+        staging.publish("model", last=(SAVED_MODEL,))  # gs:// without the mount: saved_model.pb last
         summary = summarize(plan, ctx, model, history, progress, steps, reporter, time.time() - started)
         summary.recoveries = commit.recoveries
-        write_summary(Path(ctx.model_dir), summary)
-        announce_done(Path(ctx.checkpoint_dir))
-        log.info("exported the model to %s", ctx.model_dir)
+        # Saves and uploads are synchronous: training waited for all of it.
+        summary.checkpoint_blocked_seconds = summary.checkpoint_write_seconds = round(commit.seconds, 3)
+        write_summary(staging.target("model"), summary)
+        announce_done(staging.target("checkpoints"))
+        log.info("exported the model to %s", staging.target("model"))
     return ExitCode.OK
 
 

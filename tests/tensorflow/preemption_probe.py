@@ -50,6 +50,8 @@ class Observe(tf.keras.callbacks.Callback):
         self.names = {name: hasattr(state, name) for name in STATE_NAMES}
         self.names.update({f"handler.{name}": hasattr(handler, name) for name in HANDLER_NAMES})
         self.names["BackupAndRestore._current_epoch"] = hasattr(self.saver, "_current_epoch")
+        # every backup write goes through it (our override mirrors the chief's copy to a bucket)
+        self.names["BackupAndRestore._backup"] = callable(getattr(tf.keras.callbacks.BackupAndRestore, "_backup", None))
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         if self.request is not None and batch == SIGNAL_AT and not self.request.signum:

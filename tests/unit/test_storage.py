@@ -160,14 +160,64 @@ def test_an_unreachable_store_is_retryable_and_credentials_name_the_bucket() -> 
     assert failures.code_class(197) == errors.STORAGE_UNAVAILABLE
 
 
-def test_tensorflow_hooks_refuse_gcs_without_the_mount_naming_the_flag() -> None:
-    from entrypoint.outputs import require_local, resolve_outputs
+def test_staging_uploads_a_committed_checkpoint_marker_last_and_mirrors_directories(
+        gs: RemotePath, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from entrypoint.outputs import resolve_outputs
+    from entrypoint.staging import Staging
 
-    require_local(resolve_outputs(job_dir="/tmp/j", model_dir=None, checkpoint_dir=None, tensorboard_dir=None,
-                                  trial=None), "the TensorFlow hooks loop")
-    remote = resolve_outputs(job_dir="/tmp/j", model_dir="gs://b/m", checkpoint_dir=None, tensorboard_dir=None,
-                             trial=None)
-    if storage.is_remote(remote.model_dir) and not __import__("os").path.ismount("/gcs"):
-        with pytest.raises(ConfigError, match=r"--model-dir: gs://b/m: the TensorFlow hooks loop writes Cloud Storage "
-                                              r"only through Vertex's FUSE mount"):
-            require_local(remote, "the TensorFlow hooks loop")
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr("tempfile.tempdir", None)
+    outputs = resolve_outputs(job_dir=str(gs), model_dir=None, checkpoint_dir=None,
+                              tensorboard_dir=str(tmp_path / "logs"), trial=None)
+    with Staging(outputs) as staging:
+        assert staging.staged("checkpoints") and not staging.staged("tensorboard")
+        assert staging.local("tensorboard") == tmp_path / "logs"  # a local output is written where it is
+        local = staging.local("checkpoints")
+        assert local.parent == staging.root and staging.root.parent == tmp_path
+        assert staging.root.stat().st_mode & 0o777 == 0o700  # private to this process
+        written: list[str] = []
+        original = storage.upload_tree
+
+        def recorded(source: Path, target: RemotePath, last: tuple[str, ...] = ()) -> list[str]:
+            names = original(source, target, last)
+            written.extend(names)
+            return names
+
+        monkeypatch.setattr(storage, "upload_tree", recorded)
+        ckpt = local / "ckpt-00000007"
+        (ckpt / "sub").mkdir(parents=True)
+        (ckpt / "weights.data").write_bytes(b"w" * 5000)
+        (ckpt / "sub" / "z").write_text("z")
+        checkpoints.commit(ckpt, {"step": 7})
+        remote = staging.push_checkpoint(ckpt)
+        assert written[-1] == checkpoints.MARKER and sorted(written[:-1]) == ["sub/z", "weights.data"]
+        assert not ckpt.exists() and str(remote) == f"{gs}/checkpoints/ckpt-00000007"
+        assert [step for step, _ in checkpoints.committed(staging.target("checkpoints"))] == [7]
+        checkpoints.verify(remote)
+        copy = staging.pull_checkpoint(remote)
+        assert (copy / "weights.data").read_bytes() == b"w" * 5000 and (copy / checkpoints.MARKER).is_file()
+        assert staging.pull_checkpoint(tmp_path) == tmp_path  # a local checkpoint is loaded where it is
+
+        model = staging.local("model")
+        (model / "variables").mkdir()
+        (model / "variables" / "v").write_text("v")
+        (model / "saved_model.pb").write_text("pb")
+        written.clear()
+        staging.publish("model", last=("saved_model.pb",))
+        assert written == ["variables/v", "saved_model.pb"]
+
+        backup, mirror = staging.root / "backup", staging.target("checkpoints") / "backup"
+        backup.mkdir()
+        for name in ("ckpt-1.index", "checkpoint"):
+            (backup / name).write_text(name)
+        staging.push(backup, mirror, last=("checkpoint",), prune=True)
+        (backup / "ckpt-1.index").unlink()
+        (backup / "ckpt-2.index").write_text("new")
+        staging.push(backup, mirror, last=("checkpoint",), prune=True)
+        assert sorted(p.name for p in mirror.iterdir()) == ["checkpoint", "ckpt-2.index"]  # the stale one went
+        restored = tmp_path / "restored"
+        assert sorted(staging.pull(mirror, restored)) == ["checkpoint", "ckpt-2.index"]
+        staging.discard(mirror)
+        assert not mirror.exists() and staging.pull(mirror, tmp_path / "none") == []
+        root = staging.root
+    assert not root.exists()  # removed at exit
