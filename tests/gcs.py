@@ -16,6 +16,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 from entrypoint.supervisor import free_ports
 
 BUCKET = "trainer-test"
@@ -79,6 +81,11 @@ class Emulator:
         return GCSFileSystem(token="anon", endpoint_url=self.host, use_listings_cache=False)
 
 
+def gs_dir(request: pytest.FixtureRequest) -> str:
+    """A prefix of the test's own on the bucket."""
+    return f"gs://{BUCKET}/{request.node.name}"
+
+
 @contextlib.contextmanager
 def running(data_dir: Path) -> Iterator[Emulator]:
     """An emulator for the block; always stopped afterwards."""
@@ -88,3 +95,18 @@ def running(data_dir: Path) -> Iterator[Emulator]:
         yield emulator
     finally:
         emulator.stop()
+
+
+@pytest.fixture
+def emulator(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Emulator]:
+    """A GCS server for the test; this process's storage seam pointed at it too (for the assertions).
+
+    Registered for every test by tests/conftest.py (``pytest_plugins``).
+    """
+    from entrypoint import storage
+
+    with running(tmp_path / "gcs") as server:
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", server.host)
+        monkeypatch.setattr(storage, "_filesystems", {})
+        monkeypatch.setattr(storage, "_unreachable", set())
+        yield server

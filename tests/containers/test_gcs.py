@@ -10,32 +10,23 @@ from __future__ import annotations
 
 import json
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from entrypoint import checkpoints, storage
+from entrypoint import checkpoints
 from entrypoint.storage import RemotePath
 from tests.conftest import ROOT
 from tests.containers.engine import PROGRESS, Container, started
 from tests.containers.test_preemption import TRAIN, logged_steps, stop
-from tests.gcs import BUCKET, Emulator, running
+from tests.gcs import BUCKET, Emulator
 
 pytest.importorskip("gcsfs")
 pytest.importorskip("gcp_storage_emulator")
 pytestmark = pytest.mark.containers
 
 
-@pytest.fixture
-def emulator(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Emulator]:
-    """A GCS server for the test; this process's storage seam pointed at it too (for the assertions)."""
-    with running(tmp_path / "gcs") as server:
-        monkeypatch.setenv("STORAGE_EMULATOR_HOST", server.host)
-        monkeypatch.setattr(storage, "_filesystems", {})
-        monkeypatch.setattr(storage, "_unreachable", set())
-        yield server
 
 
 def test_a_stopped_container_commits_to_gcs_and_its_restart_resumes_from_there(

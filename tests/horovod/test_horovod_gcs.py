@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from entrypoint import checkpoints, storage
+from entrypoint import checkpoints
 from entrypoint.storage import RemotePath
-from tests.gcs import BUCKET, Emulator, running
+from tests.gcs import BUCKET, Emulator
 from tests.jobs import entrypoint, failure_text
 
 pytest.importorskip("horovod.torch")
@@ -19,12 +18,6 @@ pytest.importorskip("gcp_storage_emulator")
 pytestmark = [pytest.mark.horovod, pytest.mark.slow]
 
 
-@pytest.fixture
-def emulator(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Emulator]:
-    with running(tmp_path / "gcs") as server:
-        monkeypatch.setenv("STORAGE_EMULATOR_HOST", server.host)
-        monkeypatch.setattr(storage, "_filesystems", {})
-        yield server
 
 
 def test_two_horovod_replicas_write_checkpoints_model_and_summary_to_gcs(emulator: Emulator, tmp_path: Path) -> None:

@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from entrypoint import checkpoints, storage
+from entrypoint import checkpoints
 from entrypoint.storage import RemotePath
 from tests.conftest import ROOT
-from tests.gcs import BUCKET, Emulator, running
+from tests.gcs import BUCKET, Emulator, gs_dir
 from tests.jobs import Job, entrypoint, failure_text, last_line, wait_gone
 
 pytest.importorskip("torch")
@@ -27,18 +26,7 @@ FAULTS = ["--module", "tests.pytorch.faults", "--log-every", "2"]
 SLOW = ["--", "--step-sleep", "0.05"]
 
 
-@pytest.fixture
-def emulator(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Emulator]:
-    """A GCS server for the test; this process's storage seam pointed at it too (for the assertions)."""
-    with running(tmp_path / "gcs") as server:
-        monkeypatch.setenv("STORAGE_EMULATOR_HOST", server.host)
-        monkeypatch.setattr(storage, "_filesystems", {})
-        monkeypatch.setattr(storage, "_unreachable", set())
-        yield server
 
-
-def gs_dir(request: pytest.FixtureRequest) -> str:
-    return f"gs://{BUCKET}/{request.node.name}"
 
 
 def local_args(output: str, *extra: str) -> list[str]:

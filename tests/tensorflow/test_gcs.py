@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,7 @@ import pytest
 from entrypoint import checkpoints, storage
 from entrypoint.storage import RemotePath
 from tests.conftest import ROOT
-from tests.gcs import BUCKET, Emulator, running
+from tests.gcs import BUCKET, Emulator, gs_dir
 from tests.jobs import Job, entrypoint, failure_text, last_line, wait_gone
 from tests.tensorflow.jobs import SLOW, TOY, assert_loadable, run_args
 
@@ -28,18 +27,7 @@ pytest.importorskip("gcp_storage_emulator")
 pytestmark = [pytest.mark.tensorflow, pytest.mark.slow]
 
 
-@pytest.fixture
-def emulator(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Emulator]:
-    """A GCS server for the test; this process's storage seam pointed at it too (for the assertions)."""
-    with running(tmp_path / "gcs") as server:
-        monkeypatch.setenv("STORAGE_EMULATOR_HOST", server.host)
-        monkeypatch.setattr(storage, "_filesystems", {})
-        monkeypatch.setattr(storage, "_unreachable", set())
-        yield server
 
-
-def gs_dir(request: pytest.FixtureRequest) -> str:
-    return f"gs://{BUCKET}/{request.node.name}"
 
 
 def two_workers(output: str, *extra: str, evaluators: int = 0) -> list[str]:
