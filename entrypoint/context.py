@@ -7,74 +7,109 @@
     if context.preempted():          # SIGTERM arrived: save, then leave
         save_checkpoint(); sys.exit(143)
 
-Under the entrypoint the answers come from the plan it handed this process; a script started some
-other way gets them from the cluster environment directly.
+Under the entrypoint the answers come from the plan the runner binds before the user's code starts
+(``bind``); a process the user's code started itself finds the plan its launcher handed over
+(TRAINER_PLAN_FILE), and a script started some other way gets them from the cluster environment.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import cache
+from typing import TYPE_CHECKING
 
 from entrypoint.hypertune import MetricReporter
 from entrypoint.outputs import OutputDirs, local_path, resolve_outputs
+from entrypoint.placement import Placement, place
 from entrypoint.signals import StopRequest
 from entrypoint.topology import ClusterTopology
+
+if TYPE_CHECKING:
+    from entrypoint.plan import Plan
 
 _stop = StopRequest()
 
 
-@cache
-def _placed() -> tuple[ClusterTopology, OutputDirs]:
-    from entrypoint.environments import read_settings, resolve
-    from entrypoint.runner import current_plan
+@dataclass(frozen=True)
+class _Answers:
+    topology: ClusterTopology
+    placement: Placement
+    outputs: OutputDirs
 
-    plan = current_plan()
+
+_bound: _Answers | None = None
+
+
+def bind(plan: Plan) -> None:
+    """Answer from ``plan``, a process's plan (the runner calls this before the user's code runs)."""
+    global _bound
+    _bound = _Answers(plan.topology, plan.placed, plan.outputs)
+
+
+@cache
+def _found() -> _Answers:
+    """Not bound: a process the user's code started (its launcher's plan), or a script started without us."""
+    from entrypoint import handoff
+    from entrypoint.environments import read_settings, resolve
+
+    plan = handoff.load_if_any()
     if plan is not None:
-        return plan.topology, plan.outputs
-    topo, settings = resolve(), read_settings()  # not started by the entrypoint
-    return topo, resolve_outputs(job_dir=settings.job_dir, model_dir=settings.model_dir,
-                                 checkpoint_dir=settings.checkpoint_dir, tensorboard_dir=settings.tensorboard_dir,
-                                 trial=topo.trial)
+        return _Answers(plan.topology, plan.placed, plan.outputs)
+    topo, settings = resolve(), read_settings()
+    local_rank = topo.platform_ranks.local_rank if topo.platform_ranks is not None else 0
+    outputs = resolve_outputs(job_dir=settings.job_dir, model_dir=settings.model_dir,
+                              checkpoint_dir=settings.checkpoint_dir, tensorboard_dir=settings.tensorboard_dir,
+                              trial=topo.trial)
+    return _Answers(topo, place(topo, 1, local_rank), outputs)
+
+
+def _answers() -> _Answers:
+    return _bound if _bound is not None else _found()
 
 
 def topology() -> ClusterTopology:
-    """This process's place in the job."""
-    return _placed()[0]
+    """This replica's place in the job (node facts)."""
+    return _answers().topology
+
+
+def placement() -> Placement:
+    """This process's place: node rank, rank, local rank, world size."""
+    return _answers().placement
 
 
 def is_chief() -> bool:
     """True only in the one process that writes models, checkpoints and tuning metrics."""
-    return topology().is_chief
+    return placement().is_chief
 
 
-def rank() -> int:
-    """Global process rank."""
-    return topology().rank
+def rank() -> int | None:
+    """Global process rank; None on a parameter server or an evaluator (they are not in the collective)."""
+    return placement().rank
 
 
 def world_size() -> int:
     """Number of training processes."""
-    return topology().world_size
+    return placement().world_size
 
 
 def local_rank() -> int:
     """Rank on this node (selects the GPU)."""
-    return topology().local_rank
+    return placement().local_rank
 
 
 def model_dir() -> str:
     """Where the chief exports the model (a local or /gcs path)."""
-    return local_path(_placed()[1].model_dir)
+    return local_path(_answers().outputs.model_dir)
 
 
 def checkpoint_dir() -> str:
     """Where the chief writes checkpoints."""
-    return local_path(_placed()[1].checkpoint_dir)
+    return local_path(_answers().outputs.checkpoint_dir)
 
 
 def tensorboard_dir() -> str:
     """Where the chief writes TensorBoard logs."""
-    return local_path(_placed()[1].tensorboard_dir)
+    return local_path(_answers().outputs.tensorboard_dir)
 
 
 @cache

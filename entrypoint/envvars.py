@@ -97,3 +97,8 @@ GLOO_SOCKET_IFNAME = "GLOO_SOCKET_IFNAME"  # likewise for gloo (torch.distribute
 STORAGE_EMULATOR_HOST = "STORAGE_EMULATOR_HOST"  # gcsfs's emulator setting: gs:// goes to that server, anonymously
 GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT = "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"  # set to false under the emulator
 GOOGLE_APPLICATION_CREDENTIALS = "GOOGLE_APPLICATION_CREDENTIALS"  # ADC's key file (named in errors, never read by us)
+
+# --- Variables a framework sets a default for, where the user's own value wins -------------
+# (each framework declares its own as ``Framework.user_variables``; ``read_settings`` reads what the user set)
+FRAMEWORK_DEFAULTED = (OMP_NUM_THREADS, TORCH_NCCL_ASYNC_ERROR_HANDLING, *HOROVOD_TUNING, TF_USE_LEGACY_KERAS,
+                       TF_CPP_MIN_LOG_LEVEL)

@@ -277,18 +277,8 @@ def finish_child(ctx: Context, code: int, who: str | None = None, note: str = ""
     return finish(ctx, cause, blame=cause, note=note)
 
 
-_active: Context | None = None
-
-
-def active() -> Context:
-    """The failure context of this process (the one ``guarded`` runs under)."""
-    return _active if _active is not None else Context()
-
-
 def guarded(body: Callable[[], int], ctx: Context) -> int:
     """Run ``body``; turn any failure into a record, a last line and an exit code."""
-    global _active
-    _active = ctx
     logs.identify(ctx)
     try:
         return body()

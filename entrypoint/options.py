@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -47,11 +48,14 @@ class RunOptions:
     bucket_cap_mb: int = 64
     seed: int = 42
     data_workers: int | None = None
-    fusion_threshold: int | None = None
-    cycle_time_ms: float | None = None
-    autotune: bool = False
     log_format: str | None = None  # auto | text | json; None: $TRAINER_LOG_FORMAT, else auto
+    # The values of the flags a framework adds itself (registry ``Framework.flags``), by name, as given.
+    framework_options: tuple[tuple[str, Any], ...] = ()
     user_args: tuple[str, ...] = field(default=())
+
+    def framework_option(self, name: str, default: Any = None) -> Any:
+        """The value of a framework's own flag (``fusion_threshold``), or ``default`` when not given."""
+        return dict(self.framework_options).get(name, default)
 
     def to_dict(self) -> dict[str, Any]:
         """Every option, for the plan file."""
@@ -60,4 +64,38 @@ class RunOptions:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunOptions:
         """Inverse of ``to_dict``."""
-        return cls(**{**data, "user_args": tuple(data.get("user_args", ()))})
+        return cls(**{**data, "user_args": tuple(data.get("user_args", ())),
+                      "framework_options": tuple(tuple(pair) for pair in data.get("framework_options", ()))})
+
+
+# Value checks for command-line flags (the shared ones in ``runargs`` and the frameworks' own).
+def positive_int(text: str) -> int:
+    """An integer >= 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """An integer >= 0."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """A number > 0."""
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    """A number >= 0."""
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value

@@ -2,7 +2,7 @@
 
 The plan is made once per node (``make_plan``) and is the one thing every process of the node receives:
 the launcher writes it to a private file (``handoff``) and each worker reads it back, placing itself
-with ``for_process``. Nothing downstream re-reads the platform's variables.
+with ``for_process`` (``placement.place``). Nothing downstream re-reads the platform's variables.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from entrypoint.environments.settings import PlatformSettings
 from entrypoint.errors import ConfigError
 from entrypoint.options import RunOptions
 from entrypoint.outputs import OutputDirs, resolve_outputs
+from entrypoint.placement import Placement, job_world_size, place
 from entrypoint.registry import ServerPool
 from entrypoint.topology import ClusterTopology
 from entrypoint.usercode import UserCode, find_code
@@ -23,7 +24,11 @@ from entrypoint.usercode import UserCode, find_code
 
 @dataclass(frozen=True)
 class Plan:
-    """What ``run`` does on this node (and, once placed with ``for_process``, in this process)."""
+    """What ``run`` does on this node (and, once placed with ``for_process``, in this process).
+
+    ``placement`` is None in the node's plan and set in a process's plan; a platform that started this process
+    itself (torchrun, mpirun) placed it already, so ``make_plan`` places it at once.
+    """
 
     framework: str
     strategy: str
@@ -40,10 +45,18 @@ class Plan:
     barrier_includes_servers: bool = False
     restart_count: int = 0  # the platform's restarts of this replica (TRAINER_RESTART_COUNT)
     own_barrier: bool = False
+    placement: Placement | None = None
 
     def for_process(self, local_rank: int) -> Plan:
-        """This node's plan as seen by its ``local_rank``-th process (ranks set on the topology)."""
-        return replace(self, topology=self.topology.with_process(local_rank, self.nproc_per_node))
+        """This node's plan as seen by its ``local_rank``-th process."""
+        return replace(self, placement=place(self.topology, self.nproc_per_node, local_rank))
+
+    @property
+    def placed(self) -> Placement:
+        """This process's placement (a node's plan is placed by ``for_process`` before any training runs)."""
+        if self.placement is None:
+            raise AssertionError("the node's plan was used as a process's plan: call for_process first")
+        return self.placement
 
     def require_code(self) -> UserCode:
         """The user's code, which ``run`` needs (``describe`` does not)."""
@@ -65,7 +78,7 @@ class Plan:
         tf_config = topo.tf_config_json(include_servers=self.server_pool == "parameter_servers")
         if tf_config is not None:
             env[ev.TF_CONFIG] = tf_config
-        if not topo.per_process:
+        if not topo.processes_started_externally:
             env.update(topo.torch_env())
         env.update(self.framework_env)
         return env
@@ -86,7 +99,8 @@ class Plan:
         """Everything, for the plan file."""
         data = {f: getattr(self, f) for f in self.__dataclass_fields__}
         data.update(topology=self.topology.to_dict(), options=self.options.to_dict(), outputs=asdict(self.outputs),
-                    code=asdict(self.code) if self.code else None)
+                    code=asdict(self.code) if self.code else None,
+                    placement=asdict(self.placement) if self.placement else None)
         return data
 
     @classmethod
@@ -99,6 +113,7 @@ class Plan:
             "outputs": OutputDirs(**data["outputs"]),
             "code": UserCode(**data["code"]) if data.get("code") else None,
             "framework_env": tuple(tuple(pair) for pair in data.get("framework_env", ())),
+            "placement": Placement(**data["placement"]) if data.get("placement") else None,
         })
 
 
@@ -132,13 +147,18 @@ def make_plan(topo: ClusterTopology, options: RunOptions, settings: PlatformSett
         tensorboard_dir=options.tensorboard_dir or settings.tensorboard_dir,
         trial=topo.trial,
     )
-    node = framework.plan(topo, options, settings, gpus, outputs)
-    world = topo.process.world_size if topo.per_process and topo.process else topo.num_nodes * node.nproc_per_node
-    return Plan(
+    unknown = set(framework.user_variables) - set(ev.FRAMEWORK_DEFAULTED)
+    assert not unknown, f"{framework.name} declares user variables outside envvars.FRAMEWORK_DEFAULTED: {unknown}"
+    node = framework.plan(topo, options, settings.user_values(framework.user_variables), gpus, outputs)
+    made = Plan(
         framework=framework.name, strategy=node.strategy, reason=node.reason, nproc_per_node=node.nproc_per_node,
-        gpus_per_node=gpus, world_size=world, outputs=outputs, topology=topo, options=options,
+        gpus_per_node=gpus, world_size=job_world_size(topo, node.nproc_per_node), outputs=outputs, topology=topo,
+        options=options,
         code=find_code(options.module or settings.module, options.script), server_pool=node.server_pool,
         framework_env=tuple(sorted(node.env.items())), barrier_includes_servers=node.barrier_includes_servers,
         restart_count=settings.restart_count,
         own_barrier=node.own_barrier,
     )
+    if topo.platform_ranks is not None:  # the platform started this very process: it is placed already
+        return made.for_process(topo.platform_ranks.local_rank)
+    return made

@@ -2,8 +2,9 @@
 
 A framework package (``entrypoint/pytorch/``, ...) has a light ``framework.py`` (no ML import) whose
 ``FRAMEWORK`` says what the framework is called, how to tell it is installed, which strategies it
-offers, how it plans a node, and where its launcher and worker live (imported only when run).
-docs/ARCHITECTURE.md walks through adding one.
+offers, the flags it adds to ``run`` and the variables whose user values beat its defaults, how it
+plans a node, and where its launcher and worker live (imported only when run): ``launch(plan, ctx)``
+and ``run(plan, ctx)``, with the failure context handed in. docs/ARCHITECTURE.md walks through adding one.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from functools import cache
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
-    from entrypoint.environments.settings import PlatformSettings
+    from collections.abc import Mapping
+
+    from entrypoint.failures import Context
     from entrypoint.options import RunOptions
     from entrypoint.outputs import OutputDirs
     from entrypoint.topology import ClusterTopology
@@ -45,7 +48,26 @@ class NodePlan:
     own_barrier: bool = False
 
 
-Planner = Callable[["ClusterTopology", "RunOptions", "PlatformSettings", int, "OutputDirs"], NodePlan]
+# topology x options x the user's values of the framework's ``user_variables`` x GPUs x outputs -> NodePlan
+Planner = Callable[["ClusterTopology", "RunOptions", "Mapping[str, str]", int, "OutputDirs"], NodePlan]
+# launch(plan, ctx) / run(plan, ctx): the node's (or the process's) ``Plan`` and failure ``Context`` -> exit code
+Entry = Callable[[Any, "Context"], int]
+
+
+@dataclass(frozen=True)
+class Flag:
+    """A command-line flag a framework adds to ``run``; its value reaches the planner as
+    ``options.framework_option(name)`` (``--fusion-threshold`` -> ``fusion_threshold``)."""
+
+    flag: str
+    help: str
+    type: Callable[[str], Any] | None = None
+    switch: bool = False  # a flag without a value (store_true)
+
+    @property
+    def name(self) -> str:
+        """The option's name in ``RunOptions.framework_options``."""
+        return self.flag.lstrip("-").replace("-", "_")
 
 
 @dataclass(frozen=True)
@@ -55,20 +77,22 @@ class Framework:
     name: str
     probe: str  # a module whose presence (found, never imported) means the framework is installed
     strategies: tuple[str, ...]  # what --strategy accepts for it
-    plan: Planner  # topology x options x settings x GPUs x outputs -> NodePlan (or ConfigError); imports nothing heavy
-    launcher: str  # "module:function" taking the Plan, returning the exit code; imported only to run
-    worker: str | None = None  # "module:function": one training process of the Plan -> its exit code
+    plan: Planner  # -> NodePlan (or ConfigError); imports nothing heavy
+    launcher: str  # "module:function": launch(plan, ctx) for the node -> its exit code; imported only to run
+    worker: str | None = None  # "module:function": run(plan, ctx) for one placed process -> its exit code
+    flags: tuple[Flag, ...] = ()  # its own flags of ``run`` (shown in a group named after it)
+    user_variables: tuple[str, ...] = ()  # variables it sets defaults for; the user's values (read for it) win
 
     def installed(self) -> bool:
         """Whether the framework's module can be found (nothing is imported)."""
         return importlib.util.find_spec(self.probe) is not None
 
-    def load_launcher(self) -> Callable[[Any], int]:
-        """The launcher function, called with the node's ``Plan`` (imports the framework's launch module)."""
+    def load_launcher(self) -> Entry:
+        """``launch(plan, ctx)`` for the node's ``Plan`` (imports the framework's launch module)."""
         return _load(self.launcher)
 
-    def load_worker(self) -> Callable[[Any], int]:
-        """The worker function, called with the process's ``Plan`` (imports the framework's worker module)."""
+    def load_worker(self) -> Entry:
+        """``run(plan, ctx)`` for a placed process's ``Plan`` (imports the framework's worker module)."""
         if self.worker is None:
             raise AssertionError(f"{self.name} runs no separate worker processes")
         return _load(self.worker)

@@ -28,7 +28,7 @@ _HELLO = "TRAINER-BARRIER/1"
 def meet_peers(plan: Plan) -> None:
     """Block until every training peer of this job is up (no-op for one replica or platform-placed processes)."""
     topo = plan.topology
-    if topo.per_process or topo.role == "evaluator" or plan.own_barrier:
+    if topo.processes_started_externally or topo.role == "evaluator" or plan.own_barrier:
         return
     peers = topo.training_peers(include_servers=plan.barrier_includes_servers)
     address = topo.chief_host_port()

@@ -21,6 +21,10 @@ from entrypoint.options import (
     DEFAULT_TIMEOUT,
     LOG_FORMATS,
     RunOptions,
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
 )
 
 
@@ -48,34 +52,6 @@ def parse_options(command: str, argv: Sequence[str]) -> RunOptions:
     return options_from_namespace(parser.parse_args(ours), user_args)
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    value = float(text)
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return value
-
-
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``run`` (``describe`` accepts the same ones to show the plan they give)."""
     code = parser.add_mutually_exclusive_group()
@@ -88,23 +64,23 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model-dir", help="exported model (default $AIP_MODEL_DIR, else <job-dir>/model)")
     parser.add_argument("--checkpoint-dir", help="default $AIP_CHECKPOINT_DIR, else <job-dir>/checkpoints")
     parser.add_argument("--tensorboard-dir", help="default $AIP_TENSORBOARD_LOG_DIR, else <job-dir>/logs")
-    parser.add_argument("--nproc-per-node", type=_positive_int, help="processes per node (default: GPUs, 1 on CPU)")
-    parser.add_argument("--timeout", type=_positive_float, default=DEFAULT_TIMEOUT,
+    parser.add_argument("--nproc-per-node", type=positive_int, help="processes per node (default: GPUs, 1 on CPU)")
+    parser.add_argument("--timeout", type=positive_float, default=DEFAULT_TIMEOUT,
                         help="seconds to wait for peers at start-up, rendezvous and in collectives (default 300)")
-    parser.add_argument("--grace-period", type=_positive_float, default=DEFAULT_GRACE_PERIOD,
+    parser.add_argument("--grace-period", type=positive_float, default=DEFAULT_GRACE_PERIOD,
                         help="seconds a stopping process gets to save before SIGKILL (default 25)")
-    parser.add_argument("--hang-timeout", type=_non_negative_float, default=DEFAULT_HANG_TIMEOUT,
+    parser.add_argument("--hang-timeout", type=non_negative_float, default=DEFAULT_HANG_TIMEOUT,
                         help="fail (retryable) when no training step completes for this long; 0: off (default 1800)")
     parser.add_argument("--log-format", choices=LOG_FORMATS, help="auto (default, or $TRAINER_LOG_FORMAT): json on "
                         "Kubernetes outside Vertex AI, text elsewhere; json: one Cloud Logging object per line")
     loop = parser.add_argument_group("training loop (hooks mode)")
-    loop.add_argument("--epochs", type=_positive_int, help=f"default: the module's DEFAULTS, else {DEFAULT_EPOCHS}")
-    loop.add_argument("--batch-size", type=_positive_int,
+    loop.add_argument("--epochs", type=positive_int, help=f"default: the module's DEFAULTS, else {DEFAULT_EPOCHS}")
+    loop.add_argument("--batch-size", type=positive_int,
                       help=f"per-replica batch size (default: the module's DEFAULTS, else {DEFAULT_BATCH_SIZE})")
-    loop.add_argument("--log-every", type=_positive_int, default=20, help="progress line every N steps")
-    loop.add_argument("--checkpoint-every", type=_non_negative_int, default=0,
+    loop.add_argument("--log-every", type=positive_int, default=20, help="progress line every N steps")
+    loop.add_argument("--checkpoint-every", type=non_negative_int, default=0,
                       help="also checkpoint every N steps (0: only at epoch ends)")
-    loop.add_argument("--keep-checkpoints", type=_positive_int, default=3, help="committed checkpoints kept")
+    loop.add_argument("--keep-checkpoints", type=positive_int, default=3, help="committed checkpoints kept")
     loop.add_argument("--checkpoint-mode", choices=("async", "sync"), default="async",
                       help="async: training waits only for a CPU copy of the state (PyTorch/Horovod hooks)")
     loop.add_argument("--resume-from", help="checkpoint to resume from (must exist and load)")
@@ -116,19 +92,27 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                       "replacement (default); restart: every process exits, the job restarts from its checkpoint")
     loop.add_argument("--hypertune-metric", help="evaluation metric reported to Vertex hyperparameter tuning")
     loop.add_argument("--bf16", action="store_true", help="bf16 autocast on GPU")
-    loop.add_argument("--clip-grad-norm", type=_positive_float)
-    loop.add_argument("--bucket-cap-mb", type=_positive_int, default=64, help="DDP gradient bucket size")
+    loop.add_argument("--clip-grad-norm", type=positive_float)
+    loop.add_argument("--bucket-cap-mb", type=positive_int, default=64, help="DDP gradient bucket size")
     loop.add_argument("--seed", type=int, default=42)
-    loop.add_argument("--data-workers", type=_non_negative_int, help="DataLoader workers (default: 2 on GPU, 0 on CPU)")
-    hvd = parser.add_argument_group("horovod")
-    hvd.add_argument("--fusion-threshold", type=_non_negative_int,
-                     help="HOROVOD_FUSION_THRESHOLD bytes (default 134217728; the env var wins)")
-    hvd.add_argument("--cycle-time-ms", type=_positive_float, help="HOROVOD_CYCLE_TIME (default 5 ms)")
-    hvd.add_argument("--autotune", action="store_true", help="Horovod autotuning, log in the job dir")
+    loop.add_argument("--data-workers", type=non_negative_int, help="DataLoader workers (default: 2 on GPU, 0 on CPU)")
+    for name in registry.names():  # each framework's own flags, in a group of its own
+        flags = registry.get(name).flags
+        if flags:
+            group = parser.add_argument_group(name)
+            for flag in flags:
+                if flag.switch:
+                    group.add_argument(flag.flag, action="store_true", help=flag.help)
+                elif flag.type is not None:
+                    group.add_argument(flag.flag, type=flag.type, help=flag.help)
+                else:
+                    group.add_argument(flag.flag, help=flag.help)
 
 
 def options_from_namespace(ns: argparse.Namespace, user_args: list[str]) -> RunOptions:
     """Build RunOptions from a parsed namespace."""
-    names = {f.name for f in fields(RunOptions)} - {"user_args"}
+    names = {f.name for f in fields(RunOptions)} - {"user_args", "framework_options"}
     values = {name: getattr(ns, name) for name in names if hasattr(ns, name)}
-    return RunOptions(**values, user_args=tuple(user_args))
+    own = [flag.name for name in registry.names() for flag in registry.get(name).flags]
+    given = tuple((name, getattr(ns, name)) for name in own if getattr(ns, name, None) not in (None, False))
+    return RunOptions(**values, framework_options=given, user_args=tuple(user_args))

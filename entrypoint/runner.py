@@ -4,6 +4,8 @@
 launcher (which runs the training in this process or starts one process per GPU), and name the root
 cause when it fails. ``run_worker`` (``python -m entrypoint.worker``, a process the launcher started):
 load the plan, die with the launcher, run the framework's worker. Both go through ``failures.guarded``.
+Launchers and workers are called with the plan and the failure context (``launch(plan, ctx)``,
+``run(plan, ctx)``) and hand both on; nothing is fetched from process-wide state.
 """
 
 from __future__ import annotations
@@ -11,32 +13,19 @@ from __future__ import annotations
 import logging
 import os
 
-from entrypoint import failures, handoff, registry, rendezvous
+from entrypoint import context, failures, handoff, registry, rendezvous
 from entrypoint.environments.settings import Handoff, read_settings, secret_values, secrets_in_args
 from entrypoint.errors import ExitCode
 from entrypoint.outputs import ensure_writable, how_written
 from entrypoint.plan import Plan
 
-_current: Plan | None = None
 log = logging.getLogger("entrypoint")
-
-
-def current_plan() -> Plan | None:
-    """The plan of this process: set in-process by the launcher, else read from TRAINER_PLAN_FILE."""
-    return _current if _current is not None else handoff.load_if_any()
-
-
-def activate(plan: Plan) -> None:
-    """Make ``plan`` this process's plan (the context API and the loops read it)."""
-    global _current
-    _current = plan
 
 
 def describe_failures(ctx: failures.Context, plan: Plan) -> failures.Context:
     """Fill in who this process is and where its failures go, from the plan."""
-    topo = plan.topology
-    ctx.replica = topo.replica_name
-    ctx.rank = topo.rank if topo.process is not None else None
+    ctx.replica = plan.topology.replica_name
+    ctx.rank = plan.placement.rank if plan.placement is not None else None
     ctx.job_dir = plan.outputs.job_dir
     ctx.outputs = (plan.outputs.job_dir, plan.outputs.model_dir, plan.outputs.checkpoint_dir,
                    plan.outputs.tensorboard_dir)
@@ -58,8 +47,7 @@ def run_node(plan: Plan, ctx: failures.Context) -> int:
     os.environ.update(plan.emitted_env())  # what user code and children expect (TF_CONFIG, AIP_*, MASTER_*)
     with handoff.plan_file(plan) as handed:
         os.environ.update(handed)
-        activate(plan)
-        code = registry.get(plan.framework).load_launcher()(plan)
+        code = registry.get(plan.framework).load_launcher()(plan, ctx)
     if code == ExitCode.OK:
         return ExitCode.OK
     return failures.finish_child(ctx, code)
@@ -67,9 +55,9 @@ def run_node(plan: Plan, ctx: failures.Context) -> int:
 
 def run_process(plan: Plan, ctx: failures.Context) -> int:
     """Run one training process of ``plan`` (already placed at its local rank) in this process."""
-    activate(plan)
+    context.bind(plan)  # what a script's ``entrypoint.context`` calls answer from
     describe_failures(ctx, plan)
-    code = registry.get(plan.framework).load_worker()(plan)
+    code = registry.get(plan.framework).load_worker()(plan, ctx)
     if code != ExitCode.OK:  # the user's script exited non-zero: recorded like any other failure
         own = failures.write_record(ctx, failures.exit_failure(code, f"the user's {plan.require_code().kind} "
                                                                      f"exited with {code}"))
@@ -88,7 +76,7 @@ def run_worker(handed: Handoff) -> int:
     def body() -> int:
         plan, launcher = handoff.load(handed)
         signals.die_with_parent(expected_parent=launcher)
-        setup_logging(f"[rank {plan.topology.rank}/{plan.world_size}] ")
+        setup_logging(f"[{plan.placed.label()}] ")
         return run_process(plan, ctx)
 
     return failures.guarded(body, ctx)

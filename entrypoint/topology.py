@@ -1,9 +1,12 @@
-"""ClusterTopology: the one immutable description of where this process sits in the job."""
+"""ClusterTopology: the one immutable description of where this node (replica) sits in the job.
+
+It holds node facts only; where one process of the node sits (its ranks) is ``placement.place``'s answer.
+"""
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 Source = Literal["vertex", "aiplatform", "tf_config", "torch", "torchrun", "kubeflow", "mpi", "local"]
@@ -11,8 +14,8 @@ Role = Literal["chief", "worker", "ps", "evaluator"]
 
 
 @dataclass(frozen=True)
-class ProcessInfo:
-    """Per-process ranks: given by the platform (torchrun, MPI) or by our launcher (one process per GPU)."""
+class PlatformRanks:
+    """The ranks a platform gave a process it started itself (torchrun's RANK..., mpirun's OMPI_COMM_WORLD_*)."""
 
     rank: int
     world_size: int
@@ -39,8 +42,9 @@ class ClusterTopology:
     them (Vertex, AI Platform, TF_CONFIG), and ``pool_names`` the names the format gave them
     (``workerpool1``, ``master``); torch-style formats only know the chief's address and the node
     count. ``servers`` is Vertex workerpool2 / the ``ps`` pool: parameter servers for TensorFlow, a
-    Reduction Server for NCCL-based frameworks (see ``plan``). ``process`` is set once this is one
-    process of the node (``with_process``) or when the platform started processes itself.
+    Reduction Server for NCCL-based frameworks (see ``plan``). ``platform_ranks`` is set only when the
+    platform started this process itself (the environment's ``creates_processes_externally``): the ranks it
+    gave, which ``placement.place`` takes as given.
     """
 
     source: Source
@@ -55,7 +59,7 @@ class ClusterTopology:
     servers: tuple[str, ...] = ()
     evaluators: tuple[str, ...] = ()
     pool_names: tuple[tuple[str, str], ...] = ()  # (role, the format's name for its pool)
-    process: ProcessInfo | None = None
+    platform_ranks: PlatformRanks | None = None
     nproc_per_node: int | None = None  # what the platform asked for (PET_NPROC_PER_NODE), if anything
 
     @classmethod
@@ -93,38 +97,13 @@ class ClusterTopology:
         chief_address: str | None,
         trial: str | None,
         *,
-        process: ProcessInfo | None = None,
+        platform_ranks: PlatformRanks | None = None,
         nproc_per_node: int | None = None,
     ) -> ClusterTopology:
         """A topology known by node rank only (torch, torchrun, Kubeflow, MPI): node 0 is the chief."""
         return cls(source=source, role="chief" if node_rank == 0 else "worker", index=max(node_rank - 1, 0),
                    node_rank=node_rank, num_nodes=num_nodes, chief_address=chief_address, trial=trial,
-                   process=process, nproc_per_node=nproc_per_node)
-
-    # ---- process-level facts (one process of the node once ``process`` is set) -----------------
-    @property
-    def rank(self) -> int:
-        """Global process rank (the node rank while no process is placed)."""
-        return self.process.rank if self.process is not None else (self.node_rank or 0)
-
-    @property
-    def world_size(self) -> int:
-        """Number of training processes (of nodes while no process is placed)."""
-        return self.process.world_size if self.process is not None else max(self.num_nodes, 1)
-
-    @property
-    def local_rank(self) -> int:
-        """Rank on this node (selects the GPU)."""
-        return self.process.local_rank if self.process is not None else 0
-
-    def with_process(self, local_rank: int, nproc_per_node: int) -> ClusterTopology:
-        """This node's ``local_rank``-th process of ``nproc_per_node`` (unchanged if the platform placed it)."""
-        if self.process is not None:
-            return self
-        node = self.node_rank or 0
-        info = ProcessInfo(node * nproc_per_node + local_rank, self.world_size * nproc_per_node, local_rank,
-                           nproc_per_node)
-        return replace(self, process=info)
+                   platform_ranks=platform_ranks, nproc_per_node=nproc_per_node)
 
     @property
     def is_chief_node(self) -> bool:
@@ -132,19 +111,15 @@ class ClusterTopology:
         return self.node_rank == 0
 
     @property
-    def is_chief(self) -> bool:
-        """True only in the process that writes models, checkpoints and tuning metrics."""
-        return self.process.rank == 0 if self.process is not None else self.node_rank == 0
-
-    @property
-    def per_process(self) -> bool:
+    def processes_started_externally(self) -> bool:
         """True when the platform started one process per GPU itself (torchrun, mpirun): never spawn again."""
-        return self.source in ("torchrun", "mpi")
+        return self.platform_ranks is not None
 
     @property
     def distributed(self) -> bool:
         """True when more than one replica takes part in the job."""
-        return self.num_nodes > 1 or bool(self.servers) or bool(self.evaluators) or self.world_size > 1
+        return (self.num_nodes > 1 or bool(self.servers) or bool(self.evaluators)
+                or (self.platform_ranks is not None and self.platform_ranks.world_size > 1))
 
     # ---- names ------------------------------------------------------------------------------
     def pool_name(self, role: str) -> str:
@@ -214,12 +189,13 @@ class ClusterTopology:
         out: dict[str, Any] = {
             "source": self.source, "role": self.role, "index": self.index, "node_rank": self.node_rank,
             "num_nodes": self.num_nodes, "chief_address": self.chief_address, "trial": self.trial,
-            "replica": self.replica_name, "is_chief": self.is_chief, "per_process": self.per_process,
+            "replica": self.replica_name, "is_chief_node": self.is_chief_node,
+            "processes_started_externally": self.processes_started_externally,
             "pools": {"chief": list(self.chief), "worker": list(self.workers), "ps": list(self.servers),
                       "evaluator": list(self.evaluators)},
         }
-        if self.process is not None:
-            out["process"] = asdict(self.process)
+        if self.platform_ranks is not None:
+            out["platform_ranks"] = asdict(self.platform_ranks)
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -233,6 +209,6 @@ class ClusterTopology:
         for name in ("chief", "workers", "servers", "evaluators"):
             fields[name] = tuple(fields.get(name) or ())
         fields["pool_names"] = tuple(tuple(p) for p in fields.get("pool_names") or ())
-        process = fields.get("process")
-        fields["process"] = ProcessInfo(**process) if process else None
+        ranks = fields.get("platform_ranks")
+        fields["platform_ranks"] = PlatformRanks(**ranks) if ranks else None
         return cls(**fields)

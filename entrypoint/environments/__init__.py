@@ -56,7 +56,10 @@ def detect(environ: Mapping[str, str] | None = None) -> ClusterEnvironment:
 
 def resolve(environ: Mapping[str, str] | None = None) -> ClusterTopology:
     """Resolve the cluster environment into a topology (raises ConfigError on bad input)."""
-    return detect(environ).topology()
+    environment = detect(environ)
+    topo = environment.topology()
+    assert topo.processes_started_externally == environment.creates_processes_externally, environment.source
+    return topo
 
 
 __all__ = [

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from entrypoint.errors import ConfigError
-from entrypoint.topology import ProcessInfo
+from entrypoint.topology import PlatformRanks
 
 
 def is_uint(text: str) -> bool:
@@ -156,7 +156,7 @@ class ProcessVariables:
 
 
 def process_ranks(environ: Mapping[str, str], names: ProcessVariables, because: str,
-                  local_rank_required: bool = False) -> tuple[ProcessInfo, int, int]:
+                  local_rank_required: bool = False) -> tuple[PlatformRanks, int, int]:
     """A platform-placed process's ranks, its node rank and the node count, checked against each other."""
     rank = require_int(environ, names.rank, because)
     size = require_int(environ, names.size, because, minimum=1)
@@ -175,4 +175,4 @@ def process_ranks(environ: Mapping[str, str], names: ProcessVariables, because: 
     nodes = get_int(environ, names.nodes, minimum=1) or -(-size // local_size)
     if node_rank >= nodes:
         raise ConfigError(names.node_rank, f"is out of range: it must be below {names.nodes} (the node count)")
-    return ProcessInfo(rank, size, local_rank, local_size), node_rank, nodes
+    return PlatformRanks(rank, size, local_rank, local_size), node_rank, nodes

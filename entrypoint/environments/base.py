@@ -15,6 +15,9 @@ class ClusterEnvironment(ABC):
     """One cluster-environment format: ``detect`` says whether it applies, ``topology`` parses it."""
 
     source: ClassVar[Source]
+    # The platform started one process per GPU itself (torchrun, mpirun): its ranks are the placement, and
+    # nothing may spawn again. Such a format puts the ranks it read on the topology (``platform_ranks``).
+    creates_processes_externally: ClassVar[bool] = False
 
     def __init__(self, environ: Mapping[str, str]) -> None:
         self._environ = environ

@@ -29,6 +29,7 @@ class MPIEnvironment(ClusterEnvironment):
     """One rank of an MPI / Horovod job."""
 
     source = "mpi"
+    creates_processes_externally = True
 
     @staticmethod
     def detect(environ: Mapping[str, str]) -> bool:
@@ -39,9 +40,10 @@ class MPIEnvironment(ClusterEnvironment):
         """Ranks from the first family present; node rank from HOROVOD_CROSS_RANK or rank // local size."""
         env = self._environ
         names = next(f for f in _FAMILIES if f.rank in env)
-        process, node_rank, nnodes = process_ranks(env, names, f"{names.rank} is set")
+        ranks, node_rank, nnodes = process_ranks(env, names, f"{names.rank} is set")
         address = None
         if ev.HOROVOD_GLOO_RENDEZVOUS_ADDR in env:
             address = host_port(env, ev.HOROVOD_GLOO_RENDEZVOUS_ADDR, ev.HOROVOD_GLOO_RENDEZVOUS_PORT,
                                 "HOROVOD_GLOO_RENDEZVOUS_ADDR is set")
-        return ClusterTopology.for_node("mpi", node_rank, nnodes, address, self.platform_trial(), process=process)
+        return ClusterTopology.for_node(self.source, node_rank, nnodes, address, self.platform_trial(),
+                                        platform_ranks=ranks)

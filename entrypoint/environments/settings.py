@@ -14,7 +14,6 @@ from entrypoint.errors import ConfigError
 
 _SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSW(OR)?D|CREDENTIAL|PRIVATE|AUTH)", re.IGNORECASE)
 _MIN_SECRET_LENGTH = 4  # shorter values ("1", "yes") would blank out ordinary text
-TORCH_USER_VARIABLES = (ev.OMP_NUM_THREADS, ev.TORCH_NCCL_ASYNC_ERROR_HANDLING)  # torchrun keeps the user's values
 
 
 @dataclass(frozen=True)
@@ -28,9 +27,6 @@ class PlatformSettings:
     tensorboard_dir: str | None = None
     job_dir: str | None = None
     cuda_visible_devices: str | None = None
-    horovod_tuning: tuple[tuple[str, str], ...] = ()  # HOROVOD_FUSION_THRESHOLD & co. the user set
-    tf_use_legacy_keras: str | None = None  # the user's own choice, if any
-    tf_cpp_min_log_level: str | None = None  # likewise
     kubernetes: bool = False  # running in a Kubernetes pod (its termination log applies)
     log_format: str | None = None  # TRAINER_LOG_FORMAT: the default --log-format (checked by the CLI)
     trial: str | None = None  # CLOUD_ML_TRIAL_ID as set (a label on JSON log lines)
@@ -38,7 +34,13 @@ class PlatformSettings:
     nccl_socket_ifname: str | None = None  # the user's NCCL_SOCKET_IFNAME, checked by `doctor`
     gloo_socket_ifname: str | None = None  # the user's GLOO_SOCKET_IFNAME, likewise
     restart_count: int = 0  # how many times the platform restarted this replica (TRAINER_RESTART_COUNT)
-    torch_overrides: tuple[tuple[str, str], ...] = ()  # OMP_NUM_THREADS & co. the user set (torchrun keeps them)
+    # The user's values of variables a framework sets defaults for (OMP_NUM_THREADS, HOROVOD_FUSION_THRESHOLD...):
+    # each framework reads its own (``user_values``), and the user's value wins over its default.
+    user_set: tuple[tuple[str, str], ...] = ()
+
+    def user_values(self, names: tuple[str, ...]) -> dict[str, str]:
+        """The user's values among ``names`` (a framework's ``user_variables``)."""
+        return {name: value for name, value in self.user_set if name in names}
 
 
 def read_settings(environ: Mapping[str, str] | None = None) -> PlatformSettings:
@@ -58,9 +60,6 @@ def read_settings(environ: Mapping[str, str] | None = None) -> PlatformSettings:
         tensorboard_dir=get(ev.AIP_TENSORBOARD_LOG_DIR),
         job_dir=get(ev.TRAINER_JOB_DIR),
         cuda_visible_devices=env.get(ev.CUDA_VISIBLE_DEVICES),
-        horovod_tuning=tuple(sorted(user_overrides(ev.HOROVOD_TUNING, env).items())),
-        tf_use_legacy_keras=get(ev.TF_USE_LEGACY_KERAS),
-        tf_cpp_min_log_level=get(ev.TF_CPP_MIN_LOG_LEVEL),
         kubernetes=bool(get(ev.KUBERNETES_SERVICE_HOST)),
         log_format=get(ev.TRAINER_LOG_FORMAT),
         trial=get(ev.CLOUD_ML_TRIAL_ID),
@@ -68,7 +67,7 @@ def read_settings(environ: Mapping[str, str] | None = None) -> PlatformSettings:
         nccl_socket_ifname=get(ev.NCCL_SOCKET_IFNAME),
         gloo_socket_ifname=get(ev.GLOO_SOCKET_IFNAME),
         restart_count=_count(ev.TRAINER_RESTART_COUNT, get(ev.TRAINER_RESTART_COUNT)),
-        torch_overrides=tuple(sorted(user_overrides(TORCH_USER_VARIABLES, env).items())),
+        user_set=tuple(sorted(user_overrides(ev.FRAMEWORK_DEFAULTED, env).items())),
     )
 
 

@@ -22,6 +22,7 @@ class TorchElasticEnvironment(ClusterEnvironment):
     """One process of a torchrun-style launch."""
 
     source = "torchrun"
+    creates_processes_externally = True
 
     @staticmethod
     def detect(environ: Mapping[str, str]) -> bool:
@@ -31,10 +32,10 @@ class TorchElasticEnvironment(ClusterEnvironment):
     def topology(self) -> ClusterTopology:
         """Process ranks plus the node view (GROUP_RANK is the node rank)."""
         env = self._environ
-        process, node_rank, nnodes = process_ranks(env, _VARIABLES, "this is a torchrun-style process",
+        ranks, node_rank, nnodes = process_ranks(env, _VARIABLES, "this is a torchrun-style process",
                                                    local_rank_required=True)
         address = None
-        if process.world_size > 1 or ev.MASTER_ADDR in env:
-            address = host_port(env, ev.MASTER_ADDR, ev.MASTER_PORT, f"WORLD_SIZE is {process.world_size}")
-        return ClusterTopology.for_node("torchrun", node_rank, nnodes, address, self.platform_trial(),
-                                        process=process)
+        if ranks.world_size > 1 or ev.MASTER_ADDR in env:
+            address = host_port(env, ev.MASTER_ADDR, ev.MASTER_PORT, f"WORLD_SIZE is {ranks.world_size}")
+        return ClusterTopology.for_node(self.source, node_rank, nnodes, address, self.platform_trial(),
+                                        platform_ranks=ranks)

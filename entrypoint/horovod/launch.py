@@ -18,6 +18,7 @@ from typing import Any
 
 from entrypoint import envvars as ev
 from entrypoint import failures
+from entrypoint.placement import Placement, place
 from entrypoint.plan import Plan
 from entrypoint.runner import run_process
 from entrypoint.supervisor import Replica, free_ports, run_replicas
@@ -50,15 +51,14 @@ def start_rendezvous(topo: ClusterTopology, nproc: int, port: int) -> Any:
     return server
 
 
-def worker_env(topo: ClusterTopology, nproc: int, host: str, port: int, local_rank: int,
-               timeout: float) -> dict[str, str]:
-    """The HOROVOD_* variables horovodrun would give this process."""
-    node = topo.node_rank or 0
+def worker_env(topo: ClusterTopology, placed: Placement, host: str, port: int, timeout: float) -> dict[str, str]:
+    """The HOROVOD_* variables horovodrun would give the process ``placed`` on this node."""
+    node = placed.node_rank or 0
     env = {
-        ev.HOROVOD_RANK: str(node * nproc + local_rank),
-        ev.HOROVOD_SIZE: str(topo.num_nodes * nproc),
-        ev.HOROVOD_LOCAL_RANK: str(local_rank),
-        ev.HOROVOD_LOCAL_SIZE: str(nproc),
+        ev.HOROVOD_RANK: str(placed.training_rank),
+        ev.HOROVOD_SIZE: str(placed.world_size),
+        ev.HOROVOD_LOCAL_RANK: str(placed.local_rank),
+        ev.HOROVOD_LOCAL_SIZE: str(placed.local_world_size),
         ev.HOROVOD_CROSS_RANK: str(node),
         ev.HOROVOD_CROSS_SIZE: str(topo.num_nodes),
         ev.HOROVOD_HOSTNAME: node_name(node),
@@ -73,21 +73,22 @@ def worker_env(topo: ClusterTopology, nproc: int, host: str, port: int, local_ra
     return env
 
 
-def launch(plan: Plan) -> int:
+def launch(plan: Plan, ctx: failures.Context) -> int:
     """Run this node's Horovod processes; the node's exit code."""
     topo = plan.topology
     tuning = dict(plan.framework_env)
     if topo.is_chief_node:
         log.info("horovod fusion threshold %s bytes, cycle time %s ms%s", tuning[ev.HOROVOD_FUSION_THRESHOLD],
                  tuning[ev.HOROVOD_CYCLE_TIME], ", autotune on" if ev.HOROVOD_AUTOTUNE in tuning else "")
-    if topo.per_process:  # mpirun / horovodrun started us: use their ranks
-        return run_process(plan, failures.active())
+    if topo.processes_started_externally:  # mpirun / horovodrun started us: placed by their ranks
+        return run_process(plan, ctx)
     nproc = plan.nproc_per_node
     host, port = topo.chief_host_port() or ("127.0.0.1", free_ports(1)[0])
     server = start_rendezvous(topo, nproc, port) if topo.is_chief_node else None
-    replicas = [Replica("rank", topo.rank * nproc + local_rank,
-                        {**os.environ, **worker_env(topo, nproc, host, port, local_rank, plan.options.timeout)},
-                        [sys.executable, "-m", "entrypoint.worker"]) for local_rank in range(nproc)]
+    placements = [place(topo, nproc, local_rank) for local_rank in range(nproc)]
+    replicas = [Replica("rank", placed.training_rank,
+                        {**os.environ, **worker_env(topo, placed, host, port, plan.options.timeout)},
+                        [sys.executable, "-m", "entrypoint.worker"]) for placed in placements]
     log.info("node %s/%s: %d Horovod process(es), world size %d, rendezvous %s:%d", topo.node_rank,
              topo.num_nodes, nproc, plan.world_size, host, port)
     try:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from entrypoint.errors import PeerError
+from entrypoint.failures import Context
 from entrypoint.plan import Plan
 from entrypoint.usercode import run_script
 
 
-def run(plan: Plan) -> int:
+def run(plan: Plan, failure_context: Context) -> int:
     """This process's part of the job: the user's Horovod script unchanged, or hvd.init() and our loop."""
     code = plan.require_code()
     if code.kind != "hooks":
@@ -25,7 +26,7 @@ def run(plan: Plan) -> int:
     if torch.cuda.is_available():
         torch.cuda.set_device(hvd.local_rank())
     try:
-        Trainer(plan, HorovodCollectives()).fit()
+        Trainer(plan, HorovodCollectives(), failure_context).fit()  # checks hvd.rank() is the plan's
     finally:
         hvd.shutdown()
     return 0

@@ -5,11 +5,13 @@ Imports nothing heavy: ``describe`` plans a PyTorch job without importing torch.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from entrypoint import envvars as ev
-from entrypoint.environments.settings import PlatformSettings
 from entrypoint.errors import ConfigError
 from entrypoint.options import RunOptions
 from entrypoint.outputs import OutputDirs
+from entrypoint.placement import job_world_size
 from entrypoint.registry import Framework, NodePlan, ServerPool
 from entrypoint.topology import ClusterTopology
 
@@ -26,33 +28,36 @@ def plan_torch_node(topo: ClusterTopology, options: RunOptions, gpus: int,
     server_pool: ServerPool | None = None
     if topo.servers:
         server_pool = "reduction_server" if topo.source == "vertex" else "unused"
-    if topo.per_process and topo.process is not None:
-        return topo.process.local_world_size, "processes started by the platform", server_pool
+    if topo.platform_ranks is not None:
+        return topo.platform_ranks.local_world_size, "processes started by the platform", server_pool
     nproc = options.nproc_per_node or topo.nproc_per_node or max(gpus, 1)
     reason = "--nproc-per-node" if options.nproc_per_node else (
         "one process per GPU" if gpus else "one process per node on CPU (gloo)")
     return nproc, reason, server_pool
 
 
-def plan(topo: ClusterTopology, options: RunOptions, settings: PlatformSettings, gpus: int,
+def plan(topo: ClusterTopology, options: RunOptions, user_set: Mapping[str, str], gpus: int,
          outputs: OutputDirs) -> NodePlan:
     """DDP across every process of every node; a single process trains without DDP."""
     nproc, reason, server_pool = plan_torch_node(topo, options, gpus, "pytorch")
-    world = topo.world_size if topo.per_process else topo.num_nodes * nproc
+    world = job_world_size(topo, nproc)
     strategy = options.strategy or ("ddp" if world > 1 else "default")
     if world == 1 and options.strategy is None:
         reason = "a single process"
-    env = {} if topo.per_process else torchrun_defaults(nproc, settings)
+    env = {} if topo.processes_started_externally else torchrun_defaults(nproc, user_set)
     return NodePlan(strategy=strategy, reason=reason, nproc_per_node=nproc, server_pool=server_pool, env=env,
                     own_barrier=True)
 
 
-def torchrun_defaults(nproc: int, settings: PlatformSettings) -> dict[str, str]:
+USER_VARIABLES = (ev.OMP_NUM_THREADS, ev.TORCH_NCCL_ASYNC_ERROR_HANDLING)  # torchrun keeps the user's values
+
+
+def torchrun_defaults(nproc: int, user_set: Mapping[str, str]) -> dict[str, str]:
     """torchrun's defaults besides ranks (one OpenMP thread per process when a node runs several), unless the user's."""
     defaults = {ev.TORCH_NCCL_ASYNC_ERROR_HANDLING: "1"}
     if nproc > 1:
         defaults[ev.OMP_NUM_THREADS] = "1"
-    return {name: value for name, value in defaults.items() if name not in dict(settings.torch_overrides)}
+    return {name: value for name, value in defaults.items() if name not in user_set}
 
 
 FRAMEWORK = Framework(
@@ -62,4 +67,5 @@ FRAMEWORK = Framework(
     plan=plan,
     launcher="entrypoint.pytorch.launch:launch",
     worker="entrypoint.pytorch.worker:run",
+    user_variables=USER_VARIABLES,
 )

@@ -46,14 +46,12 @@ def run_id(plan: Plan, host: str, port: int) -> str:
 
 def process_env(plan: Plan, host: str, port: int, error_file: str) -> dict[str, str]:
     """Every variable torchrun sets for a process placed by ``plan.for_process``, with torchrun's values."""
-    topo = plan.topology
-    assert topo.process is not None
-    process = topo.process
+    topo, process = plan.topology, plan.placed
     return {
-        ev.RANK: str(process.rank), ev.WORLD_SIZE: str(process.world_size),
+        ev.RANK: str(process.training_rank), ev.WORLD_SIZE: str(process.world_size),
         ev.LOCAL_RANK: str(process.local_rank), ev.LOCAL_WORLD_SIZE: str(process.local_world_size),
         ev.GROUP_RANK: str(topo.node_rank or 0), ev.GROUP_WORLD_SIZE: str(topo.num_nodes),
-        ev.ROLE_NAME: ROLE, ev.ROLE_RANK: str(process.rank), ev.ROLE_WORLD_SIZE: str(process.world_size),
+        ev.ROLE_NAME: ROLE, ev.ROLE_RANK: str(process.training_rank), ev.ROLE_WORLD_SIZE: str(process.world_size),
         ev.MASTER_ADDR: host, ev.MASTER_PORT: str(port),
         ev.TORCHELASTIC_RESTART_COUNT: str(plan.restart_count), ev.TORCHELASTIC_MAX_RESTARTS: str(MAX_RESTARTS),
         ev.TORCHELASTIC_RUN_ID: run_id(plan, host, port), ev.TORCHELASTIC_USE_AGENT_STORE: str(True),
@@ -61,11 +59,11 @@ def process_env(plan: Plan, host: str, port: int, error_file: str) -> dict[str, 
     }
 
 
-def launch(plan: Plan) -> int:
+def launch(plan: Plan, ctx: failures.Context) -> int:
     """Run this node's processes; the exit code of the node."""
     topo = plan.topology
-    if topo.per_process:
-        return run_process(plan, failures.active())
+    if topo.processes_started_externally:  # torchrun started this process: it is placed already
+        return run_process(plan, ctx)
     if plan.nproc_per_node > 1:
         _import_quietly()
     host, port = rendezvous_address(plan)
@@ -73,7 +71,7 @@ def launch(plan: Plan) -> int:
 
     with node_store(host, port, topo.node_rank or 0, topo.num_nodes, plan.options.timeout,
                     run_id(plan, host, port), topo.training_peers(), membership.applies(plan)) as store:
-        code = _in_process(plan, store) if plan.nproc_per_node == 1 else _elastic(plan, store)
+        code = _in_process(plan, store, ctx) if plan.nproc_per_node == 1 else _elastic(plan, store)
         if code == ExitCode.OK:
             store.finish()
     return code
@@ -89,13 +87,13 @@ def _error_file() -> Iterator[str]:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def _in_process(plan: Plan, store: NodeStore) -> int:
+def _in_process(plan: Plan, store: NodeStore, ctx: failures.Context) -> int:
     topo, placed = plan.topology, plan.for_process(0)
     with _error_file() as error_file:
         os.environ.update(process_env(placed, store.host, store.port, error_file))
         log.info("node %s/%s: training in this process, world size %d (%s)", topo.node_rank, topo.num_nodes,
                  plan.world_size, plan.reason)
-        return run_process(placed, failures.active())
+        return run_process(placed, ctx)
 
 
 def _import_quietly() -> None:

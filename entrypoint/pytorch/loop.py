@@ -22,10 +22,12 @@ from torch import nn
 from torch.utils.data import Dataset, DistributedSampler
 
 from entrypoint import checkpoints, errors, failures, peers, storage
+from entrypoint import envvars as ev
 from entrypoint.errors import ConfigError, NonFiniteLoss, PeerError, StopRequested
 from entrypoint.hypertune import MetricReporter
 from entrypoint.options import DEFAULT_BATCH_SIZE, DEFAULT_EPOCHS
 from entrypoint.outputs import ensure_writable, local_path
+from entrypoint.placement import Placement
 from entrypoint.plan import Plan
 from entrypoint.progress import Progress
 from entrypoint.pytorch.checkpoint_io import LOAD_WITH, export_model, make_io
@@ -46,17 +48,27 @@ from entrypoint.watchdog import HangWatchdog
 log = logging.getLogger("entrypoint.pytorch")
 
 
+def check_placement(placed: Placement, comm: Collectives) -> None:
+    """The framework's own rank and world size (``dist.get_rank()``, ``hvd.rank()``) must be the plan's."""
+    if (comm.rank, comm.world_size) != (placed.rank, placed.world_size):
+        variable = ev.HOROVOD_RANK if comm.name == "horovod" else ev.RANK
+        raise ConfigError(variable, f"{comm.name} placed this process at rank {comm.rank} of {comm.world_size}, "
+                                    f"but the job's layout places it at rank {placed.rank} of {placed.world_size}")
+
+
 class Trainer:
     """Runs the user's hooks under data parallelism with chief-only outputs."""
 
-    def __init__(self, plan: Plan, comm: Collectives, membership: Membership | None = None) -> None:
-        options, code, topo = plan.options, plan.require_code(), plan.topology
-        self.plan, self.options, self.comm = plan, options, comm
+    def __init__(self, plan: Plan, comm: Collectives, failure_context: failures.Context,
+                 membership: Membership | None = None) -> None:
+        options, code, topo, placed = plan.options, plan.require_code(), plan.topology, plan.placed
+        check_placement(placed, comm)
+        self.plan, self.options, self.comm, self.failure_context = plan, options, comm, failure_context
         self.module = load_hooks(code.target)
         self.args = parse_user_args(self.module, options.user_args)
-        device = torch.device("cuda", topo.local_rank) if torch.cuda.is_available() else torch.device("cpu")
+        device = torch.device("cuda", placed.local_rank) if torch.cuda.is_available() else torch.device("cpu")
         out = plan.outputs
-        self.ctx = Context(rank=comm.rank, world_size=comm.world_size, local_rank=topo.local_rank, device=device,
+        self.ctx = Context(rank=comm.rank, world_size=comm.world_size, local_rank=placed.local_rank, device=device,
                            is_chief=comm.rank == 0, model_dir=storage.path(local_path(out.model_dir)),
                            checkpoint_dir=storage.path(local_path(out.checkpoint_dir)),
                            tensorboard_dir=storage.path(local_path(out.tensorboard_dir)), trial=topo.trial)
@@ -72,7 +84,7 @@ class Trainer:
             self.inplace = InPlace(membership, comm, self.checkpoints, plan, (topo.replica_name, socket.gethostname()))
         self.request = StopRequest()
         self.vote = StepVote(comm, self.request, device)
-        self.watchdog = HangWatchdog(options.hang_timeout, failures.active())
+        self.watchdog = HangWatchdog(options.hang_timeout, failure_context)
         self.board: peers.PeerBoard | None = None
         self.writer: Any = None
         self.digests: dict[str, list[Any]] = {}
@@ -117,7 +129,7 @@ class Trainer:
             return exc
         step = self.board.step
         for lost in silent:
-            failures.record_verdict(failures.active(), lost.member.replica, lost.member.rank, errors.PEER_LOST,
+            failures.record_verdict(self.failure_context, lost.member.replica, lost.member.rank, errors.PEER_LOST,
                                     f"{peers.describe([lost])}; the others stopped at step {step}")
         return PeerError(f"lost {peers.describe(silent)} at step {step} ({type(exc).__name__}: "
                          f"{' '.join(str(exc).split())[:200]})")

@@ -237,7 +237,7 @@ def applies(plan: Any) -> bool:
     processes placed by our launcher (not by the platform's own torchrun)."""
     topo = plan.topology
     return bool(plan.framework == "pytorch" and plan.options.recovery == "in-place" and topo.num_nodes >= 2
-                and topo.chief_host_port() is not None and not topo.per_process
+                and topo.chief_host_port() is not None and not topo.processes_started_externally
                 and plan.require_code().kind == "hooks")
 
 
@@ -255,8 +255,9 @@ def for_plan(plan: Any) -> Membership | None:
     from torch.distributed import TCPStore
 
     host, port = address
-    hosts = topo.rank == 0 and plan.nproc_per_node == 1
+    rank = plan.placed.training_rank
+    hosts = rank == 0 and plan.nproc_per_node == 1
     store = TCPStore(host, port, None, hosts, timedelta(seconds=options.timeout), wait_for_workers=False,
                      multi_tenant=True)
-    return Membership(store, job_run_id(host, port, topo.trial), topo.rank, plan.world_size,
+    return Membership(store, job_run_id(host, port, topo.trial), rank, plan.placed.world_size,
                       options.timeout)

@@ -10,14 +10,15 @@ import os
 from datetime import timedelta
 
 from entrypoint import envvars as ev
+from entrypoint.failures import Context
 from entrypoint.plan import Plan
 from entrypoint.usercode import run_script
 
 
-def run(plan: Plan) -> int:
+def run(plan: Plan, failure_context: Context) -> int:
     """This process's part of the job; its exit code (a script's own, or 0 after the loop)."""
-    code = plan.require_code()
-    if not plan.topology.per_process:
+    code, placed = plan.require_code(), plan.placed
+    if not plan.topology.processes_started_externally:
         # torch's agent counts only its own restarts of the workers (never: max_restarts is 0); the count
         # users read is how often the platform restarted this replica, which only the plan knows.
         os.environ[ev.TORCHELASTIC_RESTART_COUNT] = str(plan.restart_count)
@@ -30,17 +31,17 @@ def run(plan: Plan) -> int:
     from entrypoint.pytorch.collectives import TorchDistributed
     from entrypoint.pytorch.loop import Trainer
 
-    topo = plan.topology
     cuda = torch.cuda.is_available()
     if cuda:
-        torch.cuda.set_device(topo.local_rank)
+        torch.cuda.set_device(placed.local_rank)
     backend = "nccl" if cuda else "gloo"
     members = membership.for_plan(plan)  # survivors keep training: the loop forms (and re-forms) the group
     if members is None and plan.world_size > 1:
         dist.init_process_group(backend, timeout=timedelta(seconds=plan.options.timeout),
-                                device_id=torch.device("cuda", topo.local_rank) if cuda else None)
+                                device_id=torch.device("cuda", placed.local_rank) if cuda else None)
     try:
-        Trainer(plan, TorchDistributed(backend, topo.rank, plan.world_size, plan.options.timeout), members).fit()
+        comm = TorchDistributed(backend, placed.training_rank, placed.world_size, plan.options.timeout)
+        Trainer(plan, comm, failure_context, members).fit()
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -6,8 +6,9 @@ environment before the first ``import tensorflow``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from entrypoint import envvars as ev
-from entrypoint.environments.settings import PlatformSettings
 from entrypoint.errors import ConfigError
 from entrypoint.options import RunOptions
 from entrypoint.outputs import OutputDirs
@@ -39,7 +40,7 @@ def choose_strategy(topo: ClusterTopology, forced: str | None, gpus: int) -> tup
     return "default", "one node with at most one GPU"
 
 
-def plan(topo: ClusterTopology, options: RunOptions, settings: PlatformSettings, gpus: int,
+def plan(topo: ClusterTopology, options: RunOptions, user_set: Mapping[str, str], gpus: int,
          outputs: OutputDirs) -> NodePlan:
     """One process per node; workerpool2 is parameter servers only under ParameterServerStrategy."""
     strategy, reason = choose_strategy(topo, options.strategy, gpus)
@@ -57,8 +58,8 @@ def plan(topo: ClusterTopology, options: RunOptions, settings: PlatformSettings,
     env = {
         # tf-keras (Keras 2) ships with TensorFlow in our images: Keras 3's fit fails under
         # MultiWorkerMirroredStrategy. The user's own values win.
-        ev.TF_USE_LEGACY_KERAS: settings.tf_use_legacy_keras or "1",
-        ev.TF_CPP_MIN_LOG_LEVEL: settings.tf_cpp_min_log_level or QUIET_CPP_LOGS,
+        ev.TF_USE_LEGACY_KERAS: user_set.get(ev.TF_USE_LEGACY_KERAS, "1"),
+        ev.TF_CPP_MIN_LOG_LEVEL: user_set.get(ev.TF_CPP_MIN_LOG_LEVEL, QUIET_CPP_LOGS),
     }
     return NodePlan(strategy=strategy, reason=reason, nproc_per_node=1, server_pool=server_pool, env=env,
                     barrier_includes_servers=server_pool == "parameter_servers")
@@ -70,4 +71,6 @@ FRAMEWORK = Framework(
     strategies=STRATEGIES,
     plan=plan,
     launcher="entrypoint.tensorflow.launch:launch",
+    worker="entrypoint.tensorflow.launch:run",
+    user_variables=(ev.TF_USE_LEGACY_KERAS, ev.TF_CPP_MIN_LOG_LEVEL),
 )

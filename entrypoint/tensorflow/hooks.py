@@ -26,12 +26,13 @@ log = logging.getLogger("entrypoint.tensorflow")
 class TFContext:
     """What the hooks receive: this replica's place, batch sizes, output dirs and the strategy.
 
-    ``rank`` and ``world_size`` count training processes (one per node under TensorFlow), as in PyTorch.
+    ``rank`` and ``world_size`` count training processes (one per node under TensorFlow), as in PyTorch; an
+    evaluator is not one of them (``rank`` None).
     """
 
     role: str
     index: int
-    rank: int
+    rank: int | None
     world_size: int
     is_chief: bool
     trial: str | None
@@ -54,10 +55,10 @@ def make_context(plan: Plan, module: ModuleType, strategy: Any, staging: Staging
     """
     options = plan.options
     per_replica = int(options.batch_size or module_default(module, "batch_size", DEFAULT_BATCH_SIZE))
-    topo = plan.topology
+    topo, placed = plan.topology, plan.placed
     return TFContext(
-        role=topo.role, index=topo.index, rank=topo.rank, world_size=topo.world_size,
-        is_chief=topo.is_chief, trial=topo.trial,
+        role=topo.role, index=topo.index, rank=placed.rank, world_size=placed.world_size,
+        is_chief=placed.is_chief, trial=topo.trial,
         num_replicas_in_sync=strategy.num_replicas_in_sync, per_replica_batch_size=per_replica,
         global_batch_size=per_replica * strategy.num_replicas_in_sync,
         epochs=int(options.epochs or module_default(module, "epochs", DEFAULT_EPOCHS)), seed=options.seed,

@@ -9,22 +9,28 @@ from __future__ import annotations
 import logging
 
 from entrypoint.errors import ExitCode
+from entrypoint.failures import Context
 from entrypoint.plan import Plan
+from entrypoint.runner import run_process
 from entrypoint.tensorflow.finish import leave_together
 from entrypoint.usercode import load_hooks, run_script
 
 log = logging.getLogger("entrypoint.tensorflow")
 
 
-def launch(plan: Plan) -> int:
-    """Run this replica's part of a TensorFlow job and return its exit code (replicas that succeeded leave together)."""
-    code = _run(plan)
+def launch(plan: Plan, ctx: Context) -> int:
+    """Run this replica's part of a TensorFlow job and return its exit code (replicas that succeeded leave together).
+
+    TensorFlow drives every GPU of the node from one process: this one, placed as the node's only process.
+    """
+    code = run_process(plan.for_process(0), ctx)
     if code == ExitCode.OK:
         leave_together(plan)
     return code
 
 
-def _run(plan: Plan) -> int:
+def run(plan: Plan, ctx: Context) -> int:
+    """The replica's one process: a script, a server, an evaluator, or the hooks under the plan's strategy."""
     topo, code = plan.topology, plan.require_code()
     log.info("tensorflow: role %s index %d, strategy %s (%s)", topo.role, topo.index, plan.strategy, plan.reason)
     if code.kind != "hooks":
@@ -40,4 +46,4 @@ def _run(plan: Plan) -> int:
         return evaluate_forever(plan, module)
     from entrypoint.tensorflow.trainer import train
 
-    return train(plan, module)
+    return train(plan, module, ctx)

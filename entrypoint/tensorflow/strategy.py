@@ -31,7 +31,7 @@ def cluster_resolver() -> Any:
     return tf.distribute.cluster_resolver.TFConfigClusterResolver()
 
 
-def make_strategy(plan: Plan) -> Any:
+def make_strategy(plan: Plan, failure_context: failures.Context) -> Any:
     """The strategy named by ``plan.strategy``, logged with the plan's reason."""
     import tensorflow as tf
 
@@ -43,13 +43,14 @@ def make_strategy(plan: Plan) -> Any:
     elif name == "MirroredStrategy":
         strategy = tf.distribute.MirroredStrategy()  # NCCL all-reduce across this node's GPUs
     elif name == "MultiWorkerMirroredStrategy":
-        with start_deadline(options.timeout, f"joining the other workers ({peers(plan)})"):
+        with start_deadline(failure_context, options.timeout, f"joining the other workers ({peers(plan)})"):
             strategy = tf.distribute.MultiWorkerMirroredStrategy(
                 communication_options=communication_options(gpus, options.timeout))
     elif name == "ParameterServerStrategy":
         partitioner = tf.distribute.experimental.partitioners.MinSizePartitioner(
             min_shard_bytes=PS_MIN_SHARD_BYTES, max_shards=max(len(plan.topology.servers), 1))
-        with start_deadline(options.timeout, f"connecting to the workers and parameter servers ({peers(plan)})"):
+        with start_deadline(failure_context, options.timeout,
+                            f"connecting to the workers and parameter servers ({peers(plan)})"):
             strategy = tf.distribute.ParameterServerStrategy(cluster_resolver(), variable_partitioner=partitioner)
     else:
         raise ConfigError("--strategy", f"{name} is not a TensorFlow strategy; expected one of {', '.join(STRATEGIES)}")
@@ -63,12 +64,12 @@ def peers(plan: Plan) -> str:
     return ", ".join(str(p) for p in peers)
 
 
-def start_deadline(seconds: float, what: str) -> Any:
+def start_deadline(failure_context: failures.Context, seconds: float, what: str) -> Any:
     """A backstop for TensorFlow's cluster start (the peers already met at the start-up barrier)."""
     log.info("%s; if one is lost meanwhile this replica ends after --timeout %.0f s with exit code 142", what, seconds)
     failure = failures.Failure(errors.START_DEADLINE, f"TensorFlow's cluster start outlived --timeout {seconds:g} s "
                                                       f"while {what}")
-    return watchdog.start_deadline(seconds, failures.active(), failure)
+    return watchdog.start_deadline(seconds, failure_context, failure)
 
 
 def is_multi_worker(strategy: Any) -> bool:

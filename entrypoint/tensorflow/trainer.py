@@ -136,7 +136,7 @@ def make_callbacks(plan: Plan, ctx: TFContext, reporter: MetricReporter, metric:
     return callbacks, progress, commit
 
 
-def train(plan: Plan, module: ModuleType) -> int:
+def train(plan: Plan, module: ModuleType, failure_context: failures.Context) -> int:
     """Train with the module's hooks under the plan's strategy; the chief exports and announces the end."""
     import tensorflow as tf
 
@@ -145,9 +145,9 @@ def train(plan: Plan, module: ModuleType) -> int:
     options = plan.options
     args = parse_user_args(module, options.user_args)
     tf.keras.utils.set_random_seed(options.seed)  # same pipelines on every worker: DATA sharding relies on it
-    strategy = make_strategy(plan)
+    strategy = make_strategy(plan, failure_context)
     # After the strategy: TensorFlow's cluster start installs its own SIGTERM handler, ours replaces it.
-    watchdog = HangWatchdog(options.hang_timeout, failures.active())
+    watchdog = HangWatchdog(options.hang_timeout, failure_context)
     try:
         with Staging(plan.outputs) as staging, stop_signals(strategy) as request:
             return _train(plan, module, args, strategy, request, watchdog, staging)

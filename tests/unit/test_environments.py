@@ -9,6 +9,7 @@ import pytest
 
 from entrypoint.environments import DETECTION_ORDER, resolve
 from entrypoint.environments.local import LocalEnvironment
+from entrypoint.placement import place
 from entrypoint.topology import ClusterTopology
 
 VERTEX_CLUSTER = {
@@ -134,31 +135,32 @@ def test_tf_config_master_is_fixed_to_chief() -> None:
 def test_tf_config_of_workers_only_makes_worker0_the_chief() -> None:
     spec = {"cluster": {"worker": ["w0:1", "w1:1"]}, "task": {"type": "worker", "index": 0}}
     topo = resolve({"TF_CONFIG": json.dumps(spec)})
-    assert (topo.node_rank, topo.num_nodes, topo.is_chief, topo.chief_address) == (0, 2, True, "w0:1")
+    assert (topo.node_rank, topo.num_nodes, topo.is_chief_node, topo.chief_address) == (0, 2, True, "w0:1")
 
 
 def test_kubeflow_and_torch_node_variables() -> None:
     master = resolve({**KUBEFLOW, "RANK": "0"})
     assert master.torch_env() == {"MASTER_ADDR": "mnist-master-0", "MASTER_PORT": "23456", "NODE_RANK": "0",
                                   "NNODES": "3"}
-    assert master.is_chief and not master.per_process
+    assert master.is_chief_node and not master.processes_started_externally
     worker = resolve({**KUBEFLOW, "RANK": "2"})
-    assert worker.torch_env()["NODE_RANK"] == "2" and not worker.is_chief
+    assert worker.torch_env()["NODE_RANK"] == "2" and not worker.is_chief_node
     assert worker.tf_config() is None  # torch variables do not name the workers' addresses
 
 
 def test_torchrun_process_is_already_spawned() -> None:
     topo = resolve(TORCHRUN_R3)
-    assert topo.per_process and topo.process is not None
-    assert (topo.process.rank, topo.process.local_rank, topo.process.world_size) == (3, 1, 8)
-    assert not topo.is_chief
+    assert topo.processes_started_externally
+    placed = place(topo, 2, 1)
+    assert (placed.node_rank, placed.rank, placed.local_rank, placed.world_size) == (1, 3, 1, 8)
+    assert not placed.is_chief
     assert topo.torch_env() == {"MASTER_ADDR": "node-0", "MASTER_PORT": "29500", "NODE_RANK": "1", "NNODES": "4"}
 
 
 def test_mpirun_rank() -> None:
     topo = resolve(MPIRUN_R5)
-    assert topo.process is not None and (topo.process.rank, topo.process.local_rank) == (5, 1)
-    assert not topo.is_chief
+    placed = place(topo, 1, 1)  # the platform's ranks are taken as given
+    assert (placed.rank, placed.local_rank) == (5, 1) and not placed.is_chief
 
 
 def test_horovod_variables_win_over_mpi() -> None:
@@ -166,14 +168,15 @@ def test_horovod_variables_win_over_mpi() -> None:
            "HOROVOD_LOCAL_SIZE": "1", "HOROVOD_CROSS_RANK": "0", "HOROVOD_CROSS_SIZE": "2",
            "HOROVOD_GLOO_RENDEZVOUS_ADDR": "10.0.0.1", "HOROVOD_GLOO_RENDEZVOUS_PORT": "3333"}
     topo = resolve(env)
-    assert (topo.source, topo.is_chief, topo.num_nodes, topo.chief_address) == ("mpi", True, 2, "10.0.0.1:3333")
+    assert (topo.source, place(topo, 1, 0).is_chief, topo.num_nodes, topo.chief_address) == ("mpi", True, 2,
+                                                                                          "10.0.0.1:3333")
 
 
 def test_spawned_child_with_inherited_cluster_spec_is_per_process() -> None:
     env = {**vertex("workerpool1", 0), "RANK": "1", "LOCAL_RANK": "0", "WORLD_SIZE": "2",
            "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": "1", "MASTER_ADDR": "c", "MASTER_PORT": "1"}
     topo = resolve(env)
-    assert topo.source == "torchrun" and topo.per_process
+    assert topo.source == "torchrun" and topo.processes_started_externally
 
 
 def test_cluster_spec_beats_tf_config() -> None:
