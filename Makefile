@@ -73,9 +73,9 @@ venv-jobs: $(JOBS_VENV)/.ready
 venv: venv-pytorch venv-tensorflow venv-horovod venv-jobs
 
 lint-python: venv-pytorch
-	$(TOOLS_BIN)/ruff check entrypoint trainers tests bench images/local_build.py
+	$(TOOLS_BIN)/ruff check entrypoint trainers tests bench images/*.py
 	$(TOOLS_BIN)/mypy
-	$(TOOLS_BIN)/mypy --strict images/local_build.py  # on its own: images/<name>/ would shadow the frameworks
+	$(TOOLS_BIN)/mypy --strict images/*.py  # on its own: images/<name>/ would shadow the frameworks
 
 lint-docker: venv-pytorch
 lint: lint-python lint-docker

@@ -81,7 +81,7 @@ def build_replicas(pools: Sequence[Pool], output_dir: str, trial: str | None,
             # container's own /tmp/hypertune file; here it survives the replica for `local` to show).
             ev.CLOUD_ML_HP_METRIC_FILE: str(metrics_root / METRICS_DIR / name / "hypertune" / "output.metrics"),
             ev.TRAINER_REPLICA: name,
-            "PYTHONUNBUFFERED": "1",
+            ev.PYTHONUNBUFFERED: "1",
         })
         if trial:
             env[ev.CLOUD_ML_TRIAL_ID] = trial
@@ -113,7 +113,7 @@ class Disks:
             for entry in entries:
                 (work / entry.name).symlink_to(Path(entry.path).resolve())
         replica.cwd = str(work)
-        replica.env["TMPDIR"] = str(tmp)
+        replica.env[ev.TMPDIR] = str(tmp)
         replica.env[ev.TRAINER_RESTART_COUNT] = str(replica.attempt)
 
     def remove(self) -> None:

@@ -63,6 +63,7 @@ HOROVOD_CPU_OPERATIONS = "HOROVOD_CPU_OPERATIONS"
 HOROVOD_GLOO_RENDEZVOUS_ADDR = "HOROVOD_GLOO_RENDEZVOUS_ADDR"
 HOROVOD_GLOO_RENDEZVOUS_PORT = "HOROVOD_GLOO_RENDEZVOUS_PORT"
 HOROVOD_GLOO_TIMEOUT_SECONDS = "HOROVOD_GLOO_TIMEOUT_SECONDS"
+HOROVOD_GLOO_IFACE = "HOROVOD_GLOO_IFACE"  # the Horovod launcher: "lo" when the chief's host is a loopback address
 HOROVOD_FUSION_THRESHOLD = "HOROVOD_FUSION_THRESHOLD"
 HOROVOD_CYCLE_TIME = "HOROVOD_CYCLE_TIME"
 HOROVOD_AUTOTUNE = "HOROVOD_AUTOTUNE"
@@ -81,6 +82,8 @@ TRAINER_RESTART_COUNT = "TRAINER_RESTART_COUNT"  # how many times the platform r
 TRAINER_PLAN_FILE = "TRAINER_PLAN_FILE"  # the plan the launcher hands its worker processes (a private file)
 TRAINER_LOG_FORMAT = "TRAINER_LOG_FORMAT"  # default --log-format; the entrypoint sets the resolved one for children
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
+PYTHONUNBUFFERED = "PYTHONUNBUFFERED"  # set by the images, and by `local` for each replica (output as it happens)
+TMPDIR = "TMPDIR"  # `local`: a private temporary directory per replica, as each Vertex replica is its own machine
 
 # --- Platform facts read for failure reporting and logging ---------------------------------
 KUBERNETES_SERVICE_HOST = "KUBERNETES_SERVICE_HOST"  # set in every Kubernetes pod: /dev/termination-log applies

@@ -7,7 +7,11 @@ from enum import IntEnum
 
 
 class ExitCode(IntEnum):
-    """Process exit codes: permanent below 128, retryable at 128 and above (Kubeflow's ExitCode policy)."""
+    """Process exit codes: permanent below 128, retryable at 128 and above (Kubeflow's ExitCode policy).
+
+    A process stopped by signal N exits 128 + N (``signal_exit_code``, ``signal_class``): 130 for SIGINT,
+    143 for SIGTERM (class ``preempted``); those codes come from the signal, so they are not members here.
+    """
 
     OK = 0
     USER_CODE = 1  # the user's code raised, exited early, or a script exited non-zero
@@ -16,9 +20,7 @@ class ExitCode(IntEnum):
     OUTPUT_NOT_WRITABLE = 73  # an output directory is read-only or not ours to write (sysexits EX_CANTCREAT)
     DISK_FULL = 74  # no space left where outputs go (sysexits EX_IOERR)
     PEER_LOST = 129  # a peer never came, died or froze; a rendezvous, collective or training step timed out
-    INTERRUPTED = 130  # SIGINT (Ctrl-C)
     START_DEADLINE = 142  # SIGALRM: TensorFlow's cluster start outlived --timeout (it cannot be interrupted otherwise)
-    PREEMPTED = 143  # SIGTERM: preemption or the job being stopped
     HOST_UNRESOLVABLE = 196  # a peer's host name never resolved (128 + sysexits EX_NOHOST, made retryable)
     STORAGE_UNAVAILABLE = 197  # the object store (gs://) was unreachable or failing (128 + EX_UNAVAILABLE, retryable)
 

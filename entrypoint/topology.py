@@ -9,6 +9,8 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+from entrypoint import envvars as ev
+
 Source = Literal["vertex", "aiplatform", "tf_config", "torch", "torchrun", "kubeflow", "mpi", "local"]
 Role = Literal["chief", "worker", "ps", "evaluator"]
 
@@ -177,10 +179,10 @@ class ClusterTopology:
         """Node-level rendezvous variables for torch (MASTER_ADDR/PORT when known, NODE_RANK, NNODES)."""
         if self.node_rank is None:
             return {}
-        env = {"NODE_RANK": str(self.node_rank), "NNODES": str(self.num_nodes)}
+        env = {ev.NODE_RANK: str(self.node_rank), ev.NNODES: str(self.num_nodes)}
         address = self.chief_host_port()
         if address is not None:
-            env.update({"MASTER_ADDR": address[0], "MASTER_PORT": str(address[1])})
+            env.update({ev.MASTER_ADDR: address[0], ev.MASTER_PORT: str(address[1])})
         return env
 
     # ---- views ------------------------------------------------------------------------------

@@ -69,7 +69,7 @@ def worker_env(topo: ClusterTopology, placed: Placement, host: str, port: int, t
         ev.HOROVOD_GLOO_TIMEOUT_SECONDS: str(int(timeout)),
     }
     if _is_loopback(host):
-        env["HOROVOD_GLOO_IFACE"] = "lo"
+        env[ev.HOROVOD_GLOO_IFACE] = "lo"
     return env
 
 

@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from entrypoint import envvars as ev
 from entrypoint.environments.settings import is_secret_name
 from entrypoint.errors import ConfigError
 from entrypoint.jobs.vertexopts import parse_pairs
@@ -26,7 +27,7 @@ _ENV_NAME = re.compile(r"[-._a-zA-Z][-._a-zA-Z0-9]*")
 EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 SHM_VOLUME = "dshm"
 # Set by the operators in every pod (the entrypoint reads them): a manifest's own value would fight them.
-OPERATOR_SETS = ("TF_CONFIG", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")
+OPERATOR_SETS = (ev.TF_CONFIG, ev.MASTER_ADDR, ev.MASTER_PORT, ev.WORLD_SIZE, ev.RANK)
 
 
 @dataclass(frozen=True)

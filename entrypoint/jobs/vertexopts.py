@@ -11,6 +11,7 @@ import argparse
 import re
 from dataclasses import dataclass
 
+from entrypoint import envvars as ev
 from entrypoint.environments.settings import is_secret_name
 from entrypoint.errors import ConfigError
 from entrypoint.jobs.model import JobSettings
@@ -25,7 +26,7 @@ _RESOURCE_ID = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
 _RESERVATION = re.compile(r"(projects/[^/]+/zones/[^/]+/reservations/)?[a-z]([-a-z0-9]*[a-z0-9])?")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Set by Vertex AI in every replica (docs/ENVIRONMENT.md): a job's own value would fight them.
-_VERTEX_SETS = ("CLUSTER_SPEC", "TF_CONFIG", "CLOUD_ML_TRIAL_ID")
+_VERTEX_SETS = (ev.CLUSTER_SPEC, ev.TF_CONFIG, ev.CLOUD_ML_TRIAL_ID)
 
 
 @dataclass(frozen=True)

@@ -6,15 +6,15 @@ from typing import Any
 
 import pytest
 
-from tests.containers.engine import driver, unavailable
+from tests.containers.engine import common, engines, unavailable
 
 
 @pytest.fixture(scope="session")
 def engine() -> Any:
     """The engine `make image-test` built with (docker where `docker info` works, else podman)."""
-    found = driver.detect_engine()
+    found = engines.detect_engine()
     if found is None:
-        unavailable(f"no container engine: {driver.INSTALL}, then `make image-test`")
+        unavailable(f"no container engine: {common.INSTALL}, then `make image-test`")
     return found
 
 
@@ -23,8 +23,8 @@ def built(engine: Any) -> Any:
     """``built(image)``: the image name, once its local CPU build exists."""
 
     def check(image: str) -> str:
-        if not engine.exists(driver.image_ref(image)):
-            unavailable(f"{driver.image_ref(image)} is not built: run `make image-test`")
+        if not engine.exists(common.image_ref(image)):
+            unavailable(f"{common.image_ref(image)} is not built: run `make image-test`")
         return image
 
     return check

@@ -1,12 +1,13 @@
 """Run the locally built CPU images (make image-test) with the same engine settings the builds use.
 
-The engine, its flags and the image names come from images/local_build.py, loaded from its path (it is
-a standalone script, not a package). Containers get unique names and are always removed.
+The engine, its flags and the image names come from images/local_build.py and its modules (build_common,
+container_engine, debian_base, wheel_sources, image_sizes), loaded from images/ (standalone scripts, not a
+package). Containers get unique names and are always removed.
 """
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
 import re
 import subprocess
@@ -25,17 +26,20 @@ import pytest
 from tests.conftest import ROOT
 
 
-def _load_driver() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("local_build", ROOT / "images" / "local_build.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["local_build"] = module  # dataclasses look their module up here
-    spec.loader.exec_module(module)
-    return module
+def _load(*names: str) -> list[ModuleType]:
+    """Import the local build's modules from images/, which is on sys.path only meanwhile: left there, its
+    images/<name>/ folders would answer `import tensorflow` or `import horovod` as namespace packages."""
+    folder = str(ROOT / "images")
+    sys.path.insert(0, folder)
+    try:
+        return [importlib.import_module(name) for name in names]
+    finally:
+        sys.path.remove(folder)
 
 
-driver = _load_driver()
-Engine = driver.Engine
+driver, common, engines, base, wheels, sizes = _load(
+    "local_build", "build_common", "container_engine", "debian_base", "wheel_sources", "image_sizes")
+Engine = engines.Engine
 UID = 1000  # the images' trainer user (TRAINER_UID)
 JOB_TIMEOUT = 300  # seconds for one containerised job; each takes 10-60 s on 2 idle cores
 OUT = "/outputs"  # where a test mounts its output volume in the container
@@ -44,7 +48,7 @@ PROGRESS = re.compile(r"\bstep (\d+)/(\d+)\b")
 
 def unavailable(reason: str) -> None:
     """Skip, except in CI, where the image tests must run (make test installs the engine there)."""
-    if driver.is_ci():
+    if common.is_ci():
         pytest.fail(f"{reason} (CI=true: the image tests may not be skipped)")
     pytest.skip(reason)
 
@@ -78,7 +82,7 @@ def aip_dirs(root: str = OUT) -> dict[str, str]:
 class Container:
     """One ``run`` of an image: its command line, and (once started) its process and output file."""
 
-    engine: Any  # local_build.Engine
+    engine: Any  # container_engine.Engine
     image: str
     args: Sequence[str]
     env: Mapping[str, str] = field(default_factory=dict)
@@ -96,7 +100,7 @@ class Container:
             flags += ["--volume", f"{host}:{inside}"]
         if self.entrypoint is not None:
             flags += ["--entrypoint", self.entrypoint]
-        return self.engine.command("run", *flags, driver.image_ref(self.image), *self.args)
+        return self.engine.command("run", *flags, common.image_ref(self.image), *self.args)
 
     def start(self, log: Path) -> Container:
         """Start in the background, stdout and stderr to ``log``."""

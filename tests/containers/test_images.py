@@ -11,10 +11,10 @@ import pytest
 
 from entrypoint.supervisor import free_ports
 from tests.conftest import ROOT
-from tests.containers.engine import OUT, UID, Container, driver, run, vertex_spec, writable_dir
+from tests.containers.engine import OUT, UID, Container, common, run, sizes, vertex_spec, wheels, writable_dir
 
 pytestmark = pytest.mark.containers
-IMAGES = driver.IMAGES
+IMAGES = common.IMAGES
 # What each image must import, with the versions of its lock (the build-time smoke check, and more).
 SMOKE = {
     "pytorch": "import json, torch, sklearn, hypertune, tensorboardX; "
@@ -33,7 +33,7 @@ STRATEGY = {"pytorch": "ddp", "tensorflow": "MultiWorkerMirroredStrategy", "horo
 
 
 def lock(image: str, package: str) -> str:
-    version = driver.lock_version(image, package)
+    version = wheels.lock_version(image, package)
     assert version, f"{package} is not in images/{image}/requirements-cpu.txt"
     return str(version)
 
@@ -80,7 +80,7 @@ def test_the_entrypoint_answers_through_tini(engine: Any, built: Any, image: str
     proc = run(Container(engine, built(image), ["--help"]))
     assert proc.returncode == 0, proc.stderr[-3000:]
     inspect = engine.output("image", "inspect", "--format", "{{json .Config.Entrypoint}} {{.Config.User}}",
-                            driver.image_ref(image))
+                            common.image_ref(image))
     assert inspect.split() == ['["/usr/bin/tini","-g","--","python","-m","entrypoint","run"]', str(UID)]
 
 
@@ -106,8 +106,8 @@ def test_runs_as_the_trainer_user_and_can_write_where_trainers_write(
 
 @pytest.mark.parametrize("image", IMAGES)
 def test_image_size_is_within_its_budget(engine: Any, built: Any, image: str) -> None:
-    ref = driver.image_ref(built(image))
-    size = driver.image_size(engine, ref)
-    layers = "\n".join(f"  {s / 1e6:9.1f} MB  {what[:100]}" for s, what in driver.largest_layers(engine, ref))
-    problem = driver.budget_problem(image, size)
+    ref = common.image_ref(built(image))
+    size = sizes.image_size(engine, ref)
+    layers = "\n".join(f"  {s / 1e6:9.1f} MB  {what[:100]}" for s, what in sizes.largest_layers(engine, ref))
+    problem = sizes.budget_problem(image, size)
     assert problem is None, f"{problem}\nlargest layers:\n{layers}"

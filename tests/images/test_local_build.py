@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from dockerfile_parse import DockerfileParser
 
-from tests.containers.engine import driver
+from tests.containers.engine import base, common, driver, engines, sizes, wheels
 from tests.images.test_cloudbuild import build_steps, flag
 
 pytestmark = pytest.mark.images
@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # The only differences a local build may have: the base, its Python, and where torch's +cpu wheel and
 # Horovod's wheel come from.
 LOCAL_ONLY = {"CPU_IMAGE", "PYTHON_VERSION", "TORCH_CPU_INDEX_URL", "HOROVOD_WHEEL_URL"}
-SOURCES = driver.WheelSources("http://127.0.0.1:38417/simple/", "http://127.0.0.1:38417/horovod/")
+SOURCES = wheels.WheelSources("http://127.0.0.1:38417/simple/", "http://127.0.0.1:38417/horovod/")
 
 
 def cloud_cpu_args(image: str) -> dict[str, str]:
@@ -42,7 +42,7 @@ def dockerfile_args(image: str) -> set[str]:
     return {ins["value"].split("=", 1)[0] for ins in parser.structure if ins["instruction"] == "ARG"}
 
 
-@pytest.mark.parametrize("image", driver.IMAGES)
+@pytest.mark.parametrize("image", common.IMAGES)
 def test_local_builds_pass_cloud_builds_cpu_arguments(image: str) -> None:
     cloud, local = cloud_cpu_args(image), driver.release_build_args(image)
     assert set(local) == set(cloud)
@@ -54,20 +54,20 @@ def test_local_builds_pass_cloud_builds_cpu_arguments(image: str) -> None:
     assert local["REVISION"] in (_git_head(), "unknown")
 
 
-@pytest.mark.parametrize("image", driver.IMAGES)
-@pytest.mark.parametrize("sources", [driver.WheelSources(), SOURCES])
+@pytest.mark.parametrize("image", common.IMAGES)
+@pytest.mark.parametrize("sources", [wheels.WheelSources(), SOURCES])
 def test_everything_else_is_a_local_only_argument_the_dockerfile_declares(image: str, sources: Any) -> None:
     local = driver.local_build_args(image, sources)
     assert set(local) <= LOCAL_ONLY
     assert set(local) <= dockerfile_args(image)
-    assert local["CPU_IMAGE"] == driver.BASE_REF and local["PYTHON_VERSION"] == driver.BASE_PYTHON
+    assert local["CPU_IMAGE"] == base.BASE_REF and local["PYTHON_VERSION"] == base.BASE_PYTHON
     # Horovod's wheel source goes to the one image that compiles Horovod, when there is one
     assert ("HOROVOD_WHEEL_URL" in local) == (image == "horovod" and sources.horovod_cache is not None)
 
 
-@pytest.mark.parametrize("image", driver.IMAGES)
+@pytest.mark.parametrize("image", common.IMAGES)
 def test_build_command_uses_the_real_dockerfile_and_the_repository_context(image: str) -> None:
-    engine = driver.Engine("podman", ("podman",))
+    engine = engines.Engine("podman", ("podman",))
     command = driver.build_command(engine, image, SOURCES)
     assert command[:2] == ["podman", "build"] and command[-1] == "."
     assert f"--file=images/{image}/Dockerfile" in command
@@ -78,13 +78,13 @@ def test_build_command_uses_the_real_dockerfile_and_the_repository_context(image
 
 
 def test_size_budget_covers_every_image_with_a_margin() -> None:
-    data: dict[str, Any] = json.loads(driver.BUDGET_FILE.read_text())
-    assert set(data["bytes"]) == set(driver.IMAGES)
+    data: dict[str, Any] = json.loads(sizes.BUDGET_FILE.read_text())
+    assert set(data["bytes"]) == set(common.IMAGES)
     assert 0 < data["margin"] <= 0.25
-    margin, budget = driver.load_budget()
+    margin, budget = sizes.load_budget()
     image, size = "pytorch", budget["pytorch"]
-    assert driver.budget_problem(image, size) is None
-    assert driver.budget_problem(image, int(size * (1 + margin)) + 1) is not None
+    assert sizes.budget_problem(image, size) is None
+    assert sizes.budget_problem(image, int(size * (1 + margin)) + 1) is not None
 
 
 def local_build(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -112,11 +112,11 @@ def test_a_failed_build_names_an_unreachable_source(monkeypatch: pytest.MonkeyPa
 
 
 def test_the_base_is_refreshed_when_old_or_its_recipe_changes() -> None:
-    recipe = driver._recipe_hash()
-    assert driver.base_is_current(f"{recipe}-{_stamp(days_ago=1)}")
-    assert not driver.base_is_current(f"{recipe}-{_stamp(days_ago=driver.BASE_MAX_AGE_DAYS + 1)}")
-    assert not driver.base_is_current(f"{'0' * 12}-{_stamp(days_ago=1)}")
-    assert not driver.base_is_current(None) and not driver.base_is_current("unlabelled")
+    recipe = base._recipe_hash()
+    assert base.base_is_current(f"{recipe}-{_stamp(days_ago=1)}")
+    assert not base.base_is_current(f"{recipe}-{_stamp(days_ago=base.BASE_MAX_AGE_DAYS + 1)}")
+    assert not base.base_is_current(f"{'0' * 12}-{_stamp(days_ago=1)}")
+    assert not base.base_is_current(None) and not base.base_is_current("unlabelled")
 
 
 def _stamp(days_ago: float) -> str:

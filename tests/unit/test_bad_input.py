@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 from pathlib import Path
@@ -10,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from entrypoint import envvars
 from entrypoint.environments import resolve
 from entrypoint.errors import ConfigError
 from entrypoint.topology import ClusterTopology
@@ -135,6 +137,34 @@ specs = st.fixed_dictionaries({}, optional={"cluster": st.one_of(st.dictionaries
 int_text = st.one_of(st.integers(-3, 20).map(str), st.text(max_size=6))
 
 
+def _format_variables() -> tuple[list[str], list[str]]:
+    """What the fuzzers feed: every envvars.py name a cluster format (entrypoint/environments/, but not the
+    platform settings) reads as ``ev.NAME``, split into the JSON specs (given to ``load_object``) and the rest.
+    A new format's variables are fuzzed as soon as it reads them from envvars.py."""
+    json_specs: set[str] = set()
+    read: set[str] = set()
+    for module in (ROOT / "entrypoint" / "environments").glob("*.py"):
+        if module.name == "settings.py":
+            continue
+        for node in ast.walk(ast.parse(module.read_text())):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "ev":
+                read.add(getattr(envvars, node.attr))
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "load_object":
+                json_specs |= {getattr(envvars, a.attr) for a in node.args[:1] if isinstance(a, ast.Attribute)}
+    return sorted(json_specs), sorted(read - json_specs)
+
+
+JSON_VARIABLES, OTHER_VARIABLES = _format_variables()
+
+
+def test_the_fuzzers_cover_the_variables_of_every_format() -> None:
+    assert JSON_VARIABLES == ["CLUSTER_SPEC", "TF_CONFIG"]
+    assert {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "MASTER_ADDR",
+            "MASTER_PORT", "PET_NNODES", "PET_NODE_RANK", "PET_NPROC_PER_NODE", "OMPI_COMM_WORLD_RANK",
+            "OMPI_COMM_WORLD_SIZE", "HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_CROSS_RANK", "PMI_RANK", "PMI_SIZE",
+            "CLOUD_ML_TRIAL_ID"} <= set(OTHER_VARIABLES)
+
+
 def _check(env: dict[str, str]) -> None:
     try:
         topo = resolve(env)
@@ -148,7 +178,7 @@ def _check(env: dict[str, str]) -> None:
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(variable=st.sampled_from(["CLUSTER_SPEC", "TF_CONFIG"]), value=st.one_of(specs.map(json.dumps),
+@given(variable=st.sampled_from(JSON_VARIABLES), value=st.one_of(specs.map(json.dumps),
                                                                                  json_values.map(json.dumps),
                                                                                  st.text(max_size=40)))
 def test_fuzz_json_specs(variable: str, value: str) -> None:
@@ -156,11 +186,6 @@ def test_fuzz_json_specs(variable: str, value: str) -> None:
 
 
 @settings(max_examples=300, deadline=None)
-@given(env=st.dictionaries(st.sampled_from(["RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-                                            "GROUP_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "PET_NNODES",
-                                            "PET_NODE_RANK", "PET_NPROC_PER_NODE", "OMPI_COMM_WORLD_RANK",
-                                            "OMPI_COMM_WORLD_SIZE", "HOROVOD_RANK", "HOROVOD_SIZE",
-                                            "HOROVOD_CROSS_RANK", "PMI_RANK", "PMI_SIZE", "CLOUD_ML_TRIAL_ID"]),
-                           int_text, max_size=6))
+@given(env=st.dictionaries(st.sampled_from(OTHER_VARIABLES), int_text, max_size=6))
 def test_fuzz_integer_variables(env: dict[str, str]) -> None:
     _check(env)

@@ -1,0 +1,32 @@
+"""What every step of the local CPU builds shares (images/local_build.py and its modules): the repository,
+the image names, the one-line failure and the log line.
+
+Standard library only, like the rest of the local build: the container tests (tests/containers/) load these
+modules for the same settings.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+IMAGES = ("pytorch", "tensorflow", "horovod")
+INSTALL = "apt-get install -y podman runc mmdebstrap"
+
+
+class Failure(Exception):
+    """Something failed: the message says what, and what to do (one line)."""
+
+
+def log(message: str) -> None:
+    print(f"local_build: {message}", flush=True)
+
+
+def is_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def image_ref(image: str) -> str:
+    """The local tag of an image's CPU variant."""
+    return f"localhost/trainer-{image}:cpu"
