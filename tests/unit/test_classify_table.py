@@ -197,6 +197,6 @@ def test_retryable_means_128_and_above(code: int, retryable: bool) -> None:
 
 def test_hang_and_the_start_deadline_are_consequences_with_their_own_codes() -> None:
     """Neither is an exception: the watchdogs record them directly; they share the peer_lost handling."""
-    assert errors.CONSEQUENCES == {"peer_lost", "hang"}
+    assert sorted(errors.CONSEQUENCES) == ["hang", "peer_lost"]
     assert (errors.HANG.name, errors.HANG.exit_code) == ("hang", 129)
     assert (errors.START_DEADLINE.name, errors.START_DEADLINE.exit_code) == ("peer_lost", 142)
