@@ -1,0 +1,142 @@
+"""``signals.py``: exit statuses of signals, the training process's StopRequest, the supervisor's Forwarder and
+terminate, ``stop_at_once`` and ``deadline``. Real signals to this process (main thread) or to tiny children."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from entrypoint import signals
+from entrypoint.errors import StopRequested, exit_code_of, signal_exit_code
+from tests.conftest import ROOT, subprocess_env
+
+HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGALRM)
+
+
+@pytest.fixture(autouse=True)
+def restore_handlers() -> Iterator[None]:
+    """Whatever a test installs, pytest gets its own handlers (and no pending alarm) back."""
+    saved = {sig: signal.getsignal(sig) for sig in HANDLED}
+    yield
+    signal.alarm(0)
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 1.0) -> bool:
+    """Python runs a handler between bytecodes of the main thread: give it a moment."""
+    end = time.monotonic() + timeout
+    while not condition() and time.monotonic() < end:
+        time.sleep(0.005)
+    return condition()
+
+
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGKILL, 137), (signal.SIGINT, 130),
+                                              (signal.SIGALRM, 142), (signal.SIGHUP, 129)])
+def test_a_signal_exits_128_plus_its_number(signum: int, code: int) -> None:
+    assert signal_exit_code(signum) == code
+    assert exit_code_of(-signum) == code  # Popen.returncode of a child the signal killed
+
+
+@pytest.mark.parametrize("returncode", [0, 1, 2, 73, 129, 143, 197, 255])
+def test_a_childs_own_exit_status_is_kept(returncode: int) -> None:
+    assert exit_code_of(returncode) == returncode
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_stop_request_turns_a_stop_signal_into_a_flag(signum: int, capsys: pytest.CaptureFixture[str]) -> None:
+    request = signals.StopRequest().install()
+    assert not request.requested and request.received_at is None
+    os.kill(os.getpid(), signum)
+    assert wait_for(lambda: request.requested)
+    assert request.signum == signum and request.received_at is not None
+    assert f"received {signal.Signals(signum).name}: stopping at the next step boundary" in capsys.readouterr().err
+    request.uninstall()
+
+
+def test_stop_request_keeps_the_first_signal_and_gives_the_handlers_back() -> None:
+    before = signal.getsignal(signal.SIGTERM)
+    request = signals.StopRequest().install().install()  # idempotent: the previous handler is not lost
+    os.kill(os.getpid(), signal.SIGTERM)
+    assert wait_for(lambda: request.requested)
+    first = request.received_at
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0.02)
+    assert request.signum == signal.SIGTERM and request.received_at == first
+    request.uninstall()
+    assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_the_forwarder_remembers_signals_for_its_wait_loop() -> None:
+    before = {sig: signal.getsignal(sig) for sig in signals.STOP_SIGNALS}
+    with signals.Forwarder() as forwarder:
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert wait_for(lambda: len(forwarder.received) == 2)
+        assert sorted(forwarder.received) == sorted([signal.SIGINT, signal.SIGTERM])
+    assert {sig: signal.getsignal(sig) for sig in signals.STOP_SIGNALS} == before
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_stop_at_once_raises_where_the_main_thread_stands(signum: int) -> None:
+    with pytest.raises(StopRequested) as info, signals.stop_at_once("serving"):
+        os.kill(os.getpid(), signum)
+        time.sleep(1)  # interrupted: the handler raises
+    assert info.value.exit_code == signal_exit_code(signum)
+    assert str(info.value) == f"stopped by {signal.Signals(signum).name} while serving"
+
+
+def test_stop_at_once_without_a_signal_gives_the_handlers_back() -> None:
+    before = signal.getsignal(signal.SIGTERM)
+    with signals.stop_at_once("serving"):
+        pass
+    assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_a_deadline_met_cancels_its_alarm_and_restores_the_handler() -> None:
+    def mine(_s: int, _f: object) -> None:
+        raise AssertionError("the alarm outlived its block")
+
+    signal.signal(signal.SIGALRM, mine)
+    with signals.deadline(0.5):
+        assert signal.getsignal(signal.SIGALRM) == signal.SIG_DFL
+    assert signal.alarm(0) == 0  # nothing pending
+    assert signal.getsignal(signal.SIGALRM) is mine
+
+
+def test_a_deadline_missed_ends_the_process_with_142() -> None:
+    """SIGALRM's default action: no handler to swallow; the alarm has a 1 s granularity (at least 1 s)."""
+    code = "import time; from entrypoint.signals import deadline\nwith deadline(0.2): time.sleep(30)"
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=subprocess_env(), timeout=10)
+    assert exit_code_of(proc.returncode) == 142
+    assert time.monotonic() - started < 5
+
+
+def sleeper(trap: bool) -> subprocess.Popen[bytes]:
+    """A child in its own session sleeping 60 s; ``trap``: it ignores SIGTERM (a slow checkpoint, say)."""
+    body = "import signal, sys, time\n"
+    if trap:
+        body += "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    body += "print('ready', flush=True)\ntime.sleep(60)\n"
+    proc = subprocess.Popen([sys.executable, "-c", body], stdout=subprocess.PIPE, start_new_session=True)
+    assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+    return proc
+
+
+def test_terminate_forwards_then_kills_what_outlives_the_grace_period() -> None:
+    polite, stubborn = sleeper(trap=False), sleeper(trap=True)
+    started = time.monotonic()
+    signals.terminate([polite, stubborn], signal.SIGTERM, 0.3)
+    took = time.monotonic() - started
+    assert (exit_code_of(polite.returncode), exit_code_of(stubborn.returncode)) == (143, 137)
+    assert 0.25 < took < 3
+    for proc in (polite, stubborn):
+        assert proc.stdout is not None
+        proc.stdout.close()
