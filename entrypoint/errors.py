@@ -36,10 +36,11 @@ def exit_code_of(returncode: int) -> int:
 
 
 def sys_exit_code(exc: SystemExit) -> int:
-    """``sys.exit(x)`` as the shell sees it: None is 0, an int itself, anything else (a message) 1."""
+    """``sys.exit(x)`` as the shell sees it: None is 0, an int modulo 256 (``sys.exit(256)`` exits 0, ``-1`` 255),
+    anything else (a message) 1."""
     if exc.code is None:
         return ExitCode.OK
-    return exc.code if isinstance(exc.code, int) else ExitCode.USER_CODE
+    return exc.code & 0xFF if isinstance(exc.code, int) else ExitCode.USER_CODE
 
 
 def is_retryable(code: int) -> bool:

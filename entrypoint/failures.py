@@ -248,7 +248,8 @@ def finish(ctx: Context, own: FailureRecord, *, stored: bool = True, blame: Fail
 def code_class(code: int) -> FailureClass:
     """The class of a bare exit status (a child that left no record, a script's own exit code)."""
     known = {c.exit_code: c for c in (errors.CONFIG, errors.OUTPUT_NOT_WRITABLE, errors.DISK_FULL, errors.PEER_LOST,
-                                      errors.HOST_UNRESOLVABLE, errors.START_DEADLINE, errors.STORAGE_UNAVAILABLE)}
+                                      errors.NONFINITE_LOSS, errors.HOST_UNRESOLVABLE, errors.START_DEADLINE,
+                                      errors.STORAGE_UNAVAILABLE)}
     if code in known:
         return known[code]
     if 128 < code < 128 + 65:

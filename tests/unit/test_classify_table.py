@@ -137,9 +137,6 @@ def test_any_sys_exit_inside_the_hooks_loop_is_a_user_code_failure(value: object
     assert (failure.cls.name, failure.exit_code) == ("user_code", 1)
 
 
-@pytest.mark.xfail(reason="bug: errors.sys_exit_code returns the int unchanged, but the shell sees it modulo 256 "
-                          "(sys.exit(256) exits 0, sys.exit(-1) exits 255), so the record and last line name an "
-                          "exit code the process does not end with", strict=True)
 @pytest.mark.parametrize(("value", "shell"), [(256, 0), (257, 1), (-1, 255), (399, 143)])
 def test_sys_exit_codes_outside_0_255_are_reported_as_the_shell_sees_them(value: int, shell: int) -> None:
     assert errors.sys_exit_code(SystemExit(value)) == shell
@@ -172,8 +169,6 @@ def test_a_bare_exit_status_gets_the_class_of_its_row(status: int, cls: str) -> 
     assert failures.exit_failure(status).exit_code == status
 
 
-@pytest.mark.xfail(reason="bug: failures.code_class has no row for 65 (errors.NONFINITE_LOSS), so a child that "
-                          "exits 65 without a record is named user_code", strict=True)
 def test_a_bare_exit_65_is_a_nonfinite_loss() -> None:
     assert failures.code_class(65) == errors.NONFINITE_LOSS
 

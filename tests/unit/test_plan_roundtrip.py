@@ -57,7 +57,10 @@ def make(env: dict[str, str], gpus: int, options: dict[str, Any]) -> Plan:
 
 
 # Local ranks to place the plan at: the round trip is checked, not where a rank lands (other tests do that).
-LOCAL_RANKS = (0, 1)
+def local_ranks(plan: Plan) -> list[int]:
+    """The node's first two local ranks; only the platform's own for a process the platform started."""
+    ranks = plan.topology.platform_ranks
+    return [ranks.local_rank] if ranks is not None else list(range(min(plan.nproc_per_node, 2)))
 
 
 @pytest.mark.parametrize(("env", "gpus", "options"), LAYOUTS)
@@ -73,7 +76,7 @@ def test_the_plan_survives_json(env: dict[str, str], gpus: int, options: dict[st
 @pytest.mark.parametrize(("env", "gpus", "options"), LAYOUTS)
 def test_a_placed_plan_survives_json(env: dict[str, str], gpus: int, options: dict[str, Any]) -> None:
     plan = make(env, gpus, options)
-    for rank in LOCAL_RANKS:
+    for rank in local_ranks(plan):
         placed = plan.for_process(rank)
         assert Plan.from_dict(json.loads(json.dumps(placed.to_dict()))) == placed
 
@@ -86,12 +89,13 @@ def test_every_worker_reads_back_the_plan_the_launcher_wrote(env: dict[str, str]
         assert set(variables) == {ev.TRAINER_PLAN_FILE}
         path = variables[ev.TRAINER_PLAN_FILE]
         assert path.startswith(f"/proc/{os.getpid()}/fd/")
-        for rank in LOCAL_RANKS:
+        for rank in local_ranks(plan):
             loaded, launcher = handoff.load(read_handoff({**variables, ev.LOCAL_RANK: str(rank)}))
             assert loaded == plan.for_process(rank)
             assert launcher == os.getpid()
-        horovod, _ = handoff.load(read_handoff({**variables, ev.HOROVOD_LOCAL_RANK: "0"}))
-        assert horovod == plan.for_process(0)
+        first = local_ranks(plan)[0]
+        horovod, _ = handoff.load(read_handoff({**variables, ev.HOROVOD_LOCAL_RANK: str(first)}))
+        assert horovod == plan.for_process(first)
     assert not os.path.exists(path)  # gone with the block: nothing left behind
 
 
