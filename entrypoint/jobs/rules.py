@@ -22,9 +22,9 @@ CUDA_MAJOR = {"pytorch": 13, "horovod": 13, "tensorflow": 12}
 
 
 # argparse names a failed conversion by its function: say what the value must be instead.
-_TYPE_WORDS = {"int": "a whole number", "float": "a number", "_positive_int": "a whole number >= 1",
-               "_non_negative_int": "a whole number >= 0", "_positive_float": "a number > 0",
-               "_non_negative_float": "a number >= 0"}
+_TYPE_WORDS = {"int": "a whole number", "float": "a number", "positive_int": "a whole number >= 1",
+               "non_negative_int": "a whole number >= 0", "positive_float": "a number > 0",
+               "non_negative_float": "a number >= 0"}
 
 
 def readable(message: str) -> str:
