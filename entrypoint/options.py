@@ -41,11 +41,9 @@ class RunOptions:
     checkpoint_mode: str = "async"
     resume_from: str | None = None
     on_nonfinite: str = "fail"
-    recovery: str = "in-place"
     hypertune_metric: str | None = None
     bf16: bool = False
     clip_grad_norm: float | None = None
-    bucket_cap_mb: int = 64
     seed: int = 42
     data_workers: int | None = None
     log_format: str | None = None  # auto | text | json; None: $TRAINER_LOG_FORMAT, else auto

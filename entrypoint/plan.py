@@ -147,6 +147,10 @@ def make_plan(topo: ClusterTopology, options: RunOptions, settings: PlatformSett
         tensorboard_dir=options.tensorboard_dir or settings.tensorboard_dir,
         trial=topo.trial,
     )
+    for option, _value in options.framework_options:  # another framework's flag would do nothing here
+        owner = registry.owner_of(option)
+        if owner is not None and owner[0].name != framework.name:
+            raise ConfigError(owner[1].flag, f"is a {owner[0].name} option and this job runs {framework.name}")
     unknown = set(framework.user_variables) - set(ev.FRAMEWORK_DEFAULTED)
     assert not unknown, f"{framework.name} declares user variables outside envvars.FRAMEWORK_DEFAULTED: {unknown}"
     node = framework.plan(topo, options, settings.user_values(framework.user_variables), gpus, outputs)

@@ -63,6 +63,10 @@ class Flag:
     help: str
     type: Callable[[str], Any] | None = None
     switch: bool = False  # a flag without a value (store_true)
+    choices: tuple[str, ...] | None = None  # the values it accepts, if it is a choice
+
+    # Defaults live with the code that reads the value (``framework_option(name, default)``): a flag not given is
+    # absent from the plan, so a job of another framework carries none of it.
 
     @property
     def name(self) -> str:
@@ -113,6 +117,15 @@ def get(name: str) -> Framework:
     """The registered framework ``name`` (KeyError for an unknown one; callers validate names first)."""
     framework: Framework = importlib.import_module(REGISTRY[name]).FRAMEWORK
     return framework
+
+
+def owner_of(option: str) -> tuple[Framework, Flag] | None:
+    """The framework whose own flag ``option`` is (by its name in ``framework_options``), and the flag."""
+    for name in REGISTRY:
+        for flag in get(name).flags:
+            if flag.name == option:
+                return get(name), flag
+    return None
 
 
 def all_strategies() -> tuple[str, ...]:

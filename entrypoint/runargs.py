@@ -87,13 +87,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     loop.add_argument("--on-nonfinite", choices=("fail", "skip"), default="fail",
                       help="a NaN/inf training loss: fail (exit 65, nothing exported; default) or skip that step's "
                       "update (PyTorch/Horovod hooks)")
-    loop.add_argument("--recovery", choices=("in-place", "restart"), default="in-place",
-                      help="a lost peer (PyTorch hooks across nodes): in-place: the survivors keep training with its "
-                      "replacement (default); restart: every process exits, the job restarts from its checkpoint")
     loop.add_argument("--hypertune-metric", help="evaluation metric reported to Vertex hyperparameter tuning")
     loop.add_argument("--bf16", action="store_true", help="bf16 autocast on GPU")
     loop.add_argument("--clip-grad-norm", type=positive_float)
-    loop.add_argument("--bucket-cap-mb", type=positive_int, default=64, help="DDP gradient bucket size")
     loop.add_argument("--seed", type=int, default=42)
     loop.add_argument("--data-workers", type=non_negative_int, help="DataLoader workers (default: 2 on GPU, 0 on CPU)")
     for name in registry.names():  # each framework's own flags, in a group of its own
@@ -104,9 +100,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                 if flag.switch:
                     group.add_argument(flag.flag, action="store_true", help=flag.help)
                 elif flag.type is not None:
-                    group.add_argument(flag.flag, type=flag.type, help=flag.help)
+                    group.add_argument(flag.flag, type=flag.type, choices=flag.choices, help=flag.help)
                 else:
-                    group.add_argument(flag.flag, help=flag.help)
+                    group.add_argument(flag.flag, choices=flag.choices, help=flag.help)
 
 
 def options_from_namespace(ns: argparse.Namespace, user_args: list[str]) -> RunOptions:

@@ -9,10 +9,10 @@ from collections.abc import Mapping
 
 from entrypoint import envvars as ev
 from entrypoint.errors import ConfigError
-from entrypoint.options import RunOptions
+from entrypoint.options import RunOptions, positive_int
 from entrypoint.outputs import OutputDirs
 from entrypoint.placement import job_world_size
-from entrypoint.registry import Framework, NodePlan, ServerPool
+from entrypoint.registry import Flag, Framework, NodePlan, ServerPool
 from entrypoint.topology import ClusterTopology
 
 
@@ -50,6 +50,14 @@ def plan(topo: ClusterTopology, options: RunOptions, user_set: Mapping[str, str]
 
 
 USER_VARIABLES = (ev.OMP_NUM_THREADS, ev.TORCH_NCCL_ASYNC_ERROR_HANDLING)  # torchrun keeps the user's values
+RECOVERY_DEFAULT = "in-place"
+BUCKET_CAP_MB_DEFAULT = 64
+FLAGS = (
+    Flag("--recovery", "a lost peer (PyTorch hooks across nodes): in-place: the survivors keep training with its "
+         "replacement (default); restart: every process exits, the job restarts from its checkpoint",
+         choices=("in-place", "restart")),
+    Flag("--bucket-cap-mb", f"DDP gradient bucket size (default {BUCKET_CAP_MB_DEFAULT})", positive_int),
+)
 
 
 def torchrun_defaults(nproc: int, user_set: Mapping[str, str]) -> dict[str, str]:
@@ -67,5 +75,6 @@ FRAMEWORK = Framework(
     plan=plan,
     launcher="entrypoint.pytorch.launch:launch",
     worker="entrypoint.pytorch.worker:run",
+    flags=FLAGS,
     user_variables=USER_VARIABLES,
 )

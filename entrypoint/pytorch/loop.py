@@ -35,6 +35,7 @@ from entrypoint.pytorch.collectives import Collectives, TorchDistributed
 from entrypoint.pytorch.data import EpochSampler, make_loader, seed_loader, to_device
 from entrypoint.pytorch.defaults import Context, default_eval_step, default_loss, param_digest
 from entrypoint.pytorch.evaluation import evaluate
+from entrypoint.pytorch.framework import BUCKET_CAP_MB_DEFAULT
 from entrypoint.pytorch.inplace import InPlace
 from entrypoint.pytorch.membership import Membership
 from entrypoint.pytorch.resume import LoopCheckpoints
@@ -165,7 +166,8 @@ class Trainer:
             self.inplace.started()
         while True:  # once, unless a lost peer is replaced in place: then again from rank 0's position
             try:
-                state.ddp, state.optimizer = self.comm.prepare(model, state.optimizer, ctx.device, opts.bucket_cap_mb)
+                bucket_cap_mb = opts.framework_option("bucket_cap_mb", BUCKET_CAP_MB_DEFAULT)
+                state.ddp, state.optimizer = self.comm.prepare(model, state.optimizer, ctx.device, bucket_cap_mb)
                 self.digests.setdefault("start", self.comm.gather_object(param_digest(model)))
                 for epoch in range(state.epoch, self.epochs):
                     sampler.start(epoch, state.batch * self.batch_size)

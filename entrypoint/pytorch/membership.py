@@ -28,6 +28,7 @@ from datetime import timedelta
 from typing import Any
 
 from entrypoint.errors import PeerError
+from entrypoint.pytorch.framework import RECOVERY_DEFAULT
 from entrypoint.pytorch.store import job_run_id
 
 log = logging.getLogger("entrypoint.pytorch")
@@ -235,8 +236,8 @@ class Membership:
 def applies(plan: Any) -> bool:
     """Whether survivors keep training in this job: the PyTorch hooks loop across nodes, ``--recovery in-place``,
     processes placed by our launcher (not by the platform's own torchrun)."""
-    topo = plan.topology
-    return bool(plan.framework == "pytorch" and plan.options.recovery == "in-place" and topo.num_nodes >= 2
+    topo, recovery = plan.topology, plan.options.framework_option("recovery", RECOVERY_DEFAULT)
+    return bool(plan.framework == "pytorch" and recovery == "in-place" and topo.num_nodes >= 2
                 and topo.chief_host_port() is not None and not topo.processes_started_externally
                 and plan.require_code().kind == "hooks")
 

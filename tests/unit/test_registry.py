@@ -17,6 +17,10 @@ import pytest
 
 from entrypoint import envvars as ev
 from entrypoint import registry
+from entrypoint.environments import resolve
+from entrypoint.environments.settings import PlatformSettings
+from entrypoint.errors import ConfigError
+from entrypoint.plan import make_plan
 from entrypoint.runargs import parse_options
 from tests.conftest import PYTHON, subprocess_env
 
@@ -120,3 +124,15 @@ def test_a_toy_framework_is_its_package_plus_one_registry_line(tmp_path: Path) -
     helped = subprocess.run([PYTHON, "-c", main, "run", "--help"], env=env, capture_output=True, text=True,
                             timeout=60)
     assert "--toy-level" in helped.stdout and "toy" in helped.stdout
+
+
+@pytest.mark.parametrize(("framework", "argv", "flag"), [
+    ("pytorch", ["--fusion-threshold", "64"], "--fusion-threshold"),
+    ("horovod", ["--recovery", "restart"], "--recovery"),
+    ("tensorflow", ["--bucket-cap-mb", "25"], "--bucket-cap-mb"),
+])
+def test_another_frameworks_flag_is_a_config_error(framework: str, argv: list[str], flag: str) -> None:
+    options = parse_options("run", ["--framework", framework, *argv])
+    with pytest.raises(ConfigError, match=f"is a .* option and this job runs {framework}") as caught:
+        make_plan(resolve({}), options, PlatformSettings(), 0)
+    assert caught.value.args[0] == flag or flag in str(caught.value)
