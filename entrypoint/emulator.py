@@ -168,7 +168,7 @@ def run_cluster(pools: Sequence[Pool], output_dir: str, trial: str | None = None
         disks.remove()
     chief = replicas[0].env
     metrics = sorted(_metrics_root(output_dir).glob(f"{METRICS_DIR}/*/hypertune/output.metrics"))
-    restarts = f" after {outcome.counts.total} replica restart(s)" if outcome.counts.total else ""
+    restarts = f" after {outcome.counts.replica_restarts} replica restart(s)" if outcome.counts.replica_restarts else ""
     restarts += f" and {outcome.counts.job} job restart(s)" if outcome.counts.job else ""
     print(f"[local] job finished with exit code {outcome.code}{restarts}", flush=True)
     print(f"[local] model:       {chief[ev.AIP_MODEL_DIR]}\n[local] checkpoints: {chief[ev.AIP_CHECKPOINT_DIR]}\n"
@@ -179,7 +179,7 @@ def run_cluster(pools: Sequence[Pool], output_dir: str, trial: str | None = None
     first = outcome.first
     if first is None:  # a signal stopped the job
         return failures.finish_child(ctx, outcome.code)
-    if outcome.counts.total or outcome.counts.job:
+    if outcome.counts.replica_restarts or outcome.counts.job:
         # The job's root cause: the first failure when a budget ran out, else what ended it (since its start).
         exhausted = is_retryable(outcome.code)
         since = ctx.started if exhausted else first.started_at

@@ -64,6 +64,8 @@ class Counts:
 
     per_replica: dict[str, int] = field(default_factory=dict)
     job: int = 0  # whole-job restarts (job policy) or retries (vertex)
+    # every replica restart of the run, across job retries (what ``local`` reports; no budget reads it)
+    replica_restarts: int = field(default=0, compare=False)
 
     @property
     def total(self) -> int:
@@ -73,6 +75,12 @@ class Counts:
     def of(self, replica: str) -> int:
         """Restarts of ``replica`` since the job (or its latest retry) started."""
         return self.per_replica.get(replica, 0)
+
+    def grant(self, replica: str) -> int:
+        """Count one more restart of ``replica``; its restarts since the job (or its latest retry) started."""
+        self.per_replica[replica] = self.of(replica) + 1
+        self.replica_restarts += 1
+        return self.of(replica)
 
 
 @dataclass(frozen=True)
@@ -101,11 +109,9 @@ def decide(policy: RestartPolicy, counts: Counts, replica: str, code: int) -> De
         if counts.total >= policy.backoff_limit:
             return Decision("end", budget=policy.backoff_limit,
                             why=f"{counts.total} pod restarts reached backoffLimit {policy.backoff_limit}")
-        counts.per_replica[replica] = counts.of(replica) + 1
-        return Decision("restart_replica", counts.of(replica), policy.backoff_limit)
+        return Decision("restart_replica", counts.grant(replica), policy.backoff_limit)
     if counts.of(replica) < policy.max_restarts:
-        counts.per_replica[replica] = counts.of(replica) + 1
-        return Decision("restart_replica", counts.of(replica), policy.max_restarts)
+        return Decision("restart_replica", counts.grant(replica), policy.max_restarts)
     if counts.job < policy.job_retries:
         counts.job += 1
         counts.per_replica.clear()  # a retried job starts with fresh budgets

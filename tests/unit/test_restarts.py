@@ -59,3 +59,11 @@ def test_never_ends_at_the_first_failure() -> None:
 def test_bad_policies_are_configuration_errors(kind: str, budgets: dict[str, int]) -> None:
     with pytest.raises(ConfigError):
         RestartPolicy(kind, **budgets)
+
+
+def test_replica_restarts_are_counted_across_job_retries() -> None:
+    """What ``local`` reports at the end: every restart in place, also those before a job retry cleared the budgets."""
+    policy, counts = RestartPolicy("vertex", max_restarts=1, job_retries=1), Counts()
+    kinds = [decide(policy, counts, "workerpool1-0", 143).action for _ in range(4)]
+    assert kinds == ["restart_replica", "restart_job", "restart_replica", "end"]
+    assert (counts.replica_restarts, counts.total, counts.job) == (2, 1, 1)
