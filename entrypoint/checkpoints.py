@@ -8,6 +8,10 @@ next older one is used, so a restarted job never crash-loops on one bad checkpoi
 Retention (``Retention``) never deletes the newest checkpoint known to verify (the one restored from,
 or one this process committed since), and deletes the ones known not to load before any good one:
 at every moment at least one checkpoint that loads remains.
+
+``CheckpointWriter`` is the one typed interface the training loops save and load through, whatever the
+framework: PyTorch's ``SyncCheckpointIO`` / ``AsyncCheckpointIO`` (``pytorch/checkpoint_io.py``, shared by
+Horovod) and Keras' ``KerasCheckpointIO`` (``tensorflow/checkpoint_io.py``) implement it.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import logging
 import re
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from entrypoint import storage
 from entrypoint.errors import ConfigError
@@ -223,3 +227,36 @@ class Retention:
 def _step_of(path: Location) -> int:
     match = _NAME.match(path.name)
     return int(match.group(1)) if match else -1
+
+
+class CheckpointWriter(Protocol):
+    """How a training loop saves and loads checkpoints (no framework here: each framework implements it).
+
+    ``save`` writes every file of the checkpoint at ``path``, then commits the marker last (``commit``), then
+    tells ``retention`` the checkpoint verifies and prunes ``path``'s parent; a writer may do this in the
+    background (``wait``, ``check``). ``load`` is what ``load_newest`` calls on each candidate.
+    """
+
+    @property
+    def retention(self) -> Retention:
+        """What a save prunes; ``load_newest`` tells it which checkpoint loaded and which did not."""
+
+    @property
+    def blocked_seconds(self) -> float:
+        """Training time spent waiting for saves so far (the summary's ``checkpoint_blocked_seconds``)."""
+
+    @property
+    def write_seconds(self) -> float:
+        """Time spent writing and committing checkpoints so far (``checkpoint_write_seconds``)."""
+
+    def save(self, path: Location, state: Any, meta: dict[str, Any]) -> None:
+        """Write ``state`` as the checkpoint at ``path`` and commit it with ``meta`` in its marker (marker last)."""
+
+    def wait(self) -> None:
+        """Block until no save is in flight; raise the failure of one that failed."""
+
+    def check(self) -> None:
+        """Raise the failure of a save that failed in the background (cheap: called at every step)."""
+
+    def load(self, path: Location, into: Any, /) -> Any:
+        """The committed checkpoint at ``path``, restored onto ``into`` (a torch device, a Keras model)."""

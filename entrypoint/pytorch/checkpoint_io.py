@@ -1,5 +1,8 @@
 """Checkpoint I/O behind one seam: the loop saves, loads and exports through it, never with torch.save itself.
 
+Both writers implement ``checkpoints.CheckpointWriter`` (the interface Keras' writer implements too), and
+``make_io`` is typed as returning it, so the loop (and Horovod, which runs the same loop) sees only that.
+
 ``AsyncCheckpointIO`` blocks the training step only for a copy of the state into host memory, then a
 background thread writes it, hashes it, commits the marker (last) and prunes old checkpoints. At most
 one write is in flight: the next save, the final export, a preemption save and the process's exit all
@@ -220,8 +223,8 @@ class AsyncCheckpointIO(SyncCheckpointIO):
             raise error
 
 
-def make_io(mode: str, keep: int) -> SyncCheckpointIO:
-    """The checkpoint I/O for ``--checkpoint-mode``."""
+def make_io(mode: str, keep: int) -> checkpoints.CheckpointWriter:
+    """The checkpoint I/O for ``--checkpoint-mode`` (mypy checks that both writers implement the interface)."""
     return AsyncCheckpointIO(keep) if mode == "async" else SyncCheckpointIO(keep)
 
 

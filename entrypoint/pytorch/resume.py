@@ -9,7 +9,6 @@ from entrypoint import checkpoints, recovery, storage
 from entrypoint.errors import ConfigError
 from entrypoint.plan import Plan
 from entrypoint.pytorch import state as rng
-from entrypoint.pytorch.checkpoint_io import SyncCheckpointIO
 from entrypoint.pytorch.collectives import Collectives
 from entrypoint.pytorch.defaults import Context
 from entrypoint.pytorch.state import TrainState
@@ -21,7 +20,7 @@ log = logging.getLogger("entrypoint.pytorch")
 class LoopCheckpoints:
     """Saves through the checkpoint I/O seam (chief only) and resumes every rank from the chief's choice."""
 
-    def __init__(self, plan: Plan, comm: Collectives, ctx: Context, io: SyncCheckpointIO) -> None:
+    def __init__(self, plan: Plan, comm: Collectives, ctx: Context, io: checkpoints.CheckpointWriter) -> None:
         self.plan, self.comm, self.ctx, self.io = plan, comm, ctx, io
 
     def payload(self, state: TrainState) -> dict[str, Any]:

@@ -11,13 +11,13 @@ from typing import Any
 import tensorflow as tf
 
 from entrypoint import recovery
-from entrypoint.checkpoints import Retention, check_sizes, checkpoint_path
+from entrypoint.checkpoints import checkpoint_path
 from entrypoint.errors import NonFiniteLoss
 from entrypoint.hypertune import MetricReporter
 from entrypoint.progress import Progress
 from entrypoint.staging import Staging
 from entrypoint.storage import Location
-from entrypoint.tensorflow.export import save_checkpoint
+from entrypoint.tensorflow.checkpoint_io import KerasCheckpointIO
 from entrypoint.watchdog import HangWatchdog
 
 log = logging.getLogger("entrypoint.tensorflow")
@@ -40,21 +40,16 @@ def global_step(model: Any) -> int:
 
 
 class CommitCheckpoints(tf.keras.callbacks.Callback):
-    """At each epoch end every worker saves; the chief commits ``ckpt-<step>`` and prunes old ones.
+    """At each epoch end every worker saves through ``writer`` (``KerasCheckpointIO``): the chief commits
+    ``ckpt-<step>`` (uploads it, marker last, when staged) and prunes old ones."""
 
-    With ``staging`` (gs:// checkpoints without the FUSE mount) TensorFlow saves and the chief commits in the
-    local staging directory, then uploads the checkpoint, marker last, before pruning on the store.
-    """
-
-    def __init__(self, checkpoint_dir: Path, is_chief: bool, retention: Retention, strategy: str,
-                 resumed: recovery.ResumePoint | None = None, job_dir: str | None = None,
-                 staging: Staging | None = None) -> None:
+    def __init__(self, writer: KerasCheckpointIO, strategy: str, resumed: recovery.ResumePoint | None = None,
+                 job_dir: str | None = None) -> None:
         super().__init__()
-        self.checkpoint_dir, self.is_chief, self.strategy = checkpoint_dir, is_chief, strategy
-        self.retention, self.resumed, self.job_dir = retention, resumed, job_dir
-        self.staging = staging
-        self.target: Location = staging.target("checkpoints") if staging is not None else checkpoint_dir
-        self.seconds = 0.0  # training time spent in checkpoint saves and uploads (all synchronous)
+        self.writer, self.strategy, self.resumed, self.job_dir = writer, strategy, resumed, job_dir
+        self.checkpoint_dir, self.is_chief = writer.local_dir, writer.is_chief
+        staging = writer.staging
+        self.target: Location = staging.target("checkpoints") if staging is not None else self.checkpoint_dir
         self.recoveries: list[dict[str, Any]] = list(resumed.recoveries) if resumed else []
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
@@ -81,19 +76,12 @@ class CommitCheckpoints(tf.keras.callbacks.Callback):
             log.info("epoch %d: %s; committed %s", epoch + 1, shown, path)
 
     def commit(self, epochs_done: int, extra: dict[str, Any]) -> Location:
-        """Every worker saves the current step (a collective under MWMS); the chief commits it (uploads it when
-        staged, marker last) and prunes."""
-        started, step = time.monotonic(), global_step(self.model)
+        """Every worker saves the current step through the writer; where the chief committed it."""
+        step = global_step(self.model)
         meta = {"epoch": epochs_done, "step": step, "framework": "tensorflow", "strategy": self.strategy,
                 "reached_at": time.time(), "recoveries": self.recoveries, **extra}
-        path: Location = save_checkpoint(self.model, self.checkpoint_dir, step, self.is_chief, meta)
-        if self.is_chief:
-            check_sizes(path)
-            if self.staging is not None:
-                path = self.staging.push_checkpoint(Path(str(path)))
-            self.retention.verified(path)
-            self.retention.prune(self.target)
-        self.seconds += time.monotonic() - started
+        path = self.path(step)
+        self.writer.save(path, self.model, meta)
         return path
 
     def path(self, step: int) -> Location:

@@ -1,4 +1,7 @@
-"""Collective-safe, chief-only saves: every worker saves (TF may need it), only the chief's copy is kept."""
+"""Collective-safe, chief-only saves: every worker saves (TF may need it), only the chief's copy is kept.
+
+Checkpoints save through it in ``checkpoint_io.KerasCheckpointIO``; the final export is here.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +11,6 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-from entrypoint.checkpoints import checkpoint_path, commit
 
 
 def save_on_every_worker(save: Callable[[Path], None], target: Path, is_chief: bool) -> None:
@@ -26,22 +27,6 @@ def save_on_every_worker(save: Callable[[Path], None], target: Path, is_chief: b
         save(scratch / target.name)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-
-
-def save_checkpoint(model: Any, checkpoint_dir: Path, step: int, is_chief: bool, meta: dict[str, Any]) -> Path:
-    """Save the model's weights (and optimizer) as ``ckpt-<step>/weights``; the chief commits it last."""
-    path = Path(str(checkpoint_path(checkpoint_dir, step)))  # TensorFlow writes local (or /gcs) paths
-    if is_chief and path.exists():
-        shutil.rmtree(path)  # a re-run reached the same step: replace, never mix two saves
-
-    def save(directory: Path) -> None:
-        directory.mkdir(parents=True, exist_ok=True)
-        model.save_weights(str(directory / "weights"))
-
-    save_on_every_worker(save, path, is_chief)
-    if is_chief:
-        commit(path, meta)
-    return path
 
 
 def export_model(model: Any, model_dir: Path, is_chief: bool) -> None:

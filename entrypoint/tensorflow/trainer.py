@@ -17,8 +17,8 @@ from entrypoint.outputs import ensure_writable
 from entrypoint.plan import Plan
 from entrypoint.signals import StopRequest
 from entrypoint.staging import Staging
-from entrypoint.storage import Location
 from entrypoint.summary import TrainingSummary, write_summary
+from entrypoint.tensorflow.checkpoint_io import KerasCheckpointIO
 from entrypoint.tensorflow.done import announce_done, clear_done
 from entrypoint.tensorflow.export import export_model
 from entrypoint.tensorflow.hooks import (
@@ -61,18 +61,14 @@ def fit_inputs(module: ModuleType, args: argparse.Namespace, ctx: TFContext) -> 
     return inputs
 
 
-def resume(model: Any, plan: Plan, retention: Retention,
+def resume(model: Any, plan: Plan, writer: KerasCheckpointIO,
            staging: Staging) -> tuple[int, recovery.ResumePoint | None]:
     """Load ``--resume-from`` or the newest committed checkpoint that loads: the epoch to start from (0: none)
     and where that checkpoint was (its step, when it was reached, the recoveries so far). What the resume cost is
     known only once BackupAndRestore has restored its own, possibly newer, state (``CommitCheckpoints``).
     A checkpoint on a store (gs:// without the mount) is verified there and loaded from a downloaded copy."""
-
-    def load(path: Location) -> int:
-        model.load_weights(str(staging.pull_checkpoint(path) / "weights")).expect_partial()
-        return int(read_marker(path).get("epoch", 0))
-
-    found = load_newest(staging.target("checkpoints"), plan.options.resume_from, load, retention)
+    found = load_newest(staging.target("checkpoints"), plan.options.resume_from,
+                        lambda path: writer.load(path, model), writer.retention)
     if found is None:
         return 0, None
     path, epoch = found
@@ -101,7 +97,7 @@ def gather_steps(strategy: Any, batches: int) -> list[int]:
 
 
 def make_callbacks(plan: Plan, ctx: TFContext, reporter: MetricReporter, metric: str | None,
-                   request: StopRequest | None, watchdog: HangWatchdog, retention: Retention,
+                   request: StopRequest | None, watchdog: HangWatchdog, writer: KerasCheckpointIO,
                    resumed: recovery.ResumePoint | None, staging: Staging) -> tuple[list[Any], Any, Any]:
     """Backup, restore and save-before-preemption first (it restores before the others look), then ours."""
     import tensorflow as tf
@@ -118,8 +114,7 @@ def make_callbacks(plan: Plan, ctx: TFContext, reporter: MetricReporter, metric:
     options, ckpt = plan.options, Path(ctx.checkpoint_dir)
     progress = ProgressAndSteps(ctx.epochs, ctx.global_batch_size, ctx.num_replicas_in_sync, options.log_every,
                                 ctx.is_chief, watchdog)
-    commit = CommitCheckpoints(ckpt, ctx.is_chief, retention, plan.strategy, resumed, plan.outputs.job_dir,
-                               staging)
+    commit = CommitCheckpoints(writer, plan.strategy, resumed, plan.outputs.job_dir)
     callbacks: list[Any] = [
         FailOnNonFiniteLoss(),
         SaveBeforePreemption(str(ckpt / BACKUP_DIR), options.checkpoint_every or "epoch", request, commit, staging),
@@ -169,12 +164,12 @@ def _train(plan: Plan, module: ModuleType, args: argparse.Namespace, strategy: A
         clear_done(staging.target("checkpoints"))
     model = build_compiled_model(module, args, ctx)
     inputs = fit_inputs(module, args, ctx)
-    retention = Retention(options.keep_checkpoints)
-    initial_epoch, resumed = resume(model, plan, retention, staging)
+    writer = KerasCheckpointIO(Path(ctx.checkpoint_dir), ctx.is_chief, Retention(options.keep_checkpoints), staging)
+    initial_epoch, resumed = resume(model, plan, writer, staging)
     restore_backup(Path(ctx.checkpoint_dir) / BACKUP_DIR, staging)  # BackupAndRestore reads the chief's copy
     metric = options.hypertune_metric or getattr(module, "HYPERTUNE_METRIC", None)
     reporter = MetricReporter(ctx.is_chief, ctx.trial)
-    callbacks, progress, commit = make_callbacks(plan, ctx, reporter, metric, request, watchdog, retention, resumed,
+    callbacks, progress, commit = make_callbacks(plan, ctx, reporter, metric, request, watchdog, writer, resumed,
                                                  staging)
     log.info("training %d epoch(s), global batch %d (%d per replica x %d)", ctx.epochs, ctx.global_batch_size,
              ctx.per_replica_batch_size, ctx.num_replicas_in_sync)
@@ -185,8 +180,9 @@ def _train(plan: Plan, module: ModuleType, args: argparse.Namespace, strategy: A
         staging.publish("model", last=(SAVED_MODEL,))  # gs:// without the mount: saved_model.pb last
         summary = summarize(plan, ctx, model, history, progress, steps, reporter, time.time() - started)
         summary.recoveries = commit.recoveries
-        # Saves and uploads are synchronous: training waited for all of it.
-        summary.checkpoint_blocked_seconds = summary.checkpoint_write_seconds = round(commit.seconds, 3)
+        # Saves and uploads are synchronous: training waited for all of it (the writer's two totals are equal).
+        summary.checkpoint_blocked_seconds = round(writer.blocked_seconds, 3)
+        summary.checkpoint_write_seconds = round(writer.write_seconds, 3)
         write_summary(staging.target("model"), summary)
         announce_done(staging.target("checkpoints"))
         log.info("exported the model to %s", staging.target("model"))

@@ -24,6 +24,7 @@ from entrypoint.checkpoints import Retention, committed, read_marker
 from entrypoint.errors import StopRequested
 from entrypoint.signals import StopRequest
 from entrypoint.tensorflow.callbacks import CommitCheckpoints
+from entrypoint.tensorflow.checkpoint_io import KerasCheckpointIO
 from entrypoint.tensorflow.preemption import SaveBeforePreemption, make_handler
 from tests.tensorflow.slow_hooks import build_datasets
 from tests.tensorflow.toy_hooks import build_model
@@ -64,7 +65,7 @@ def fit(root: Path, request: StopRequest | None) -> tuple[Observe, Any, BaseExce
     args = argparse.Namespace(samples=512, pause=0.004)
     train = build_datasets(args, None)[0].batch(16)
     model = build_model(args, None)
-    commit = CommitCheckpoints(root / "checkpoints", True, Retention(3), "default")
+    commit = CommitCheckpoints(KerasCheckpointIO(root / "checkpoints", True, Retention(3)), "default")
     saver = SaveBeforePreemption(str(root / "checkpoints" / "backup"), "epoch", request or StopRequest(), commit)
     observe = Observe(saver, request)
     try:
