@@ -11,6 +11,7 @@ from typing import Any
 from entrypoint import envvars as ev
 from entrypoint import failures
 from entrypoint.environments import read_settings, resolve, secret_like_names
+from entrypoint.environments.settings import secret_values
 from entrypoint.errors import ExitCode, TrainerError
 from entrypoint.gpus import detect_gpu_count
 from entrypoint.logs import resolve_format
@@ -54,12 +55,18 @@ def _doctor(argv: Sequence[str]) -> int:
 
 
 def _one_line_errors(command: Callable[[Sequence[str]], int], argv: Sequence[str]) -> int:
-    """Commands that write nothing: a configuration error is one line on stderr and its exit code."""
+    """Commands that train nothing themselves (describe, doctor, local, job): a failure is classified like any
+    other (``failures.classify``) and ends as one line on stderr and its exit code, without a record."""
     try:
         return command(argv)
-    except TrainerError as exc:
-        print(f"entrypoint: error: {exc}", file=sys.stderr)
-        return exc.exit_code
+    except SystemExit:
+        raise  # --help, or a status the command chose itself
+    except BaseException as exc:
+        failure, secrets = failures.classify(exc), secret_values()
+        if failure.traceback and not isinstance(exc, TrainerError):  # not one of ours: where it came from helps
+            print(failures.redact(failure.traceback, secrets), file=sys.stderr, end="")
+        print(f"entrypoint: error: {failures.redact(failure.message, secrets)}", file=sys.stderr)
+        return failure.exit_code
 
 
 def _run(argv: Sequence[str], ctx: failures.Context) -> int:

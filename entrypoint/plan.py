@@ -51,6 +51,10 @@ class Plan:
         """This node's plan as seen by its ``local_rank``-th process."""
         return replace(self, placement=place(self.topology, self.nproc_per_node, local_rank))
 
+    def only_process(self) -> Plan:
+        """The plan of the node's one process: as the platform placed it (torchrun, mpirun), else local rank 0."""
+        return self if self.placement is not None else self.for_process(0)
+
     @property
     def placed(self) -> Placement:
         """This process's placement (a node's plan is placed by ``for_process`` before any training runs)."""

@@ -11,7 +11,6 @@ import horovod.torch as hvd
 import torch
 from torch import nn
 
-from entrypoint.environments.settings import read_handoff
 from entrypoint.peers import KeyValue
 from entrypoint.pytorch.collectives import Vote
 
@@ -45,10 +44,10 @@ def _quote(key: str) -> str:
 
 
 class HorovodCollectives:
-    """horovod.torch after ``hvd.init()``."""
+    """horovod.torch after ``hvd.init()``; ``rendezvous`` is Horovod's rendezvous server (host, port), if known."""
 
-    def __init__(self) -> None:
-        self.name = "horovod"
+    def __init__(self, rendezvous: tuple[str, int] | None = None) -> None:
+        self.name, self.rendezvous = "horovod", rendezvous
         self.rank = hvd.rank()
         self.world_size = hvd.size()
 
@@ -72,7 +71,7 @@ class HorovodCollectives:
 
     def heartbeat_store(self) -> KeyValue | None:
         """Horovod's rendezvous server (on the chief node) is a key-value store over HTTP."""
-        where = read_handoff().horovod_rendezvous
+        where = self.rendezvous
         return None if where is None or self.world_size == 1 else HttpStore(*where)
 
     def discard_step(self, optimizer: Any) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 
 from entrypoint import envvars as ev
 from entrypoint import failures
-from entrypoint.placement import Placement, place
+from entrypoint.placement import Placement, job_world_size, place
 from entrypoint.plan import Plan
 from entrypoint.runner import run_process
 from entrypoint.supervisor import Replica, free_ports, run_replicas
@@ -46,7 +46,7 @@ def start_rendezvous(topo: ClusterTopology, nproc: int, port: int) -> Any:
 
     hosts = [HostInfo(node_name(i), nproc) for i in range(topo.num_nodes)]
     server = RendezvousHTTPServer(("", port), RendezvousHandler, 0)
-    server.init(get_host_assignments(hosts, topo.num_nodes * nproc))
+    server.init(get_host_assignments(hosts, job_world_size(topo, nproc)))
     threading.Thread(target=server.serve_forever, name="horovod-rendezvous", daemon=True).start()
     return server
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from entrypoint.environments.settings import read_handoff
 from entrypoint.errors import PeerError
 from entrypoint.failures import Context
 from entrypoint.plan import Plan
@@ -26,7 +27,8 @@ def run(plan: Plan, failure_context: Context) -> int:
     if torch.cuda.is_available():
         torch.cuda.set_device(hvd.local_rank())
     try:
-        Trainer(plan, HorovodCollectives(), failure_context).fit()  # checks hvd.rank() is the plan's
+        comm = HorovodCollectives(read_handoff().horovod_rendezvous)  # what horovodrun or our launcher handed
+        Trainer(plan, comm, failure_context).fit()  # checks hvd.rank() is the plan's
     finally:
         hvd.shutdown()
     return 0

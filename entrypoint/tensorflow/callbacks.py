@@ -51,6 +51,7 @@ class CommitCheckpoints(tf.keras.callbacks.Callback):
         staging = writer.staging
         self.target: Location = staging.target("checkpoints") if staging is not None else self.checkpoint_dir
         self.recoveries: list[dict[str, Any]] = list(resumed.recoveries) if resumed else []
+        self.backup_seconds = 0.0  # mirroring BackupAndRestore's backups to the store (synchronous, like a save)
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         """What this resume cost, once BackupAndRestore (an earlier callback) has restored: it resumes from its

@@ -53,12 +53,9 @@ class KerasCheckpointIO:
             final: Location = self.staging.push_checkpoint(local) if self.staging is not None else local
             self.retention.verified(final)
             self.retention.prune(final.parent)
-        self.add_seconds(time.monotonic() - started)
-
-    def add_seconds(self, seconds: float) -> None:
-        """Count other synchronous checkpoint work training waited for (the BackupAndRestore backups)."""
-        self.blocked_seconds += seconds
-        self.write_seconds += seconds
+        elapsed = time.monotonic() - started
+        self.blocked_seconds += elapsed
+        self.write_seconds += elapsed
 
     def wait(self) -> None:
         """Nothing is ever in flight."""

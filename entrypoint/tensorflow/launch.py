@@ -23,7 +23,7 @@ def launch(plan: Plan, ctx: Context) -> int:
 
     TensorFlow drives every GPU of the node from one process: this one, placed as the node's only process.
     """
-    code = run_process(plan.for_process(0), ctx)
+    code = run_process(plan.only_process(), ctx)
     if code == ExitCode.OK:
         leave_together(plan)
     return code

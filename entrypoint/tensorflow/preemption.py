@@ -137,7 +137,7 @@ class SaveBeforePreemption(tf.keras.callbacks.BackupAndRestore):
         if self.mirror is not None and self.staging is not None:
             local, remote = self.mirror
             self.staging.push(local, remote, last=("checkpoint",), prune=True)
-        self.commit.writer.add_seconds(time.monotonic() - started)  # training waited for it, as for a save
+        self.commit.backup_seconds += time.monotonic() - started  # training waited for it, as for a save
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         """Restore (tf-keras, on every worker from the chief's copy), then switch the handler on."""

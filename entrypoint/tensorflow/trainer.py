@@ -181,8 +181,8 @@ def _train(plan: Plan, module: ModuleType, args: argparse.Namespace, strategy: A
         summary = summarize(plan, ctx, model, history, progress, steps, reporter, time.time() - started)
         summary.recoveries = commit.recoveries
         # Saves and uploads are synchronous: training waited for all of it (the writer's two totals are equal).
-        summary.checkpoint_blocked_seconds = round(writer.blocked_seconds, 3)
-        summary.checkpoint_write_seconds = round(writer.write_seconds, 3)
+        summary.checkpoint_blocked_seconds = round(writer.blocked_seconds + commit.backup_seconds, 3)
+        summary.checkpoint_write_seconds = round(writer.write_seconds + commit.backup_seconds, 3)
         write_summary(staging.target("model"), summary)
         announce_done(staging.target("checkpoints"))
         log.info("exported the model to %s", staging.target("model"))

@@ -86,7 +86,7 @@ TOY_LAUNCH = '''
 
 
     def launch(plan, ctx):
-        return run_process(plan.for_process(0), ctx)
+        return run_process(plan.only_process(), ctx)
 '''
 TOY_WORKER = '''
     import json
