@@ -17,7 +17,6 @@ import logging
 import os
 import shutil
 import socket
-import sys
 import time
 import traceback
 from collections.abc import Callable, Iterable
@@ -234,8 +233,8 @@ def finish(ctx: Context, own: FailureRecord, *, stored: bool = True, blame: Fail
         earlier = root_cause([r for r in read_records(ctx.job_dir, ctx.started)
                               if r.pid != own.pid or r.reported_by])
         if earlier is not None and not earlier.consequence:
-            print(f"entrypoint: {own.replica} failed with {own.failure_class} ({own.message}) because of an "
-                  f"earlier failure", file=sys.stderr)
+            logs.to_stderr(f"entrypoint: {own.replica} failed with {own.failure_class} ({own.message}) because of "
+                           f"an earlier failure")
             cause = earlier
     line = cause.noted(note).last_line()
     logs.error_line(line)
@@ -288,7 +287,7 @@ def guarded(body: Callable[[], int], ctx: Context) -> int:
         if failure.exit_code == ExitCode.OK:
             return ExitCode.OK
         if failure.traceback and failure.cls.name == "user_code":
-            print(redact(failure.traceback, ctx.secrets), file=sys.stderr)
+            logs.to_stderr(redact(failure.traceback, ctx.secrets))
         own = write_record(ctx, failure)
         _torch_error_file(ctx, failure)
         return finish(ctx, own)

@@ -164,6 +164,14 @@ def current_format() -> str:
     return _state.format
 
 
+def to_stderr(text: str) -> None:
+    """Write ``text`` and its newline to stderr in one write: processes that share stderr (a node's workers)
+    never interleave inside a line (``print`` writes the newline separately when stderr is unbuffered, as with
+    PYTHONUNBUFFERED=1)."""
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
+
+
 def error_line(line: str) -> None:
     """Print a failure's last line on stderr: as written in text, as one ERROR object in json."""
     sys.stdout.flush()
@@ -172,4 +180,4 @@ def error_line(line: str) -> None:
         fields = entry(logging.ERROR, line, time.time(),
                        (caller.f_code.co_filename, caller.f_lineno, caller.f_code.co_name))
         line = json.dumps({**fields, "logger": "entrypoint"}, ensure_ascii=False)
-    print(line, file=sys.stderr, flush=True)
+    to_stderr(line)
