@@ -14,7 +14,7 @@ from entrypoint.environments import read_settings, resolve, secret_like_names
 from entrypoint.environments.settings import secret_values
 from entrypoint.errors import ExitCode, TrainerError
 from entrypoint.gpus import detect_gpu_count
-from entrypoint.logs import resolve_format
+from entrypoint.logs import resolve_format, to_stderr
 from entrypoint.options import RunOptions
 from entrypoint.outputs import resolve_outputs
 from entrypoint.plan import Plan, make_plan
@@ -65,7 +65,7 @@ def _one_line_errors(command: Callable[[Sequence[str]], int], argv: Sequence[str
         failure, secrets = failures.classify(exc), secret_values()
         if failure.traceback and not isinstance(exc, TrainerError):  # not one of ours: where it came from helps
             print(failures.redact(failure.traceback, secrets), file=sys.stderr, end="")
-        print(f"entrypoint: error: {failures.redact(failure.message, secrets)}", file=sys.stderr)
+        to_stderr(f"entrypoint: error: {failures.redact(failure.message, secrets)}")
         return failure.exit_code
 
 

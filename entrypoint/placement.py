@@ -63,7 +63,7 @@ def place(topology: ClusterTopology, nproc_per_node: int, local_rank: int) -> Pl
         return Placement(topology.node_rank, given.rank, given.local_rank, given.world_size, given.local_world_size)
     if not 0 <= local_rank < nproc_per_node:
         raise ValueError(f"local rank {local_rank} is outside 0..{nproc_per_node - 1}")
-    world = max(topology.num_nodes, 1) * nproc_per_node
+    world = job_world_size(topology, nproc_per_node)
     node = topology.node_rank
     if node is None:  # a ps or evaluator replica: serves or watches the collective, is not in it
         return Placement(None, None, local_rank, world, nproc_per_node)
