@@ -42,7 +42,7 @@ class Plan:
     code: UserCode | None = None
     server_pool: ServerPool | None = None
     framework_env: tuple[tuple[str, str], ...] = ()
-    barrier_includes_servers: bool = False
+    peers_serve: bool = False  # the chief's peers are servers: no barrier, the chief waits until they listen
     restart_count: int = 0  # the platform's restarts of this replica (TRAINER_RESTART_COUNT)
     own_barrier: bool = False
     placement: Placement | None = None
@@ -163,7 +163,7 @@ def make_plan(topo: ClusterTopology, options: RunOptions, settings: PlatformSett
         gpus_per_node=gpus, world_size=job_world_size(topo, node.nproc_per_node), outputs=outputs, topology=topo,
         options=options,
         code=find_code(options.module or settings.module, options.script), server_pool=node.server_pool,
-        framework_env=tuple(sorted(node.env.items())), barrier_includes_servers=node.barrier_includes_servers,
+        framework_env=tuple(sorted(node.env.items())), peers_serve=node.peers_serve,
         restart_count=settings.restart_count,
         own_barrier=node.own_barrier,
     )

@@ -42,8 +42,9 @@ class NodePlan:
     nproc_per_node: int
     server_pool: ServerPool | None = None
     env: dict[str, str] = field(default_factory=dict)
-    # Who meets at the start-up barrier: the training nodes, plus the ps pool when it takes part.
-    barrier_includes_servers: bool = False
+    # The chief's peers are servers (ParameterServerStrategy's workers and ps): they serve at once, also when
+    # restarted mid-job, and the chief waits until each one listens instead of meeting them at the barrier.
+    peers_serve: bool = False
     # The framework's launcher holds the start-up barrier itself (PyTorch: in the job's store), not rendezvous.py.
     own_barrier: bool = False
 

@@ -6,6 +6,10 @@ waits for ``GO``. Both sides log every ``LOG_EVERY`` seconds whom they wait for 
 wait, and give up at ``--timeout`` with one error naming the missing peers. Then the chief closes the
 port and the framework (torch's store, Horovod's rendezvous server, TensorFlow's server) takes it;
 everyone it waits for is already there.
+
+ParameterServerStrategy's workers and ps are servers: they never wait for anybody (a server the
+platform restarts mid-job must serve again at once, while the chief trains), and the chief waits
+until each one listens on its cluster port instead (``listening.py``).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from entrypoint.errors import HostUnresolvableError, PeerError
+from entrypoint.listening import wait_until_listening
 from entrypoint.plan import Plan
 from entrypoint.topology import Peer
 
@@ -30,11 +35,15 @@ def meet_peers(plan: Plan) -> None:
     topo = plan.topology
     if topo.processes_started_externally or topo.role == "evaluator" or plan.own_barrier:
         return
-    peers = topo.training_peers(include_servers=plan.barrier_includes_servers)
+    peers = topo.training_peers(include_servers=plan.peers_serve)
     address = topo.chief_host_port()
     if len(peers) <= 1 or address is None:
         return
     me = topo.node_rank if topo.node_rank is not None else topo.num_nodes + topo.index
+    if plan.peers_serve:  # servers serve at once (a restarted one too); the chief waits until each one listens
+        if me == 0:
+            wait_until_listening(peers[1:], plan.options.timeout, "workers and parameter servers")
+        return
     key = f"{len(peers)}@{topo.chief_address}"
     if me == 0:
         _serve(address[1], peers, key, plan.options.timeout)

@@ -62,7 +62,7 @@ def plan(topo: ClusterTopology, options: RunOptions, user_set: Mapping[str, str]
         ev.TF_CPP_MIN_LOG_LEVEL: user_set.get(ev.TF_CPP_MIN_LOG_LEVEL, QUIET_CPP_LOGS),
     }
     return NodePlan(strategy=strategy, reason=reason, nproc_per_node=1, server_pool=server_pool, env=env,
-                    barrier_includes_servers=server_pool == "parameter_servers")
+                    peers_serve=server_pool == "parameter_servers")
 
 
 FRAMEWORK = Framework(

@@ -13,6 +13,7 @@ from entrypoint import failures, recovery
 from entrypoint.checkpoints import Retention, load_newest, read_marker
 from entrypoint.errors import ConfigError, ExitCode
 from entrypoint.hypertune import MetricReporter
+from entrypoint.listening import ServerWatch
 from entrypoint.outputs import ensure_writable
 from entrypoint.plan import Plan
 from entrypoint.signals import StopRequest
@@ -143,9 +144,15 @@ def train(plan: Plan, module: ModuleType, failure_context: failures.Context) -> 
     strategy = make_strategy(plan, failure_context)
     # After the strategy: TensorFlow's cluster start installs its own SIGTERM handler, ours replaces it.
     watchdog = HangWatchdog(options.hang_timeout, failure_context)
+    # ParameterServerStrategy: the chief watches its servers; a lost one is why training failed (retryable).
+    servers = plan.topology.training_peers(include_servers=True)[1:] if is_parameter_server(strategy) else ()
     try:
-        with Staging(plan.outputs) as staging, stop_signals(strategy) as request:
-            return _train(plan, module, args, strategy, request, watchdog, staging)
+        with Staging(plan.outputs) as staging, stop_signals(strategy) as request, ServerWatch(servers) as watch:
+            try:
+                return _train(plan, module, args, strategy, request, watchdog, staging)
+            except Exception as exc:
+                watch.blame(exc)
+                raise
     finally:
         watchdog.stop()
 

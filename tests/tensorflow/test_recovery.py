@@ -1,8 +1,10 @@
 """A TensorFlow job survives losing a node: `local --restart-policy vertex` (the default) restarts the SIGKILLed
 replica in place, as Vertex AI does, and the job ends 0 with one export, the newest committed checkpoint and the
 summary at the last step, and no process left, for every role: MultiWorkerMirrored's chief and worker,
-ParameterServer's ps, worker and evaluator. The replica's whole process tree is killed, as a vanished VM: no
-SIGTERM, no grace; triggers are lines of the job's output, never sleeps.
+ParameterServer's ps, worker and evaluator. A restarted ps or PS worker serves again at once; losing the ps
+restarts the chief too (it names the lost ps), losing a worker or the evaluator restarts nothing else. The
+replica's whole process tree is killed, as a vanished VM: no SIGTERM, no grace; triggers are lines of the job's
+output, never sleeps.
 """
 
 from __future__ import annotations
@@ -28,12 +30,14 @@ def start(out: Path, *local: str, run: tuple[str, ...] = ()) -> Job:
     return Job("local", *local, "--output-dir", str(out), "--", *RUN, *run)
 
 
-def assert_consistent(job: Job, out: Path, victim: str) -> dict[str, object]:
-    """Restarted in place, exported once, the newest committed checkpoint is the summary's last step."""
+def assert_consistent(job: Job, out: Path, victim: str, rerun: int = 0) -> dict[str, object]:
+    """Restarted in place, exported once, the newest committed checkpoint is the summary's last step: the expected
+    one, or up to ``rerun`` more (steps TensorFlow's coordinator ran again after losing the worker running them)."""
     output = assert_restarted_in_place(job, victim)
     assert output.count("exported the model to") == 1, output[-3000:]
     result = summary(out / "model")
-    assert committed(out / "checkpoints")[-1][0] == result["final_step"] == result["expected_steps"]
+    assert committed(out / "checkpoints")[-1][0] == result["final_step"], result
+    assert 0 <= int(result["final_step"]) - int(result["expected_steps"]) <= rerun, result
     assert (out / "model" / "saved_model.pb").is_file()
     if "[workerpool0-0#1]" in output:  # the chief started again: it resumed, and the lost work is on record
         assert result["recoveries"], "the lost work is on record"
@@ -69,10 +73,22 @@ def test_parameter_server_survives_a_lost_replica(tmp_path: Path, victim: str) -
     try:
         job.wait_for_step(40)
         vanish(job, victim)
-        result = assert_consistent(job, out, victim)
+        # A worker lost with a step in flight: the coordinator runs it again elsewhere (at least once), and its
+        # update may already have reached the ps.
+        result = assert_consistent(job, out, victim, rerun=1 if victim == "workerpool1-0" else 0)
     finally:
         job.cleanup()
     assert result["strategy"] == "ParameterServerStrategy"
+    output = job.output()
+    assert "job restart" not in output, output[-3000:]  # recovered by restarts in place, no whole-job retry
+    if victim == "workerpool2-0":  # TensorFlow's coordinator cannot outlive its ps: the chief names it, restarts
+        assert re.search(r"\[workerpool0-0\] entrypoint: error: peer_lost on workerpool0-0, rank 0, host \S+: "
+                         r"lost workerpool2\[0\] \(127\.0\.0\.1:\d+\) .*during training", output), output[-3000:]
+        assert "[local] workerpool0-0 exited 129 (retryable): restart 1 of 5" in output
+        assert "after 2 replica restart(s)" in output
+    else:  # a worker or the evaluator: the coordinator carries on while the replica restarts and serves again
+        assert "[local] workerpool0-0 exited" not in output, output[-3000:]
+        assert "after 1 replica restart(s)" in output
     evaluated = [json.loads(line) for line in (out / "logs" / "eval" / "metrics.jsonl").read_text().splitlines()]
     assert evaluated[-1]["step"] == result["final_step"]  # the evaluator (restarted or not) saw the last checkpoint
     assert re.search(r"\[workerpool3-0(#1)?\] .*training is done", job.output())
