@@ -8,8 +8,9 @@ port and the framework (torch's store, Horovod's rendezvous server, TensorFlow's
 everyone it waits for is already there.
 
 ParameterServerStrategy's workers and ps are servers: they never wait for anybody (a server the
-platform restarts mid-job must serve again at once, while the chief trains), and the chief waits
-until each one listens on its cluster port instead (``listening.py``).
+platform restarts mid-job must serve again at once, while the chief trains). The chief of a hooks
+job waits until each one listens on its cluster port instead (``listening.py``); a script starts
+its own servers (or not), and TensorFlow's strategy waits for them, as on the platform.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def meet_peers(plan: Plan) -> None:
         return
     me = topo.node_rank if topo.node_rank is not None else topo.num_nodes + topo.index
     if plan.peers_serve:  # servers serve at once (a restarted one too); the chief waits until each one listens
-        if me == 0:
+        if me == 0 and plan.code is not None and plan.code.kind == "hooks":  # a script starts its own servers
             wait_until_listening(peers[1:], plan.options.timeout, "workers and parameter servers")
         return
     key = f"{len(peers)}@{topo.chief_address}"

@@ -148,12 +148,13 @@ def test_a_server_not_listening_when_training_starts_is_lost() -> None:
     assert "not listening when training started" in lost.why
 
 
-def ps_plan(pool: str, chief_port: int, server_ports: tuple[int, int]) -> Plan:
+def ps_plan(pool: str, chief_port: int, server_ports: tuple[int, int], script: str | None = None) -> Plan:
     cluster = {"workerpool0": [f"127.0.0.1:{chief_port}"], "workerpool1": [f"127.0.0.1:{server_ports[0]}"],
                "workerpool2": [f"127.0.0.1:{server_ports[1]}"]}
     spec = {"cluster": cluster, "environment": "cloud", "task": {"type": pool, "index": 0}, "job": {}}
+    code = {"script": script} if script else {"module": "tests.tensorflow.toy_hooks"}
     return make_plan(resolve({"CLUSTER_SPEC": json.dumps(spec)}),
-                     RunOptions(framework="tensorflow", timeout=20), PlatformSettings(), 0)
+                     RunOptions(framework="tensorflow", timeout=20, **code), PlatformSettings(), 0)
 
 
 def test_parameter_server_replicas_serve_at_once_without_the_chief() -> None:
@@ -173,3 +174,11 @@ def test_the_parameter_server_chief_waits_until_its_servers_listen() -> None:
     finally:
         worker.die()
         ps.die()
+
+
+def test_a_parameter_server_script_starts_its_own_servers_so_its_chief_does_not_wait() -> None:
+    """A script's ps and workers may serve or not (TensorFlow's strategy waits for them, as on the platform)."""
+    plan = ps_plan("workerpool0", free_port(), (free_port(), free_port()), script="tests/jobspecs/who_am_i.py")
+    started = time.monotonic()
+    rendezvous.meet_peers(plan)
+    assert time.monotonic() - started < 1
