@@ -70,7 +70,7 @@ class Saver:
 
     def ours(self, mode: str, remote: bool = False) -> float:
         """Our checkpoint I/O; ``written`` is the write itself (in the background when async)."""
-        from entrypoint import storage
+        from entrypoint.outputs import storage
         from entrypoint.pytorch.checkpoint_io import make_io
 
         self.count += 1
@@ -144,7 +144,8 @@ def gcs_emulator(data_dir: Path) -> Iterator[str | None]:
     if importlib.util.find_spec("gcp_storage_emulator") is None or importlib.util.find_spec("gcsfs") is None:
         yield None
         return
-    from entrypoint import envvars, storage
+    from entrypoint.cluster import envvars
+    from entrypoint.outputs import storage
 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

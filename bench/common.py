@@ -130,7 +130,7 @@ def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 def devices_for(processes: int) -> dict[str, str]:
     """Hide the GPUs from a job of ``processes`` processes on this node when it has fewer GPUs than that."""
-    from entrypoint.gpus import detect_gpu_count
+    from entrypoint.cluster.gpus import detect_gpu_count
 
     count = detect_gpu_count(os.environ.get("CUDA_VISIBLE_DEVICES"))
     return {} if count == 0 or count >= processes else {"CUDA_VISIBLE_DEVICES": ""}

@@ -1,6 +1,6 @@
 """``python -m entrypoint``."""
 
 from entrypoint.cli import main
-from entrypoint.shutdown import end
+from entrypoint.lifecycle.shutdown import end
 
 end(main())

@@ -8,18 +8,24 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from entrypoint import envvars as ev
 from entrypoint import failures
-from entrypoint.environments import read_settings, resolve, secret_like_names
-from entrypoint.environments.settings import secret_values
+from entrypoint.cluster import envvars as ev
+from entrypoint.cluster.environments import read_settings, resolve, secret_like_names
+from entrypoint.cluster.environments.settings import secret_values
+from entrypoint.cluster.gpus import detect_gpu_count
 from entrypoint.errors import ExitCode, TrainerError
-from entrypoint.gpus import detect_gpu_count
-from entrypoint.logs import resolve_format, to_stderr
 from entrypoint.options import RunOptions
-from entrypoint.outputs import resolve_outputs
-from entrypoint.plan import Plan, make_plan
-from entrypoint.progress import setup_logging
-from entrypoint.runargs import Parser, add_run_arguments, options_from_namespace, parse_options, split_user_args
+from entrypoint.outputs.locations import resolve_outputs
+from entrypoint.outputs.logs import resolve_format, to_stderr
+from entrypoint.outputs.progress import setup_logging
+from entrypoint.planning.plan import Plan, make_plan
+from entrypoint.planning.runargs import (
+    Parser,
+    add_run_arguments,
+    options_from_namespace,
+    parse_options,
+    split_user_args,
+)
 
 COMMANDS = ("run", "describe", "doctor", "local", "job")
 USAGE = "usage: python -m entrypoint {run,describe,doctor,local,job} ...  (python -m entrypoint COMMAND --help)"
@@ -69,8 +75,8 @@ def _one_line_errors(command: Callable[[Sequence[str]], int], argv: Sequence[str
         return failure.exit_code
 
 
-def _run(argv: Sequence[str], ctx: failures.Context) -> int:
-    from entrypoint.runner import describe_failures, run_node
+def _run(argv: Sequence[str], ctx: failures.FailureContext) -> int:
+    from entrypoint.lifecycle.runner import describe_failures, run_node
 
     options = parse_options("run", argv)
     settings = read_settings()
@@ -100,12 +106,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if command == "doctor":
         return _one_line_errors(_doctor, rest)
     if command == "local":
-        from entrypoint.emulator import main as local_main
+        from entrypoint.local.emulator import main as local_main
 
         return _one_line_errors(local_main, rest)
     if command == "job":
         from entrypoint.jobs.cli import main as job_main
 
         return _one_line_errors(job_main, rest)
-    ctx = failures.Context()
+    ctx = failures.FailureContext()
     return failures.guarded(lambda: _run(rest, ctx), ctx)

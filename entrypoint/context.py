@@ -18,14 +18,14 @@ from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING
 
-from entrypoint.hypertune import MetricReporter
-from entrypoint.outputs import OutputDirs, local_path, resolve_outputs
-from entrypoint.placement import Placement, place
-from entrypoint.signals import StopRequest
-from entrypoint.topology import ClusterTopology
+from entrypoint.cluster.placement import Placement, place
+from entrypoint.cluster.topology import ClusterTopology
+from entrypoint.lifecycle.signals import StopRequest
+from entrypoint.outputs.hypertune import MetricReporter
+from entrypoint.outputs.locations import OutputDirs, local_path, resolve_outputs
 
 if TYPE_CHECKING:
-    from entrypoint.plan import Plan
+    from entrypoint.planning.plan import Plan
 
 _stop = StopRequest()
 
@@ -49,8 +49,8 @@ def bind(plan: Plan) -> None:
 @cache
 def _found() -> _Answers:
     """Not bound: a process the user's code started (its launcher's plan), or a script started without us."""
-    from entrypoint import handoff
-    from entrypoint.environments import read_settings, resolve
+    from entrypoint.cluster.environments import read_settings, resolve
+    from entrypoint.planning import handoff
 
     plan = handoff.load_if_any()
     if plan is not None:

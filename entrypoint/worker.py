@@ -7,9 +7,9 @@ agent the entry is also wrapped with torch's ``record`` (the funnel writes torch
 
 from __future__ import annotations
 
-from entrypoint.environments.settings import read_handoff
-from entrypoint.runner import run_worker
-from entrypoint.shutdown import end
+from entrypoint.cluster.environments.settings import read_handoff
+from entrypoint.lifecycle.runner import run_worker
+from entrypoint.lifecycle.shutdown import end
 
 
 def main() -> int:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint import envvars
+from entrypoint.cluster import envvars
 
 ROOT = Path(__file__).resolve().parents[1]
 pytest_plugins = ["tests.gcs"]  # the `emulator` fixture: a GCS server for the gs:// tests

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint.supervisor import free_ports
+from entrypoint.lifecycle.supervisor import free_ports
 
 BUCKET = "trainer-test"
 
@@ -103,7 +103,7 @@ def emulator(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Emulat
 
     Registered for every test by tests/conftest.py (``pytest_plugins``).
     """
-    from entrypoint import storage
+    from entrypoint.outputs import storage
 
     with running(tmp_path / "gcs") as server:
         monkeypatch.setenv("STORAGE_EMULATOR_HOST", server.host)

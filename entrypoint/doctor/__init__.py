@@ -12,12 +12,12 @@ import json
 import logging
 from dataclasses import dataclass, replace
 
+from entrypoint.cluster.environments.settings import PlatformSettings
 from entrypoint.doctor import checks
 from entrypoint.doctor.checks import Finding
 from entrypoint.doctor.facts import NodeFacts, checkpoint_bytes, host_of, node_facts, path_facts, resolvable
-from entrypoint.environments.settings import PlatformSettings
 from entrypoint.errors import TrainerError
-from entrypoint.plan import Plan
+from entrypoint.planning.plan import Plan
 
 log = logging.getLogger("entrypoint")
 LOADER_FRAMEWORKS = ("pytorch", "horovod")  # their hooks loop (pytorch/loop.py) starts DataLoader workers

@@ -20,12 +20,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from entrypoint import checkpoints
-from entrypoint.environments.settings import PlatformSettings
+from entrypoint.cluster.environments.settings import PlatformSettings
+from entrypoint.cluster.gpus import driver_gpu_count
 from entrypoint.errors import TrainerError
-from entrypoint.gpus import driver_gpu_count
-from entrypoint.outputs import local_path
-from entrypoint.storage import StorageError, is_remote
+from entrypoint.outputs import checkpoints
+from entrypoint.outputs.locations import local_path
+from entrypoint.outputs.storage import StorageError, is_remote
 
 SHM = Path("/dev/shm")
 DRIVER_VERSION_FILE = Path("/proc/driver/nvidia/version")

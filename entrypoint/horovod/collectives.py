@@ -11,7 +11,7 @@ import horovod.torch as hvd
 import torch
 from torch import nn
 
-from entrypoint.peers import KeyValue
+from entrypoint.lifecycle.peers import KeyValue
 from entrypoint.pytorch.collectives import Vote
 
 _SCOPE = "trainer"

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from entrypoint import envvars as ev
+from entrypoint.cluster import envvars as ev
+from entrypoint.cluster.topology import ClusterTopology
 from entrypoint.options import RunOptions, non_negative_int, positive_float
-from entrypoint.outputs import OutputDirs
+from entrypoint.outputs.locations import OutputDirs
+from entrypoint.planning.registry import Flag, Framework, NodePlan
 from entrypoint.pytorch.framework import plan_torch_node
-from entrypoint.registry import Flag, Framework, NodePlan
-from entrypoint.topology import ClusterTopology
 
 HOROVOD_FUSION_THRESHOLD_DEFAULT = 134217728  # 128 MiB, Vertex's Reduction Server recommendation
 HOROVOD_CYCLE_TIME_DEFAULT_MS = 5.0

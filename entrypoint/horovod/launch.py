@@ -16,13 +16,13 @@ import sys
 import threading
 from typing import Any
 
-from entrypoint import envvars as ev
 from entrypoint import failures
-from entrypoint.placement import Placement, job_world_size, place
-from entrypoint.plan import Plan
-from entrypoint.runner import run_process
-from entrypoint.supervisor import Replica, free_ports, run_replicas
-from entrypoint.topology import ClusterTopology
+from entrypoint.cluster import envvars as ev
+from entrypoint.cluster.placement import Placement, job_world_size, place
+from entrypoint.cluster.topology import ClusterTopology
+from entrypoint.lifecycle.runner import run_process
+from entrypoint.lifecycle.supervisor import Replica, free_ports, run_replicas
+from entrypoint.planning.plan import Plan
 
 log = logging.getLogger("entrypoint.horovod")
 
@@ -73,7 +73,7 @@ def worker_env(topo: ClusterTopology, placed: Placement, host: str, port: int, t
     return env
 
 
-def launch(plan: Plan, ctx: failures.Context) -> int:
+def launch(plan: Plan, ctx: failures.FailureContext) -> int:
     """Run this node's Horovod processes; the node's exit code."""
     topo = plan.topology
     tuning = dict(plan.framework_env)

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from entrypoint.environments.settings import read_handoff
+from entrypoint.cluster.environments.settings import read_handoff
 from entrypoint.errors import PeerError
-from entrypoint.failures import Context
-from entrypoint.plan import Plan
-from entrypoint.usercode import run_script
+from entrypoint.failures import FailureContext
+from entrypoint.planning.plan import Plan
+from entrypoint.planning.usercode import run_script
 
 
-def run(plan: Plan, failure_context: Context) -> int:
+def run(plan: Plan, failure_context: FailureContext) -> int:
     """This process's part of the job: the user's Horovod script unchanged, or hvd.init() and our loop."""
     code = plan.require_code()
     if code.kind != "hooks":

@@ -11,7 +11,6 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from entrypoint import registry
 from entrypoint.errors import ConfigError, ExitCode
 from entrypoint.jobs import formats, kubeflow, network, pods, pyformat, tuning, vertexopts, yamltext
 from entrypoint.jobs.kubeflow import KINDS, KubeflowRequest
@@ -25,6 +24,7 @@ from entrypoint.jobs.vertex import (
     split_run_args,
     with_run_option,
 )
+from entrypoint.planning import registry
 
 USAGE = "python -m entrypoint job {vertex,vertex-tuning,kubeflow} --image URI [options] -- RUN ARGS"
 TUNING_FORMATS = ("json", "gcloud-config", "python")

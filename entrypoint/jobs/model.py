@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from entrypoint.environments.vertex import VERTEX_POOLS
+from entrypoint.cluster.environments.vertex import VERTEX_POOLS
 
 POOL_NAMES = tuple(VERTEX_POOLS)  # workerpool0 (chief), 1 (workers), 2 (ps or reducers), 3 (evaluators)
 POOL_ROLES = ("chief", "workers", "parameter servers or Reduction Server", "evaluators")

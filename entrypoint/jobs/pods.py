@@ -14,8 +14,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from entrypoint import envvars as ev
-from entrypoint.environments.settings import is_secret_name
+from entrypoint.cluster import envvars as ev
+from entrypoint.cluster.environments.settings import is_secret_name
 from entrypoint.errors import ConfigError
 from entrypoint.jobs.vertexopts import parse_pairs
 

@@ -11,11 +11,11 @@ import re
 from collections.abc import Sequence
 from typing import NoReturn
 
-from entrypoint import registry
 from entrypoint.errors import ConfigError
 from entrypoint.jobs import machines, network
 from entrypoint.jobs.model import JobSpec, PoolSpec
-from entrypoint.runargs import add_run_arguments
+from entrypoint.planning import registry
+from entrypoint.planning.runargs import add_run_arguments
 
 # The CUDA major version our GPU images are built on (docs/images.md): torch 2.13's wheels are CUDA 13.
 CUDA_MAJOR = {"pytorch": 13, "horovod": 13, "tensorflow": 12}

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from entrypoint.errors import ConfigError
-from entrypoint.runargs import add_run_arguments
+from entrypoint.planning.runargs import add_run_arguments
 
 GOALS = ("MAXIMIZE", "MINIMIZE")
 ALGORITHMS = {"bayesian": "ALGORITHM_UNSPECIFIED", "grid": "GRID_SEARCH", "random": "RANDOM_SEARCH"}

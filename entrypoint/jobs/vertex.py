@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from entrypoint import registry
 from entrypoint.errors import ConfigError
 from entrypoint.jobs import machines, network
 from entrypoint.jobs.model import JobSettings, JobSpec, PoolSpec
 from entrypoint.jobs.rules import infer_framework, run_options, validate
 from entrypoint.jobs.vertexopts import PoolExtras
+from entrypoint.planning import registry
 
 DEFAULT_MACHINE = "n1-standard-4"
 DEFAULT_REGION = "us-central1"

@@ -11,8 +11,8 @@ import argparse
 import re
 from dataclasses import dataclass
 
-from entrypoint import envvars as ev
-from entrypoint.environments.settings import is_secret_name
+from entrypoint.cluster import envvars as ev
+from entrypoint.cluster.environments.settings import is_secret_name
 from entrypoint.errors import ConfigError
 from entrypoint.jobs.model import JobSettings
 

@@ -17,9 +17,9 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
+from entrypoint.cluster.topology import Peer
 from entrypoint.errors import PeerError
-from entrypoint.rendezvous import reach_chief
-from entrypoint.topology import Peer
+from entrypoint.lifecycle.rendezvous import reach_chief
 
 log = logging.getLogger("entrypoint")
 LOG_EVERY = 20.0

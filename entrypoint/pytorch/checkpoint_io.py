@@ -28,9 +28,9 @@ from typing import IO, Any
 
 import torch
 
-from entrypoint import checkpoints, storage
 from entrypoint.errors import OutputError
-from entrypoint.storage import Location, RemotePath, StorageError
+from entrypoint.outputs import checkpoints, storage
+from entrypoint.outputs.storage import Location, RemotePath, StorageError
 
 log = logging.getLogger("entrypoint.pytorch")
 STATE_FILE = "state.pt"

@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from entrypoint.peers import KeyValue
+from entrypoint.lifecycle.peers import KeyValue
 
 log = logging.getLogger("entrypoint.pytorch")
 

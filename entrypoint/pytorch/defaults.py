@@ -10,11 +10,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from entrypoint.storage import Location
+from entrypoint.outputs.storage import Location
 
 
 @dataclass
-class Context:
+class HookContext:
     """What hooks receive as ``ctx``: ranks, device, output directories, and the chief flag."""
 
     rank: int
@@ -28,13 +28,13 @@ class Context:
     trial: str | None
 
 
-def default_loss(model: nn.Module, batch: Any, ctx: Context) -> torch.Tensor:
+def default_loss(model: nn.Module, batch: Any, ctx: HookContext) -> torch.Tensor:
     """Classification: ``batch = (inputs, labels)``, cross-entropy on the logits."""
     inputs, labels = batch
     return F.cross_entropy(model(inputs), labels)
 
 
-def default_eval_step(model: nn.Module, batch: Any, ctx: Context) -> dict[str, torch.Tensor]:
+def default_eval_step(model: nn.Module, batch: Any, ctx: HookContext) -> dict[str, torch.Tensor]:
     """Sums for classification metrics; the loop all-reduces them and divides by ``count``."""
     inputs, labels = batch
     logits = model(inputs)

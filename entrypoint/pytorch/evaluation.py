@@ -12,10 +12,10 @@ from torch.utils.data import Dataset, Subset
 
 from entrypoint.pytorch.collectives import Collectives
 from entrypoint.pytorch.data import make_loader, to_device
-from entrypoint.pytorch.defaults import Context
+from entrypoint.pytorch.defaults import HookContext
 
 
-def evaluate(model: nn.Module, dataset: Dataset[Any], step_fn: Callable[..., dict[str, torch.Tensor]], ctx: Context,
+def evaluate(model: nn.Module, dataset: Dataset[Any], step_fn: Callable[..., dict[str, torch.Tensor]], ctx: HookContext,
              comm: Collectives, batch_size: int, workers: int,
              autocast: Callable[[], AbstractContextManager[Any]]) -> dict[str, float]:
     """Metrics over this rank's shard (no padding), summed across ranks, divided by the summed ``count``."""

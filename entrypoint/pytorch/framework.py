@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from entrypoint import envvars as ev
+from entrypoint.cluster import envvars as ev
+from entrypoint.cluster.placement import job_world_size
+from entrypoint.cluster.topology import ClusterTopology
 from entrypoint.errors import ConfigError
 from entrypoint.options import RunOptions, positive_int
-from entrypoint.outputs import OutputDirs
-from entrypoint.placement import job_world_size
-from entrypoint.registry import Flag, Framework, NodePlan, ServerPool
-from entrypoint.topology import ClusterTopology
+from entrypoint.outputs.locations import OutputDirs
+from entrypoint.planning.registry import Flag, Framework, NodePlan, ServerPool
 
 
 def plan_torch_node(topo: ClusterTopology, options: RunOptions, gpus: int,

@@ -20,13 +20,13 @@ import sys
 import tempfile
 from collections.abc import Iterator
 
-from entrypoint import envvars as ev
 from entrypoint import failures
+from entrypoint.cluster import envvars as ev
 from entrypoint.errors import ExitCode, exit_code_of, signal_exit_code
-from entrypoint.plan import Plan
+from entrypoint.lifecycle.runner import run_process
+from entrypoint.lifecycle.supervisor import free_ports
+from entrypoint.planning.plan import Plan
 from entrypoint.pytorch.store import BACKEND, NodeStore, job_run_id, node_store, register_backend
-from entrypoint.runner import run_process
-from entrypoint.supervisor import free_ports
 
 log = logging.getLogger("entrypoint.pytorch")
 ROLE = "default"  # torchrun's role name
@@ -59,7 +59,7 @@ def process_env(plan: Plan, host: str, port: int, error_file: str) -> dict[str, 
     }
 
 
-def launch(plan: Plan, ctx: failures.Context) -> int:
+def launch(plan: Plan, ctx: failures.FailureContext) -> int:
     """Run this node's processes; the exit code of the node."""
     topo = plan.topology
     if topo.processes_started_externally:  # torchrun started this process: it is placed already
@@ -73,7 +73,7 @@ def launch(plan: Plan, ctx: failures.Context) -> int:
                     run_id(plan, host, port), topo.training_peers(), membership.applies(plan)) as store:
         code = _in_process(plan, store, ctx) if plan.nproc_per_node == 1 else _elastic(plan, store)
         if code == ExitCode.OK:
-            store.finish()
+            store.leave_together()
     return code
 
 
@@ -87,7 +87,7 @@ def _error_file() -> Iterator[str]:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def _in_process(plan: Plan, store: NodeStore, ctx: failures.Context) -> int:
+def _in_process(plan: Plan, store: NodeStore, ctx: failures.FailureContext) -> int:
     topo, placed = plan.topology, plan.for_process(0)
     with _error_file() as error_file:
         os.environ.update(process_env(placed, store.host, store.port, error_file))

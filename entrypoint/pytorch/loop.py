@@ -21,30 +21,32 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset, DistributedSampler
 
-from entrypoint import checkpoints, errors, failures, peers, storage
-from entrypoint import envvars as ev
+from entrypoint import errors, failures
+from entrypoint.cluster import envvars as ev
+from entrypoint.cluster.placement import Placement
 from entrypoint.errors import ConfigError, NonFiniteLoss, PeerError, StopRequested
-from entrypoint.hypertune import MetricReporter
+from entrypoint.lifecycle import peers
+from entrypoint.lifecycle.signals import StopRequest
+from entrypoint.lifecycle.watchdog import HangWatchdog
 from entrypoint.options import DEFAULT_BATCH_SIZE, DEFAULT_EPOCHS
-from entrypoint.outputs import ensure_writable, local_path
-from entrypoint.placement import Placement
-from entrypoint.plan import Plan
-from entrypoint.progress import Progress
+from entrypoint.outputs import checkpoints, storage
+from entrypoint.outputs.hypertune import MetricReporter
+from entrypoint.outputs.locations import ensure_writable, local_path
+from entrypoint.outputs.progress import Progress
+from entrypoint.outputs.summary import TrainingSummary, write_summary
+from entrypoint.planning.plan import Plan
+from entrypoint.planning.usercode import load_hooks, module_default, parse_user_args
 from entrypoint.pytorch.checkpoint_io import LOAD_WITH, export_model, make_io
 from entrypoint.pytorch.collectives import Collectives, TorchDistributed
 from entrypoint.pytorch.data import EpochSampler, make_loader, seed_loader, to_device
-from entrypoint.pytorch.defaults import Context, default_eval_step, default_loss, param_digest
+from entrypoint.pytorch.defaults import HookContext, default_eval_step, default_loss, param_digest
 from entrypoint.pytorch.evaluation import evaluate
 from entrypoint.pytorch.framework import BUCKET_CAP_MB_DEFAULT
-from entrypoint.pytorch.inplace import InPlace
 from entrypoint.pytorch.membership import Membership
 from entrypoint.pytorch.resume import LoopCheckpoints
 from entrypoint.pytorch.state import TrainState, reseed
-from entrypoint.pytorch.vote import StepVote, Verdict, nonfinite
-from entrypoint.signals import StopRequest
-from entrypoint.summary import TrainingSummary, write_summary
-from entrypoint.usercode import load_hooks, module_default, parse_user_args
-from entrypoint.watchdog import HangWatchdog
+from entrypoint.pytorch.survivors import InPlace
+from entrypoint.pytorch.vote import StepVerdict, StepVote, nonfinite
 
 log = logging.getLogger("entrypoint.pytorch")
 
@@ -60,7 +62,7 @@ def check_placement(placed: Placement, comm: Collectives) -> None:
 class Trainer:
     """Runs the user's hooks under data parallelism with chief-only outputs."""
 
-    def __init__(self, plan: Plan, comm: Collectives, failure_context: failures.Context,
+    def __init__(self, plan: Plan, comm: Collectives, failure_context: failures.FailureContext,
                  membership: Membership | None = None) -> None:
         options, code, topo, placed = plan.options, plan.require_code(), plan.topology, plan.placed
         check_placement(placed, comm)
@@ -69,7 +71,7 @@ class Trainer:
         self.args = parse_user_args(self.module, options.user_args)
         device = torch.device("cuda", placed.local_rank) if torch.cuda.is_available() else torch.device("cpu")
         out = plan.outputs
-        self.ctx = Context(rank=comm.rank, world_size=comm.world_size, local_rank=placed.local_rank, device=device,
+        self.ctx = HookContext(rank=comm.rank, world_size=comm.world_size, local_rank=placed.local_rank, device=device,
                            is_chief=comm.rank == 0, model_dir=storage.path(local_path(out.model_dir)),
                            checkpoint_dir=storage.path(local_path(out.checkpoint_dir)),
                            tensorboard_dir=storage.path(local_path(out.tensorboard_dir)), trial=topo.trial)
@@ -248,7 +250,7 @@ class Trainer:
             self._nonfinite(state, verdict)
         return verdict is not None and verdict.stop
 
-    def _nonfinite(self, state: TrainState, verdict: Verdict) -> None:
+    def _nonfinite(self, state: TrainState, verdict: StepVerdict) -> None:
         """Every rank saw the same non-finite step: keep what is committed (all finite), export nothing, fail."""
         self.io.wait()
         newest = checkpoints.checkpoint_path(self.ctx.checkpoint_dir, state.saved_step)

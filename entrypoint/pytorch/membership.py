@@ -66,7 +66,7 @@ def _first_difference(mine: dict[str, Any], theirs: dict[str, Any]) -> str:
 
 
 @dataclass
-class Verdict:
+class GroupVerdict:
     """Rank 0's decision for a generation: go (with the replacements it took in) or not (why)."""
 
     generation: int
@@ -80,7 +80,7 @@ class Verdict:
                            "joiners": {str(k): v for k, v in self.joiners.items()}})
 
     @classmethod
-    def from_json(cls, text: str) -> Verdict:
+    def from_json(cls, text: str) -> GroupVerdict:
         """Inverse of ``to_json``."""
         data = json.loads(text)
         return cls(int(data["generation"]), bool(data["go"]), str(data.get("why", "")),
@@ -130,7 +130,7 @@ class Membership:
             self.store.set(self._key("started"), "1")
 
     # ---- a survivor ------------------------------------------------------------------------------------
-    def reform(self, step: int) -> Verdict:
+    def reform(self, step: int) -> GroupVerdict:
         """After losing a peer: say so for the next generation, wait for rank 0's verdict (rank 0 decides it).
 
         Returns the verdict to go on with; raises PeerError (the checkpoint path) when there is none.
@@ -146,7 +146,7 @@ class Membership:
         self.generation = target
         return verdict
 
-    def _decide(self, target: int) -> Verdict:
+    def _decide(self, target: int) -> GroupVerdict:
         """Rank 0: wait until every rank is a survivor or a fresh replacement, check the replacements, decide."""
         deadline = time.monotonic() + self.timeout
         next_log = time.monotonic() + 2.0  # the survivors say so within moments: name only who is really awaited
@@ -156,7 +156,7 @@ class Membership:
                 break
             now = time.monotonic()
             if now >= deadline:
-                return self._publish(Verdict(target, False, f"{self._named(missing)} did not come back within "
+                return self._publish(GroupVerdict(target, False, f"{self._named(missing)} did not come back within "
                                                             f"{self.timeout:g} s (--timeout)"))
             if now >= next_log:
                 log.info("re-forming the group: waiting for %s (the platform restarts a lost replica in place); "
@@ -169,11 +169,11 @@ class Membership:
             if diff:
                 why = f"the replacement of {self.names(rank)} was refused: it has {diff}"
                 log.warning("%s; every replica goes back to the newest checkpoint", why)
-                return self._publish(Verdict(target, False, why))
+                return self._publish(GroupVerdict(target, False, why))
         for rank, count in joiners.items():
             self.store.set(self._key("accepted", rank), str(count))
         self.store.set(self._key("gen"), str(target))
-        return self._publish(Verdict(target, True, joiners=joiners))
+        return self._publish(GroupVerdict(target, True, joiners=joiners))
 
     def _members(self, target: int) -> tuple[dict[int, int], list[int]]:
         """The fresh replacements (rank -> announcement) and the ranks that are neither here nor replaced."""
@@ -189,11 +189,11 @@ class Membership:
                 missing.append(rank)
         return joiners, missing
 
-    def _publish(self, verdict: Verdict) -> Verdict:
+    def _publish(self, verdict: GroupVerdict) -> GroupVerdict:
         self.store.set(self._key(f"g{verdict.generation}", "verdict"), verdict.to_json())
         return verdict
 
-    def _await_verdict(self, target: int, what: str) -> Verdict:
+    def _await_verdict(self, target: int, what: str) -> GroupVerdict:
         deadline = time.monotonic() + self.timeout + 10  # rank 0 decides within --timeout; a margin for it
         next_log = time.monotonic() + LOG_EVERY
         while (text := self._get(f"g{target}", "verdict")) is None:
@@ -204,10 +204,10 @@ class Membership:
                 log.info("re-forming the group: waiting for %s; %.0f s left", what, deadline - now)
                 next_log = now + LOG_EVERY
             time.sleep(_POLL)
-        return Verdict.from_json(text)
+        return GroupVerdict.from_json(text)
 
     # ---- a replacement -----------------------------------------------------------------------------------
-    def join(self, fingerprint: dict[str, Any]) -> Verdict:
+    def join(self, fingerprint: dict[str, Any]) -> GroupVerdict:
         """A replacement: announce itself with its fingerprint and wait to be taken into a generation."""
         self.fingerprint = fingerprint
         count = int(self.store.add(self._key("joins", self.rank), 1))
@@ -220,7 +220,7 @@ class Membership:
                 text = self._get(f"g{candidate}", "verdict")
                 if text is None:
                     continue
-                verdict = Verdict.from_json(text)
+                verdict = GroupVerdict.from_json(text)
                 if verdict.go and verdict.joiners.get(self.rank) == count:
                     self.generation = candidate
                     return verdict

@@ -5,14 +5,15 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from entrypoint import checkpoints, recovery, storage
 from entrypoint.errors import ConfigError
-from entrypoint.plan import Plan
+from entrypoint.lifecycle import lost_work
+from entrypoint.outputs import checkpoints, storage
+from entrypoint.outputs.storage import Location
+from entrypoint.planning.plan import Plan
 from entrypoint.pytorch import state as rng
 from entrypoint.pytorch.collectives import Collectives
-from entrypoint.pytorch.defaults import Context
+from entrypoint.pytorch.defaults import HookContext
 from entrypoint.pytorch.state import TrainState
-from entrypoint.storage import Location
 
 log = logging.getLogger("entrypoint.pytorch")
 
@@ -20,7 +21,7 @@ log = logging.getLogger("entrypoint.pytorch")
 class LoopCheckpoints:
     """Saves through the checkpoint I/O seam (chief only) and resumes every rank from the chief's choice."""
 
-    def __init__(self, plan: Plan, comm: Collectives, ctx: Context, io: checkpoints.CheckpointWriter) -> None:
+    def __init__(self, plan: Plan, comm: Collectives, ctx: HookContext, io: checkpoints.CheckpointWriter) -> None:
         self.plan, self.comm, self.ctx, self.io = plan, comm, ctx, io
 
     def payload(self, state: TrainState) -> dict[str, Any]:
@@ -40,7 +41,7 @@ class LoopCheckpoints:
         if not self.ctx.is_chief:
             return
         meta = {"step": state.step, "epoch": state.epoch, "batch": state.batch, "framework": self.plan.framework,
-                "reached_at": recovery.reached_at()}
+                "reached_at": lost_work.reached_at()}
         self.io.save(checkpoints.checkpoint_path(self.ctx.checkpoint_dir, state.step),
                      {**self.payload(state), "rng": rngs}, meta)
 
@@ -54,11 +55,11 @@ class LoopCheckpoints:
                 lost = None
                 if found is not None:
                     reached = checkpoints.read_marker(found[0]).get("reached_at")
-                    lost = recovery.after_resume(self.plan.outputs.job_dir, state.step, reached)
+                    lost = lost_work.after_resume(self.plan.outputs.job_dir, state.step, reached)
                 choice = (str(found[0]) if found else None, None, lost.to_dict() if lost else None)
             except ConfigError as exc:
                 choice = (None, (exc.source, exc.problem), None)
-        path_text, error, lost_work = self.comm.broadcast_object(choice)
+        path_text, error, cost = self.comm.broadcast_object(choice)
         if error is not None:
             raise ConfigError(*error)
         if path_text is None:
@@ -66,9 +67,9 @@ class LoopCheckpoints:
         if not self.ctx.is_chief:
             self.load(storage.path(path_text), state)
         log.info("resumed from %s at step %d (epoch %d, batch %d)", path_text, state.step, state.epoch, state.batch)
-        if lost_work is not None:
-            state.recoveries.append(lost_work)
-            log.info("%s", recovery.Recovery(**lost_work).line())
+        if cost is not None:
+            state.recoveries.append(cost)
+            log.info("%s", lost_work.Recovery(**cost).line())
 
     def load(self, path: Location, state: TrainState) -> None:
         """A committed checkpoint into ``state`` (this rank's RNG too, when the world size is the same)."""

@@ -20,7 +20,7 @@ from collections.abc import Iterator, Sequence
 from datetime import timedelta
 from typing import Any
 
-from entrypoint.topology import Peer
+from entrypoint.cluster.topology import Peer
 
 log = logging.getLogger("entrypoint.pytorch")
 BACKEND = "trainer-static"  # our rendezvous backend for torch's agent: a static one over this store
@@ -65,17 +65,17 @@ class NodeStore:
     def _key(self, name: str) -> str:
         return f"trainer/{self.run_id}/exit/{name}"
 
-    def finish(self) -> None:
+    def leave_together(self) -> None:
         """The exit barrier after this node's processes succeeded; node 0 returns once every peer has left."""
         if self.num_nodes <= 1:
             return
         try:
-            self._finish()
+            self._leave()
         except RuntimeError as exc:  # torch's DistNetworkError & co.: node 0 went away first (a script's os._exit)
             log.warning("node %d: the job's store on node 0 went away before every node finished (%s); leaving "
                         "(this node's processes succeeded)", self.node_rank, " ".join(str(exc).split())[:200])
 
-    def _finish(self) -> None:
+    def _leave(self) -> None:
         store = self.store
         store.set(self._key(f"node{self.node_rank}"), "done")
         if store.add(self._key("arrived"), 1) >= self.num_nodes:

@@ -6,12 +6,12 @@ from dataclasses import dataclass
 
 import torch
 
+from entrypoint.lifecycle.signals import StopRequest
 from entrypoint.pytorch.collectives import Collectives, Vote
-from entrypoint.signals import StopRequest
 
 
 @dataclass(frozen=True)
-class Verdict:
+class StepVerdict:
     """What every rank learned about one step: whether any rank asked to stop, how many saw a NaN/inf loss."""
 
     step: int
@@ -32,7 +32,7 @@ class StepVote:
         self.comm, self.request, self.device = comm, request, device
         self._pending: tuple[int, Vote] | None = None
 
-    def poll(self, step: int, loss: torch.Tensor | None) -> Verdict | None:
+    def poll(self, step: int, loss: torch.Tensor | None) -> StepVerdict | None:
         """Read the previous step's vote (if any) and start this step's (``loss`` None: not checked here)."""
         verdict = self.drain()
         stop = torch.tensor([int(self.request.requested)], dtype=torch.int64, device=self.device)
@@ -40,13 +40,13 @@ class StepVote:
         self._pending = (step, self.comm.start_vote(torch.cat([stop, bad])))
         return verdict
 
-    def drain(self) -> Verdict | None:
+    def drain(self) -> StepVerdict | None:
         """Finish the vote in flight; its verdict (None when none was in flight)."""
         if self._pending is None:
             return None
         (step, vote), self._pending = self._pending, None
         stop, bad = vote.result()
-        return Verdict(step, stop > 0, bad)
+        return StepVerdict(step, stop > 0, bad)
 
 
 def nonfinite(loss: torch.Tensor) -> torch.Tensor:

@@ -9,13 +9,13 @@ from __future__ import annotations
 import os
 from datetime import timedelta
 
-from entrypoint import envvars as ev
-from entrypoint.failures import Context
-from entrypoint.plan import Plan
-from entrypoint.usercode import run_script
+from entrypoint.cluster import envvars as ev
+from entrypoint.failures import FailureContext
+from entrypoint.planning.plan import Plan
+from entrypoint.planning.usercode import run_script
 
 
-def run(plan: Plan, failure_context: Context) -> int:
+def run(plan: Plan, failure_context: FailureContext) -> int:
     """This process's part of the job; its exit code (a script's own, or 0 after the loop)."""
     code, placed = plan.require_code(), plan.placed
     if not plan.topology.processes_started_externally:

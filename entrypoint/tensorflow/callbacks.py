@@ -10,15 +10,15 @@ from typing import Any
 
 import tensorflow as tf
 
-from entrypoint import recovery
-from entrypoint.checkpoints import checkpoint_path
 from entrypoint.errors import NonFiniteLoss
-from entrypoint.hypertune import MetricReporter
-from entrypoint.progress import Progress
-from entrypoint.staging import Staging
-from entrypoint.storage import Location
+from entrypoint.lifecycle import lost_work
+from entrypoint.lifecycle.watchdog import HangWatchdog
+from entrypoint.outputs.checkpoints import checkpoint_path
+from entrypoint.outputs.hypertune import MetricReporter
+from entrypoint.outputs.progress import Progress
+from entrypoint.outputs.staging import Staging
+from entrypoint.outputs.storage import Location
 from entrypoint.tensorflow.checkpoint_io import KerasCheckpointIO
-from entrypoint.watchdog import HangWatchdog
 
 log = logging.getLogger("entrypoint.tensorflow")
 
@@ -43,7 +43,7 @@ class CommitCheckpoints(tf.keras.callbacks.Callback):
     """At each epoch end every worker saves through ``writer`` (``KerasCheckpointIO``): the chief commits
     ``ckpt-<step>`` (uploads it, marker last, when staged) and prunes old ones."""
 
-    def __init__(self, writer: KerasCheckpointIO, strategy: str, resumed: recovery.ResumePoint | None = None,
+    def __init__(self, writer: KerasCheckpointIO, strategy: str, resumed: lost_work.ResumePoint | None = None,
                  job_dir: str | None = None) -> None:
         super().__init__()
         self.writer, self.strategy, self.resumed, self.job_dir = writer, strategy, resumed, job_dir
@@ -63,7 +63,7 @@ class CommitCheckpoints(tf.keras.callbacks.Callback):
         reached = self.resumed.reached_at if self.resumed is not None else None
         if self.resumed is None or step > self.resumed.step:
             reached = backup_written(self.checkpoint_dir / "backup")
-        lost = recovery.after_resume(self.job_dir, step, reached)
+        lost = lost_work.after_resume(self.job_dir, step, reached)
         if lost is not None:
             log.info("%s", lost.line())
             self.recoveries.append(lost.to_dict())

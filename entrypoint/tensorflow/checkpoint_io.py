@@ -14,9 +14,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from entrypoint.checkpoints import CheckpointWriter, Retention, check_sizes, commit, read_marker
-from entrypoint.staging import Staging
-from entrypoint.storage import Location
+from entrypoint.outputs.checkpoints import CheckpointWriter, Retention, check_sizes, commit, read_marker
+from entrypoint.outputs.staging import Staging
+from entrypoint.outputs.storage import Location
 from entrypoint.tensorflow.export import save_on_every_worker
 
 WEIGHTS = "weights"  # the prefix of the files ``model.save_weights`` writes in a checkpoint

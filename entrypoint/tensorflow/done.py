@@ -14,9 +14,9 @@ import socket
 import time
 import uuid
 
-from entrypoint import storage
 from entrypoint.errors import PeerError
-from entrypoint.storage import Location
+from entrypoint.outputs import storage
+from entrypoint.outputs.storage import Location
 
 MARKER = "TRAINING_DONE"
 

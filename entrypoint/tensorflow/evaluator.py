@@ -16,15 +16,15 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from entrypoint.checkpoints import committed, read_marker
 from entrypoint.errors import ConfigError, ExitCode
-from entrypoint.plan import Plan
-from entrypoint.signals import stop_at_once
-from entrypoint.staging import Staging
-from entrypoint.storage import Location
+from entrypoint.lifecycle.signals import stop_at_once
+from entrypoint.outputs.checkpoints import committed, read_marker
+from entrypoint.outputs.staging import Staging
+from entrypoint.outputs.storage import Location
+from entrypoint.planning.plan import Plan
+from entrypoint.planning.usercode import parse_user_args
 from entrypoint.tensorflow.done import DoneWatcher
 from entrypoint.tensorflow.hooks import build_compiled_model, make_context, user_datasets
-from entrypoint.usercode import parse_user_args
 
 log = logging.getLogger("entrypoint.tensorflow")
 EVAL_SUBDIR = "eval"

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from entrypoint import envvars as ev
+from entrypoint.cluster import envvars as ev
+from entrypoint.cluster.topology import ClusterTopology
 from entrypoint.errors import ConfigError
 from entrypoint.options import RunOptions
-from entrypoint.outputs import OutputDirs
-from entrypoint.registry import Framework, NodePlan, ServerPool
-from entrypoint.topology import ClusterTopology
+from entrypoint.outputs.locations import OutputDirs
+from entrypoint.planning.registry import Framework, NodePlan, ServerPool
 
 STRATEGIES = ("default", "OneDeviceStrategy", "MirroredStrategy", "MultiWorkerMirroredStrategy",
               "ParameterServerStrategy")

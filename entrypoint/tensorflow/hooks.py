@@ -15,9 +15,9 @@ from typing import Any
 
 from entrypoint.errors import ConfigError
 from entrypoint.options import DEFAULT_BATCH_SIZE, DEFAULT_EPOCHS
-from entrypoint.plan import Plan
-from entrypoint.staging import Staging
-from entrypoint.usercode import module_default
+from entrypoint.outputs.staging import Staging
+from entrypoint.planning.plan import Plan
+from entrypoint.planning.usercode import module_default
 
 log = logging.getLogger("entrypoint.tensorflow")
 
@@ -51,7 +51,7 @@ def make_context(plan: Plan, module: ModuleType, strategy: Any, staging: Staging
     """The context for this replica; the global batch is per-replica batch x replicas in sync.
 
     The output dirs are where TensorFlow writes: local (or the FUSE mount), or for ``gs://`` without the mount
-    the process's staging directories, which ``staging`` mirrors to the bucket (entrypoint/staging.py).
+    the process's staging directories, which ``staging`` mirrors to the bucket (entrypoint/outputs/staging.py).
     """
     options = plan.options
     per_replica = int(options.batch_size or module_default(module, "batch_size", DEFAULT_BATCH_SIZE))

@@ -9,16 +9,16 @@ from __future__ import annotations
 import logging
 
 from entrypoint.errors import ExitCode
-from entrypoint.failures import Context
-from entrypoint.plan import Plan
-from entrypoint.runner import run_process
-from entrypoint.tensorflow.finish import leave_together
-from entrypoint.usercode import load_hooks, run_script
+from entrypoint.failures import FailureContext
+from entrypoint.lifecycle.runner import run_process
+from entrypoint.planning.plan import Plan
+from entrypoint.planning.usercode import load_hooks, run_script
+from entrypoint.tensorflow.leave import leave_together
 
 log = logging.getLogger("entrypoint.tensorflow")
 
 
-def launch(plan: Plan, ctx: Context) -> int:
+def launch(plan: Plan, ctx: FailureContext) -> int:
     """Run this replica's part of a TensorFlow job and return its exit code (replicas that succeeded leave together).
 
     TensorFlow drives every GPU of the node from one process: this one, placed as the node's only process.
@@ -29,7 +29,7 @@ def launch(plan: Plan, ctx: Context) -> int:
     return code
 
 
-def run(plan: Plan, ctx: Context) -> int:
+def run(plan: Plan, ctx: FailureContext) -> int:
     """The replica's one process: a script, a server, an evaluator, or the hooks under the plan's strategy."""
     topo, code = plan.topology, plan.require_code()
     log.info("tensorflow: role %s index %d, strategy %s (%s)", topo.role, topo.index, plan.strategy, plan.reason)

@@ -36,9 +36,9 @@ from typing import Any
 import tensorflow as tf
 
 from entrypoint.errors import StopRequested
-from entrypoint.signals import StopRequest, stop_at_once
-from entrypoint.staging import Staging
-from entrypoint.storage import Location
+from entrypoint.lifecycle.signals import StopRequest, stop_at_once
+from entrypoint.outputs.staging import Staging
+from entrypoint.outputs.storage import Location
 from entrypoint.tensorflow.callbacks import CommitCheckpoints, global_step
 from entrypoint.tensorflow.strategy import is_parameter_server
 

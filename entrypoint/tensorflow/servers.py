@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import logging
 
-from entrypoint import storage
 from entrypoint.errors import ExitCode
-from entrypoint.outputs import local_path
-from entrypoint.plan import Plan
-from entrypoint.signals import stop_at_once
+from entrypoint.lifecycle.signals import stop_at_once
+from entrypoint.outputs import storage
+from entrypoint.outputs.locations import local_path
+from entrypoint.planning.plan import Plan
 from entrypoint.tensorflow.done import DoneWatcher
 from entrypoint.tensorflow.strategy import cluster_resolver
 

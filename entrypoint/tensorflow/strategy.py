@@ -5,9 +5,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from entrypoint import errors, failures, watchdog
+from entrypoint import errors, failures
 from entrypoint.errors import ConfigError
-from entrypoint.plan import Plan
+from entrypoint.lifecycle import watchdog
+from entrypoint.planning.plan import Plan
 from entrypoint.tensorflow.framework import STRATEGIES
 
 log = logging.getLogger("entrypoint.tensorflow")
@@ -31,7 +32,7 @@ def cluster_resolver() -> Any:
     return tf.distribute.cluster_resolver.TFConfigClusterResolver()
 
 
-def make_strategy(plan: Plan, failure_context: failures.Context) -> Any:
+def make_strategy(plan: Plan, failure_context: failures.FailureContext) -> Any:
     """The strategy named by ``plan.strategy``, logged with the plan's reason."""
     import tensorflow as tf
 
@@ -64,7 +65,7 @@ def peers(plan: Plan) -> str:
     return ", ".join(str(p) for p in peers)
 
 
-def start_deadline(failure_context: failures.Context, seconds: float, what: str) -> Any:
+def start_deadline(failure_context: failures.FailureContext, seconds: float, what: str) -> Any:
     """A backstop for TensorFlow's cluster start (the peers already met at the start-up barrier)."""
     log.info("%s; if one is lost meanwhile this replica ends after --timeout %.0f s with exit code 142", what, seconds)
     failure = failures.Failure(errors.START_DEADLINE, f"TensorFlow's cluster start outlived --timeout {seconds:g} s "

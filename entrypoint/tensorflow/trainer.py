@@ -9,16 +9,19 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from entrypoint import failures, recovery
-from entrypoint.checkpoints import Retention, load_newest, read_marker
+from entrypoint import failures
 from entrypoint.errors import ConfigError, ExitCode
-from entrypoint.hypertune import MetricReporter
-from entrypoint.listening import ServerWatch
-from entrypoint.outputs import ensure_writable
-from entrypoint.plan import Plan
-from entrypoint.signals import StopRequest
-from entrypoint.staging import Staging
-from entrypoint.summary import TrainingSummary, write_summary
+from entrypoint.lifecycle import lost_work
+from entrypoint.lifecycle.listening import ServerWatch
+from entrypoint.lifecycle.signals import StopRequest
+from entrypoint.lifecycle.watchdog import HangWatchdog
+from entrypoint.outputs.checkpoints import Retention, load_newest, read_marker
+from entrypoint.outputs.hypertune import MetricReporter
+from entrypoint.outputs.locations import ensure_writable
+from entrypoint.outputs.staging import Staging
+from entrypoint.outputs.summary import TrainingSummary, write_summary
+from entrypoint.planning.plan import Plan
+from entrypoint.planning.usercode import module_default, parse_user_args
 from entrypoint.tensorflow.checkpoint_io import KerasCheckpointIO
 from entrypoint.tensorflow.done import announce_done, clear_done
 from entrypoint.tensorflow.export import export_model
@@ -32,8 +35,6 @@ from entrypoint.tensorflow.hooks import (
     user_datasets,
 )
 from entrypoint.tensorflow.strategy import is_multi_worker, is_parameter_server, make_strategy
-from entrypoint.usercode import module_default, parse_user_args
-from entrypoint.watchdog import HangWatchdog
 
 log = logging.getLogger("entrypoint.tensorflow")
 LOAD_WITH = "tf_keras.models.load_model('<model_dir>')  # a SavedModel"
@@ -63,7 +64,7 @@ def fit_inputs(module: ModuleType, args: argparse.Namespace, ctx: TFContext) -> 
 
 
 def resume(model: Any, plan: Plan, writer: KerasCheckpointIO,
-           staging: Staging) -> tuple[int, recovery.ResumePoint | None]:
+           staging: Staging) -> tuple[int, lost_work.ResumePoint | None]:
     """Load ``--resume-from`` or the newest committed checkpoint that loads: the epoch to start from (0: none)
     and where that checkpoint was (its step, when it was reached, the recoveries so far). What the resume cost is
     known only once BackupAndRestore has restored its own, possibly newer, state (``CommitCheckpoints``).
@@ -77,7 +78,7 @@ def resume(model: Any, plan: Plan, writer: KerasCheckpointIO,
     step = int(marker.get("step", 0))
     log.info("resumed from %s at step %d (epoch %d)", path, step, epoch)
     reached = marker.get("reached_at")
-    return epoch, recovery.ResumePoint(step, float(reached) if reached is not None else None,
+    return epoch, lost_work.ResumePoint(step, float(reached) if reached is not None else None,
                               list(marker.get("recoveries") or []))
 
 
@@ -99,7 +100,7 @@ def gather_steps(strategy: Any, batches: int) -> list[int]:
 
 def make_callbacks(plan: Plan, ctx: TFContext, reporter: MetricReporter, metric: str | None,
                    request: StopRequest | None, watchdog: HangWatchdog, writer: KerasCheckpointIO,
-                   resumed: recovery.ResumePoint | None, staging: Staging) -> tuple[list[Any], Any, Any]:
+                   resumed: lost_work.ResumePoint | None, staging: Staging) -> tuple[list[Any], Any, Any]:
     """Backup, restore and save-before-preemption first (it restores before the others look), then ours."""
     import tensorflow as tf
 
@@ -132,7 +133,7 @@ def make_callbacks(plan: Plan, ctx: TFContext, reporter: MetricReporter, metric:
     return callbacks, progress, commit
 
 
-def train(plan: Plan, module: ModuleType, failure_context: failures.Context) -> int:
+def train(plan: Plan, module: ModuleType, failure_context: failures.FailureContext) -> int:
     """Train with the module's hooks under the plan's strategy; the chief exports and announces the end."""
     import tensorflow as tf
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from entrypoint import checkpoints
-from entrypoint.storage import RemotePath
+from entrypoint.outputs import checkpoints
+from entrypoint.outputs.storage import RemotePath
 from tests.conftest import ROOT
 from tests.containers.engine import PROGRESS, Container, started
 from tests.containers.test_preemption import TRAIN, logged_steps, stop

@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from entrypoint import checkpoints
-from entrypoint.supervisor import free_ports
+from entrypoint.lifecycle.supervisor import free_ports
+from entrypoint.outputs import checkpoints
 from tests.conftest import ROOT
 from tests.containers.engine import OUT, Container, aip_dirs, files_under, started, vertex_spec, writable_dir
 from tests.horovod.keras_callbacks_check import SCRIPT, check_callbacks
-from tests.tensorflow.jobs import make_image_folder
+from tests.tensorflow.runs import make_image_folder
 
 pytestmark = pytest.mark.containers
 POOLS = ("workerpool0", "workerpool1")  # chief, worker

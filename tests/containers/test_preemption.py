@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from entrypoint import checkpoints
+from entrypoint.outputs import checkpoints
 from tests.conftest import ROOT
 from tests.containers.engine import OUT, PROGRESS, Container, aip_dirs, started, writable_dir
 

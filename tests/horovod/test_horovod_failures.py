@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint import checkpoints
-from entrypoint.supervisor import free_ports
-from tests.jobs import Job, entrypoint, failure_records, failure_text, last_line, summary, wait_gone
+from entrypoint.lifecycle.supervisor import free_ports
+from entrypoint.outputs import checkpoints
+from tests.runs import Job, entrypoint, failure_records, failure_text, last_line, summary, wait_gone
 
 pytest.importorskip("horovod.torch")
 pytestmark = [pytest.mark.horovod, pytest.mark.slow]

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint import checkpoints
-from entrypoint.storage import RemotePath
+from entrypoint.outputs import checkpoints
+from entrypoint.outputs.storage import RemotePath
 from tests.gcs import BUCKET, Emulator
-from tests.jobs import entrypoint, failure_text
+from tests.runs import entrypoint, failure_text
 
 pytest.importorskip("horovod.torch")
 pytest.importorskip("gcsfs")

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint.supervisor import free_ports
-from tests.jobs import entrypoint, failure_text, hypertune_files, summary
+from entrypoint.lifecycle.supervisor import free_ports
+from tests.runs import entrypoint, failure_text, hypertune_files, summary
 
 pytest.importorskip("horovod.torch")
 pytestmark = [pytest.mark.horovod, pytest.mark.slow]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.horovod.keras_callbacks_check import SCRIPT, check_callbacks
-from tests.jobs import entrypoint, failure_text
+from tests.runs import entrypoint, failure_text
 
 pytest.importorskip("horovod.tensorflow.keras")
 pytestmark = [pytest.mark.horovod, pytest.mark.slow]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.jobs import Job, assert_export_is_newest_checkpoint, assert_restarted_in_place, vanish
+from tests.runs import Job, assert_export_is_newest_checkpoint, assert_restarted_in_place, vanish
 
 pytest.importorskip("torch")
 pytest.importorskip("horovod.torch")

@@ -130,7 +130,7 @@ def test_invalid_spec_files(tmp_path: Path) -> None:
 
 def test_pools_on_other_images_are_listed_not_started() -> None:
     from entrypoint.jobs.specdoc import job_from_document
-    from entrypoint.jobs.specfile import to_pools
+    from entrypoint.local.specfile import to_pools
 
     mine = {"machineSpec": {"machineType": "n1-standard-4"}, "containerSpec": {"imageUri": TF_IMAGE}}
     doc = {"workerPoolSpecs": [mine, mine, {}, {**mine, "containerSpec": {"imageUri": "gcr.io/else/eval:1"}}]}
@@ -197,7 +197,7 @@ def test_spec_fields_are_checked() -> None:
 
 def test_scheduling_reaches_the_emulator(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """restartJobOnWorkerRestart / disableRetries (either spelling) are LocalJob's, for local's restart policy."""
-    from entrypoint.jobs.specfile import spec_pools
+    from entrypoint.local.specfile import spec_pools
 
     pool = {"machineSpec": {"machineType": "n1-standard-4"},
             "containerSpec": {"imageUri": TORCH_IMAGE, "args": ["--module", "m"]}}

@@ -10,7 +10,7 @@ import os
 import sys
 
 from entrypoint import context
-from entrypoint.environments import resolve
+from entrypoint.cluster.environments import resolve
 
 topology = resolve()
 facts = {

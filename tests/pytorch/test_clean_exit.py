@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import PYTHON, ROOT, subprocess_env
-from tests.jobs import Job, entrypoint, failure_text, processes_with
+from tests.runs import Job, entrypoint, failure_text, processes_with
 
 pytest.importorskip("torch")
 pytestmark = [pytest.mark.pytorch, pytest.mark.slow]
@@ -104,7 +104,7 @@ def test_ending_a_process_with_gloo_threads_runs_exit_handlers_and_flushes_files
     code = f"""
 import atexit, os, sys, torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
-from entrypoint.shutdown import end, native_threads
+from entrypoint.lifecycle.shutdown import end, native_threads
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1], RANK="0", WORLD_SIZE="1")
 dist.init_process_group("gloo")
 model = DistributedDataParallel(torch.nn.Linear(2, 1))  # DDP keeps the group (and its threads) alive
@@ -117,7 +117,7 @@ atexit.register(lambda: open({str(tmp_path / "atexit.txt")!r}, "w").write("ran")
 print("bye", end="")
 end(3)
 """
-    from entrypoint.supervisor import free_ports
+    from entrypoint.lifecycle.supervisor import free_ports
 
     proc = subprocess.run([PYTHON, "-c", code, str(free_ports(1)[0])], cwd=ROOT, env=subprocess_env(),
                           capture_output=True, text=True, timeout=120)

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from entrypoint.supervisor import free_ports
+from entrypoint.lifecycle.supervisor import free_ports
 from tests.conftest import PYTHON, ROOT, subprocess_env
-from tests.jobs import entrypoint, failure_records, failure_text, last_line
 from tests.pytorch.test_failures import mounted
+from tests.runs import entrypoint, failure_records, failure_text, last_line
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.pytorch

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint.supervisor import free_ports
-from tests.jobs import Job, entrypoint, failure_records, failure_text, last_line, wait_gone
+from entrypoint.lifecycle.supervisor import free_ports
+from tests.runs import Job, entrypoint, failure_records, failure_text, last_line, wait_gone
 
 pytest.importorskip("torch")
 pytestmark = [pytest.mark.pytorch, pytest.mark.slow]

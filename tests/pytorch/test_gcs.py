@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint import checkpoints
-from entrypoint.storage import RemotePath
+from entrypoint.outputs import checkpoints
+from entrypoint.outputs.storage import RemotePath
 from tests.conftest import ROOT
 from tests.gcs import BUCKET, Emulator, gs_dir
-from tests.jobs import Job, entrypoint, failure_text, last_line, wait_gone
+from tests.runs import Job, entrypoint, failure_text, last_line, wait_gone
 
 pytest.importorskip("torch")
 pytest.importorskip("gcsfs")

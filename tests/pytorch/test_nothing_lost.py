@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint import checkpoints
-from tests.jobs import Job, entrypoint, failure_records, failure_text, last_line, replica_group, summary, wait_gone
+from entrypoint.outputs import checkpoints
+from tests.runs import Job, entrypoint, failure_records, failure_text, last_line, replica_group, summary, wait_gone
 
 torch = pytest.importorskip("torch")  # collected in every venv; these run where torch is
 pytestmark = [pytest.mark.pytorch, pytest.mark.slow]

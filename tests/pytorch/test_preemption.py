@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint import checkpoints
-from entrypoint.supervisor import free_ports
-from tests.jobs import Job, entrypoint, failure_records, failure_text, last_line, processes_with, summary, wait_gone
+from entrypoint.lifecycle.supervisor import free_ports
+from entrypoint.outputs import checkpoints
+from tests.runs import Job, entrypoint, failure_records, failure_text, last_line, processes_with, summary, wait_gone
 
 pytest.importorskip("torch")
 pytestmark = [pytest.mark.pytorch, pytest.mark.slow]

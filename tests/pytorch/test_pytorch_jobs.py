@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint import checkpoints
-from entrypoint.supervisor import free_ports
+from entrypoint.lifecycle.supervisor import free_ports
+from entrypoint.outputs import checkpoints
 from tests.conftest import PYTHON, ROOT, subprocess_env
-from tests.jobs import MARKER_VARIABLE, entrypoint, failure_text, hypertune_files, processes_with, summary, wait_gone
+from tests.runs import MARKER_VARIABLE, entrypoint, failure_text, hypertune_files, processes_with, summary, wait_gone
 
 pytest.importorskip("torch")
 pytestmark = [pytest.mark.pytorch, pytest.mark.slow]

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint import checkpoints
-from tests.jobs import (
+from entrypoint.outputs import checkpoints
+from tests.runs import (
     Job,
     assert_export_is_newest_checkpoint,
     assert_restarted_in_place,

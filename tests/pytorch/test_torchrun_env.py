@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint.supervisor import free_ports
+from entrypoint.lifecycle.supervisor import free_ports
 from tests.conftest import PYTHON, ROOT, subprocess_env
-from tests.jobs import entrypoint, failure_text
+from tests.runs import entrypoint, failure_text
 
 pytest.importorskip("torch")
 pytestmark = [pytest.mark.pytorch, pytest.mark.slow]

@@ -20,9 +20,9 @@ os.environ["TF_USE_LEGACY_KERAS"] = "1"
 import tensorflow as tf
 from tensorflow.python.distribute.failure_handling import failure_handling_util as util
 
-from entrypoint.checkpoints import Retention, committed, read_marker
 from entrypoint.errors import StopRequested
-from entrypoint.signals import StopRequest
+from entrypoint.lifecycle.signals import StopRequest
+from entrypoint.outputs.checkpoints import Retention, committed, read_marker
 from entrypoint.tensorflow.callbacks import CommitCheckpoints
 from entrypoint.tensorflow.checkpoint_io import KerasCheckpointIO
 from entrypoint.tensorflow.preemption import SaveBeforePreemption, make_handler

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
-from tests.tensorflow.jobs import local_command, run_args, run_job, tail
+from tests.tensorflow.runs import local_command, run_args, run_job, tail
 
 pytestmark = [pytest.mark.tensorflow, pytest.mark.slow]
 # TensorFlow's own error-level lines (glog "E0000 ...") and its collective executor's abort; the CPU wheel's failed

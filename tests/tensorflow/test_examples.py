@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import PYTHON
-from tests.tensorflow.jobs import run_args, run_job, summary, tail
+from tests.tensorflow.runs import run_args, run_job, summary, tail
 
 pytestmark = pytest.mark.tensorflow
 STATED_VAL_ACCURACY = 0.95  # trainers/tabular_keras.py's docstring

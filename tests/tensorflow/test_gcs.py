@@ -1,7 +1,7 @@
 """TensorFlow and gs:// without Vertex's FUSE mount: real jobs, real TensorFlow, a real GCS JSON API server.
 
 TensorFlow writes local staging directories and the storage seam (gcsfs) mirrors them to the bucket
-(entrypoint/staging.py): TensorFlow's own GCS file system has its endpoint compiled in, so it never sees
+(entrypoint/outputs/staging.py): TensorFlow's own GCS file system has its endpoint compiled in, so it never sees
 the emulator. The server is gcp-storage-emulator on 127.0.0.1 (tests/gcs.py); nothing here mocks gcsfs.
 """
 
@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint import checkpoints, storage
-from entrypoint.storage import RemotePath
+from entrypoint.outputs import checkpoints, storage
+from entrypoint.outputs.storage import RemotePath
 from tests.conftest import ROOT
 from tests.gcs import BUCKET, Emulator, gs_dir
-from tests.jobs import Job, entrypoint, failure_text, last_line, wait_gone
-from tests.tensorflow.jobs import SLOW, TOY, assert_loadable, run_args
+from tests.runs import Job, entrypoint, failure_text, last_line, wait_gone
+from tests.tensorflow.runs import SLOW, TOY, assert_loadable, run_args
 
 pytest.importorskip("tensorflow")
 pytest.importorskip("gcsfs")

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint.checkpoints import committed
-from entrypoint.supervisor import free_ports
+from entrypoint.lifecycle.supervisor import free_ports
+from entrypoint.outputs.checkpoints import committed
 from tests.conftest import PYTHON, subprocess_env
-from tests.tensorflow.jobs import (
+from tests.tensorflow.runs import (
     JOB_TIMEOUT,
     TOY,
     assert_loadable,

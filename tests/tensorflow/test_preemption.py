@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint.checkpoints import committed, read_marker
-from entrypoint.failure_records import read_records
+from entrypoint.failures.records import read_records
+from entrypoint.outputs.checkpoints import committed, read_marker
 from tests.conftest import PYTHON, ROOT
-from tests.tensorflow.jobs import (
+from tests.tensorflow.runs import (
     JOB_TIMEOUT,
     SLOW,
     Stopped,

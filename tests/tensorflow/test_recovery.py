@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint.checkpoints import committed
-from tests.jobs import Job, assert_restarted_in_place, summary, vanish
-from tests.tensorflow.jobs import SLOW
+from entrypoint.outputs.checkpoints import committed
+from tests.runs import Job, assert_restarted_in_place, summary, vanish
+from tests.tensorflow.runs import SLOW
 
 pytest.importorskip("tensorflow")
 pytestmark = [pytest.mark.tensorflow, pytest.mark.slow]

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint.checkpoints import committed, read_marker
-from tests.tensorflow.jobs import TOY, leftovers, local_command, run_args, run_job, summary, tail
+from entrypoint.outputs.checkpoints import committed, read_marker
+from tests.tensorflow.runs import TOY, leftovers, local_command, run_args, run_job, summary, tail
 
 pytestmark = [pytest.mark.tensorflow, pytest.mark.slow]
 

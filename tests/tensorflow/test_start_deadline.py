@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint.failure_records import read_records
-from entrypoint.supervisor import free_ports
+from entrypoint.failures.records import read_records
+from entrypoint.lifecycle.supervisor import free_ports
 from tests.conftest import PYTHON, ROOT, subprocess_env
-from tests.tensorflow.jobs import TOY, run_args
+from tests.tensorflow.runs import TOY, run_args
 
 pytestmark = pytest.mark.tensorflow
 

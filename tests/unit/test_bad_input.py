@@ -11,10 +11,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from entrypoint import envvars
-from entrypoint.environments import resolve
+from entrypoint.cluster import envvars
+from entrypoint.cluster.environments import resolve
+from entrypoint.cluster.topology import ClusterTopology
 from entrypoint.errors import ConfigError
-from entrypoint.topology import ClusterTopology
 from tests.conftest import PYTHON, ROOT, subprocess_env
 
 SECRET = "hunter2-secret-token"
@@ -138,12 +138,12 @@ int_text = st.one_of(st.integers(-3, 20).map(str), st.text(max_size=6))
 
 
 def _format_variables() -> tuple[list[str], list[str]]:
-    """What the fuzzers feed: every envvars.py name a cluster format (entrypoint/environments/, but not the
+    """What the fuzzers feed: every envvars.py name a cluster format (entrypoint/cluster/environments/, but not the
     platform settings) reads as ``ev.NAME``, split into the JSON specs (given to ``load_object``) and the rest.
     A new format's variables are fuzzed as soon as it reads them from envvars.py."""
     json_specs: set[str] = set()
     read: set[str] = set()
-    for module in (ROOT / "entrypoint" / "environments").glob("*.py"):
+    for module in (ROOT / "entrypoint" / "cluster" / "environments").glob("*.py"):
         if module.name == "settings.py":
             continue
         for node in ast.walk(ast.parse(module.read_text())):

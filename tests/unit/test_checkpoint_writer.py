@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from entrypoint import checkpoints
-from entrypoint.storage import Location
+from entrypoint.outputs import checkpoints
+from entrypoint.outputs.storage import Location
 
 
 class FileWriter:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint import checkpoints
 from entrypoint.errors import ConfigError
+from entrypoint.outputs import checkpoints
 
 
 def make(root: Path, step: int, commit: bool = True, payload: bytes = b"state") -> Path:

@@ -12,7 +12,7 @@ import pytest
 
 from entrypoint import failures
 from entrypoint.errors import ConfigError, NonFiniteLoss, PeerError
-from entrypoint.outputs import ensure_writable, missing_fuse_mount
+from entrypoint.outputs.locations import ensure_writable, missing_fuse_mount
 
 
 @pytest.mark.parametrize(("exc", "outputs", "cls", "code"), [

@@ -22,7 +22,7 @@ from entrypoint.errors import (
     PeerError,
     StopRequested,
 )
-from entrypoint.storage import StorageError
+from entrypoint.outputs.storage import StorageError
 
 OUT = "/out/job"
 

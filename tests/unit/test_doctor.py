@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from entrypoint import cli, doctor
+from entrypoint.cluster.environments.settings import PlatformSettings
 from entrypoint.doctor import checks, facts
 from entrypoint.doctor.checks import GIB, MIB
 from entrypoint.doctor.facts import UNLIMITED, NodeFacts, PathFacts, Space
-from entrypoint.environments.settings import PlatformSettings
 
 DOCKER_SHM = Space(total=64 * MIB, free=64 * MIB)
 

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from entrypoint.environments import DETECTION_ORDER, resolve
-from entrypoint.environments.local import LocalEnvironment
-from entrypoint.placement import place
-from entrypoint.topology import ClusterTopology
+from entrypoint.cluster.environments import DETECTION_ORDER, resolve
+from entrypoint.cluster.environments.local import LocalEnvironment
+from entrypoint.cluster.placement import place
+from entrypoint.cluster.topology import ClusterTopology
 
 VERTEX_CLUSTER = {
     "workerpool0": ["cmle-training-workerpool0-ab-0:2222"],

@@ -1,4 +1,4 @@
-"""entrypoint/envvars.py names every environment variable the entrypoint reads or sets (docs/ARCHITECTURE.md),
+"""entrypoint/cluster/envvars.py names every environment variable the entrypoint reads or sets (docs/ARCHITECTURE.md),
 and docs/ENVIRONMENT.md documents each: checked by reading the source, without importing any framework.
 
 Each module under entrypoint/ is parsed (AST) for environment variable names written as string literals where
@@ -17,7 +17,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from entrypoint import envvars
+from entrypoint.cluster import envvars
 from tests.conftest import ROOT
 
 PACKAGE = ROOT / "entrypoint"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint.hypertune import MetricReporter
+from entrypoint.outputs.hypertune import MetricReporter
 
 pytest.importorskip("hypertune")
 

@@ -14,14 +14,14 @@ import time
 
 import pytest
 
-from entrypoint import rendezvous
-from entrypoint.environments import resolve
-from entrypoint.environments.settings import PlatformSettings
+from entrypoint.cluster.environments import resolve
+from entrypoint.cluster.environments.settings import PlatformSettings
+from entrypoint.cluster.topology import Peer
 from entrypoint.errors import ConfigError, PeerError
-from entrypoint.listening import ServerWatch, wait_until_listening
+from entrypoint.lifecycle import rendezvous
+from entrypoint.lifecycle.listening import ServerWatch, wait_until_listening
 from entrypoint.options import RunOptions
-from entrypoint.plan import Plan, make_plan
-from entrypoint.topology import Peer
+from entrypoint.planning.plan import Plan, make_plan
 
 
 class Server:

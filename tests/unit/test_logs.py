@@ -8,9 +8,10 @@ import sys
 
 import pytest
 
-from entrypoint import failures, logs
-from entrypoint.environments.settings import read_settings
+from entrypoint import failures
+from entrypoint.cluster.environments.settings import read_settings
 from entrypoint.errors import ConfigError
+from entrypoint.outputs import logs
 
 
 @pytest.mark.parametrize(("requested", "env", "source", "expected"), [
@@ -52,7 +53,7 @@ def test_severity_names() -> None:
 @pytest.fixture
 def placed(monkeypatch: pytest.MonkeyPatch) -> None:
     """This process as rank 3 of replica workerpool1-0 in trial 7, at step 120."""
-    monkeypatch.setattr(logs._state, "identity", failures.Context(replica="workerpool1-0", rank=3))
+    monkeypatch.setattr(logs._state, "identity", failures.FailureContext(replica="workerpool1-0", rank=3))
     monkeypatch.setattr(logs._state, "trial", "7")
     monkeypatch.setattr(logs._state, "step", 120)
 
@@ -89,7 +90,7 @@ def test_a_logged_exception_is_one_line_with_its_stack_trace() -> None:
 
 def test_the_last_line_is_text_or_one_error_object(monkeypatch: pytest.MonkeyPatch,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(logs._state, "identity", failures.Context(replica="chief-0", rank=0))
+    monkeypatch.setattr(logs._state, "identity", failures.FailureContext(replica="chief-0", rank=0))
     line = "entrypoint: error: user_code on chief-0, rank 0, host h: ValueError: x (exit 1, permanent)"
     monkeypatch.setattr(logs._state, "format", "text")
     logs.error_line(line)

@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from entrypoint.environments import resolve
-from entrypoint.environments.settings import PlatformSettings
+from entrypoint.cluster.environments import resolve
+from entrypoint.cluster.environments.settings import PlatformSettings
+from entrypoint.cluster.placement import Placement, place
 from entrypoint.horovod.launch import worker_env
 from entrypoint.options import RunOptions
-from entrypoint.placement import Placement, place
-from entrypoint.plan import Plan, make_plan
+from entrypoint.planning.plan import Plan, make_plan
 from entrypoint.pytorch.launch import process_env
 from tests.unit.test_environments import MPIRUN_R5, TORCHRUN_R3, vertex
 

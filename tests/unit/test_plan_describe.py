@@ -10,13 +10,13 @@ from typing import Any
 import pytest
 
 from entrypoint import cli
-from entrypoint.environments import resolve
-from entrypoint.environments.settings import PlatformSettings, secret_like_names
+from entrypoint.cluster.environments import resolve
+from entrypoint.cluster.environments.settings import PlatformSettings, secret_like_names
+from entrypoint.cluster.gpus import detect_gpu_count
 from entrypoint.errors import ConfigError
-from entrypoint.gpus import detect_gpu_count
 from entrypoint.options import RunOptions
-from entrypoint.outputs import local_path, resolve_outputs
-from entrypoint.plan import make_plan
+from entrypoint.outputs.locations import local_path, resolve_outputs
+from entrypoint.planning.plan import make_plan
 from tests.conftest import PYTHON, ROOT, subprocess_env
 from tests.unit.test_environments import vertex
 

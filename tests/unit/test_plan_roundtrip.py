@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 
-from entrypoint import envvars as ev
-from entrypoint import handoff
-from entrypoint.environments import resolve
-from entrypoint.environments.settings import PlatformSettings, read_handoff
+from entrypoint.cluster import envvars as ev
+from entrypoint.cluster.environments import resolve
+from entrypoint.cluster.environments.settings import PlatformSettings, read_handoff
 from entrypoint.errors import ConfigError
 from entrypoint.options import RunOptions
-from entrypoint.plan import Plan, make_plan
+from entrypoint.planning import handoff
+from entrypoint.planning.plan import Plan, make_plan
 from tests.unit.test_environments import AIP_TF_CONFIG, KUBEFLOW, vertex
 
 TF_PS_EVALUATOR = {

@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint import envvars as ev
-from entrypoint import registry
-from entrypoint.environments import resolve
-from entrypoint.environments.settings import PlatformSettings
+from entrypoint.cluster import envvars as ev
+from entrypoint.cluster.environments import resolve
+from entrypoint.cluster.environments.settings import PlatformSettings
 from entrypoint.errors import ConfigError
-from entrypoint.plan import make_plan
-from entrypoint.runargs import parse_options
+from entrypoint.planning import registry
+from entrypoint.planning.plan import make_plan
+from entrypoint.planning.runargs import parse_options
 from tests.conftest import PYTHON, subprocess_env
 
 HEAVY = ("torch", "tensorflow", "horovod", "keras", "jax")
@@ -59,7 +59,7 @@ def test_framework_flags_do_not_clash_and_reach_only_their_options() -> None:
 
 
 def test_loading_the_registry_imports_no_framework() -> None:
-    probe = ("import sys; from entrypoint import registry, runargs; "
+    probe = ("import sys; from entrypoint.planning import registry, runargs; "
              "[registry.get(n) for n in registry.names()]; runargs.parse_options('run', []); "
              f"print([m for m in {HEAVY!r} if m in sys.modules])")
     out = subprocess.run([PYTHON, "-c", probe], env=subprocess_env(), capture_output=True, text=True, check=True)
@@ -69,7 +69,7 @@ def test_loading_the_registry_imports_no_framework() -> None:
 TOY_FRAMEWORK = '''
     """A toy framework: one process per node that writes where it was placed."""
     from entrypoint.options import positive_int
-    from entrypoint.registry import Flag, Framework, NodePlan
+    from entrypoint.planning.registry import Flag, Framework, NodePlan
 
 
     def plan(topo, options, user_set, gpus, outputs):
@@ -82,7 +82,7 @@ TOY_FRAMEWORK = '''
                           flags=(Flag("--toy-level", "how toy", positive_int),))
 '''
 TOY_LAUNCH = '''
-    from entrypoint.runner import run_process
+    from entrypoint.lifecycle.runner import run_process
 
 
     def launch(plan, ctx):
@@ -112,7 +112,7 @@ def test_a_toy_framework_is_its_package_plus_one_registry_line(tmp_path: Path) -
         (package / f"{name}.py").write_text(textwrap.dedent(text))
     (tmp_path / "user_module.py").write_text("")
     job = tmp_path / "job"
-    main = ("import sys; from entrypoint import registry; registry.REGISTRY['toy'] = 'toyfw.framework'; "
+    main = ("import sys; from entrypoint.planning import registry; registry.REGISTRY['toy'] = 'toyfw.framework'; "
             "from entrypoint.cli import main; sys.exit(main(sys.argv[1:]))")
     env = subprocess_env({"PYTHONPATH": f"{tmp_path}:{subprocess_env()['PYTHONPATH']}"})
     run = subprocess.run([PYTHON, "-c", main, "run", "--framework", "toy", "--module", "user_module",

@@ -6,11 +6,11 @@ import subprocess
 
 import pytest
 
-from entrypoint.environments import resolve
-from entrypoint.environments.settings import PlatformSettings, read_settings
+from entrypoint.cluster.environments import resolve
+from entrypoint.cluster.environments.settings import PlatformSettings, read_settings
 from entrypoint.errors import ConfigError
 from entrypoint.options import RunOptions
-from entrypoint.plan import make_plan
+from entrypoint.planning.plan import make_plan
 from tests.conftest import PYTHON, ROOT, subprocess_env
 
 

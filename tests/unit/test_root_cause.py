@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from entrypoint import failures
-from entrypoint.failure_records import SCHEMA_VERSION, FailureRecord, read_records, root_cause, store_record
+from entrypoint.failures.records import SCHEMA_VERSION, FailureRecord, read_records, root_cause, store_record
 
 
 def rec(replica: str, cls: str, code: int, at: float, rank: int | None = None, reported_by: str | None = None,
@@ -133,7 +133,7 @@ def test_records_written_and_read_back_name_the_same_root_cause(tmp_path: Path) 
 def test_a_supervisor_names_the_root_cause_among_the_records(tmp_path: Path,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
     """``finish_child``: the worker's own failure, not the chief's lost peer, names the job's end and its code."""
-    ctx = failures.Context(replica="local", job_dir=str(tmp_path / "job"), started=time.time() - 1)
+    ctx = failures.FailureContext(replica="local", job_dir=str(tmp_path / "job"), started=time.time() - 1)
     for record in (USER_ON_WORKER, PEER_LOST_ON_CHIEF):
         store_record(ctx.job_dir or "", replace(record, time=0.0).stamped())
     assert failures.finish_child(ctx, 129, who="workerpool0-0", note="no restart: --restart-policy never") == 1
@@ -145,7 +145,7 @@ def test_a_supervisor_names_the_root_cause_among_the_records(tmp_path: Path,
 def test_a_child_that_left_no_record_gets_one_on_its_behalf(tmp_path: Path,
                                                             capsys: pytest.CaptureFixture[str]) -> None:
     """Killed by SIGKILL (the OOM killer, say): the supervisor writes its record and names it."""
-    ctx = failures.Context(replica="local", job_dir=str(tmp_path / "job"), started=time.time() - 1)
+    ctx = failures.FailureContext(replica="local", job_dir=str(tmp_path / "job"), started=time.time() - 1)
     assert failures.finish_child(ctx, 137, who="workerpool1-0") == 137
     (written,) = read_records(ctx.job_dir, ctx.started)
     assert (written.replica, written.failure_class, written.exit_code, written.rank) == ("workerpool1-0", "signal",

@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from entrypoint import signals
 from entrypoint.errors import StopRequested, exit_code_of, signal_exit_code
+from entrypoint.lifecycle import signals
 from tests.conftest import ROOT, subprocess_env
 
 HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGALRM)
@@ -112,7 +112,7 @@ def test_a_deadline_met_cancels_its_alarm_and_restores_the_handler() -> None:
 
 def test_a_deadline_missed_ends_the_process_with_142() -> None:
     """SIGALRM's default action: no handler to swallow; the alarm has a 1 s granularity (at least 1 s)."""
-    code = "import time; from entrypoint.signals import deadline\nwith deadline(0.2): time.sleep(30)"
+    code = "import time; from entrypoint.lifecycle.signals import deadline\nwith deadline(0.2): time.sleep(30)"
     started = time.monotonic()
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=subprocess_env(), timeout=10)
     assert exit_code_of(proc.returncode) == 142

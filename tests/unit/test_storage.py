@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint import checkpoints, errors, failures, storage
+from entrypoint import errors, failures
 from entrypoint.errors import ConfigError
-from entrypoint.failure_records import read_records
-from entrypoint.storage import RemotePath, StorageError
+from entrypoint.failures.records import read_records
+from entrypoint.outputs import checkpoints, storage
+from entrypoint.outputs.storage import RemotePath, StorageError
 from tests.gcs import BUCKET, Emulator, running
 
 pytest.importorskip("gcsfs")
@@ -126,9 +127,9 @@ def test_pytorch_writers_save_load_and_export_to_gcs(gs: RemotePath) -> None:
 
 
 def test_failure_records_and_summary_go_to_gcs(gs: RemotePath) -> None:
-    from entrypoint.summary import TrainingSummary, write_summary
+    from entrypoint.outputs.summary import TrainingSummary, write_summary
 
-    ctx = failures.Context(replica="workerpool0-0", rank=0, job_dir=str(gs), secrets=frozenset({"hunter2"}))
+    ctx = failures.FailureContext(replica="workerpool0-0", rank=0, job_dir=str(gs), secrets=frozenset({"hunter2"}))
     failures.write_record(ctx, failures.Failure(errors.USER_CODE, "boom hunter2"))
     (written,) = (gs / "failures").glob("*.json")
     assert isinstance(written, RemotePath) and str(written.parent) == f"{gs}/failures"
@@ -162,8 +163,8 @@ def test_an_unreachable_store_is_retryable_and_credentials_name_the_bucket() -> 
 
 def test_staging_uploads_a_committed_checkpoint_marker_last_and_mirrors_directories(
         gs: RemotePath, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from entrypoint.outputs import resolve_outputs
-    from entrypoint.staging import Staging
+    from entrypoint.outputs.locations import resolve_outputs
+    from entrypoint.outputs.staging import Staging
 
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     monkeypatch.setattr("tempfile.tempdir", None)

@@ -10,14 +10,14 @@ from unittest import mock
 
 import pytest
 
-from entrypoint.environments import read_settings, resolve
+from entrypoint.cluster.environments import read_settings, resolve
 from entrypoint.errors import ExitCode, PeerError
 from entrypoint.failures import classify
 from entrypoint.options import RunOptions
-from entrypoint.plan import Plan, make_plan
+from entrypoint.planning.plan import Plan, make_plan
+from entrypoint.planning.usercode import UserCode, run_script
 from entrypoint.tensorflow.done import DoneWatcher, announce_done, clear_done
 from entrypoint.tensorflow.export import save_on_every_worker
-from entrypoint.usercode import UserCode, run_script
 
 
 def plan_for(env: dict[str, str], strategy: str | None = None) -> Plan:

@@ -1,0 +1,175 @@
+"""Platform settings that are not cluster layout: image defaults, output dirs, GPUs, the worker handoff, secrets."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from entrypoint.cluster import envvars as ev
+from entrypoint.errors import ConfigError
+
+_SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSW(OR)?D|CREDENTIAL|PRIVATE|AUTH)", re.IGNORECASE)
+_MIN_SECRET_LENGTH = 4  # shorter values ("1", "yes") would blank out ordinary text
+
+
+@dataclass(frozen=True)
+class PlatformSettings:
+    """What the image and the platform configured besides the cluster: defaults for the CLI."""
+
+    framework: str | None = None
+    module: str | None = None
+    model_dir: str | None = None
+    checkpoint_dir: str | None = None
+    tensorboard_dir: str | None = None
+    job_dir: str | None = None
+    cuda_visible_devices: str | None = None
+    kubernetes: bool = False  # running in a Kubernetes pod (its termination log applies)
+    log_format: str | None = None  # TRAINER_LOG_FORMAT: the default --log-format (checked by the CLI)
+    trial: str | None = None  # CLOUD_ML_TRIAL_ID as set (a label on JSON log lines)
+    cuda_version: str | None = None  # the base image's CUDA (nvidia/cuda images set CUDA_VERSION)
+    nccl_socket_ifname: str | None = None  # the user's NCCL_SOCKET_IFNAME, checked by `doctor`
+    gloo_socket_ifname: str | None = None  # the user's GLOO_SOCKET_IFNAME, likewise
+    restart_count: int = 0  # how many times the platform restarted this replica (TRAINER_RESTART_COUNT)
+    # The user's values of variables a framework sets defaults for (OMP_NUM_THREADS, HOROVOD_FUSION_THRESHOLD...):
+    # each framework reads its own (``user_values``), and the user's value wins over its default.
+    user_set: tuple[tuple[str, str], ...] = ()
+
+    def user_values(self, names: tuple[str, ...]) -> dict[str, str]:
+        """The user's values among ``names`` (a framework's ``user_variables``)."""
+        return {name: value for name, value in self.user_set if name in names}
+
+
+def read_settings(environ: Mapping[str, str] | None = None) -> PlatformSettings:
+    """Read TRAINER_*, AIP_*, CUDA_* and the socket interface choices (empty strings count as unset); a bad
+    restart count is a ConfigError."""
+    env = os.environ if environ is None else environ
+
+    def get(name: str) -> str | None:
+        value = env.get(name, "").strip()
+        return value or None
+
+    return PlatformSettings(
+        framework=get(ev.TRAINER_FRAMEWORK),
+        module=get(ev.TRAINER_MODULE),
+        model_dir=get(ev.AIP_MODEL_DIR),
+        checkpoint_dir=get(ev.AIP_CHECKPOINT_DIR),
+        tensorboard_dir=get(ev.AIP_TENSORBOARD_LOG_DIR),
+        job_dir=get(ev.TRAINER_JOB_DIR),
+        cuda_visible_devices=env.get(ev.CUDA_VISIBLE_DEVICES),
+        kubernetes=bool(get(ev.KUBERNETES_SERVICE_HOST)),
+        log_format=get(ev.TRAINER_LOG_FORMAT),
+        trial=get(ev.CLOUD_ML_TRIAL_ID),
+        cuda_version=get(ev.CUDA_VERSION),
+        nccl_socket_ifname=get(ev.NCCL_SOCKET_IFNAME),
+        gloo_socket_ifname=get(ev.GLOO_SOCKET_IFNAME),
+        restart_count=_count(ev.TRAINER_RESTART_COUNT, get(ev.TRAINER_RESTART_COUNT)),
+        user_set=tuple(sorted(user_overrides(ev.FRAMEWORK_DEFAULTED, env).items())),
+    )
+
+
+def _count(name: str, value: str | None) -> int:
+    """A non-negative whole number (unset: 0); anything else is a configuration error naming the variable."""
+    if value is None:
+        return 0
+    if not value.isdigit() or not value.isascii():
+        raise ConfigError(name, "must be a whole number >= 0 (the platform's restarts of this replica); the value "
+                                "set is not one (values are never echoed)")
+    return int(value)
+
+
+@dataclass(frozen=True)
+class Handoff:
+    """What a worker process learns from its launcher: the plan file, its local rank, torch's error file."""
+
+    plan_file: str | None
+    local_rank: int
+    error_file: str | None
+    horovod_rendezvous: tuple[str, int] | None = None  # our Horovod launcher's rendezvous server (a KV store)
+
+
+def read_handoff(environ: Mapping[str, str] | None = None) -> Handoff:
+    """TRAINER_PLAN_FILE, and LOCAL_RANK (torch elastic) or HOROVOD_LOCAL_RANK (our Horovod launcher)."""
+    env = os.environ if environ is None else environ
+    raw = env.get(ev.LOCAL_RANK) or env.get(ev.HOROVOD_LOCAL_RANK) or "0"
+    host, port = env.get(ev.HOROVOD_GLOO_RENDEZVOUS_ADDR, ""), env.get(ev.HOROVOD_GLOO_RENDEZVOUS_PORT, "")
+    return Handoff(plan_file=env.get(ev.TRAINER_PLAN_FILE) or None,
+                   local_rank=int(raw) if raw.isdigit() else 0,
+                   error_file=env.get(ev.TORCHELASTIC_ERROR_FILE) or None,
+                   horovod_rendezvous=(host, int(port)) if host and port.isdigit() else None)
+
+
+def storage_emulator(environ: Mapping[str, str] | None = None) -> str | None:
+    """``STORAGE_EMULATOR_HOST``: the GCS server gs:// goes to, anonymously (gcsfs's emulator setting); None: GCS."""
+    env = os.environ if environ is None else environ
+    return env.get(ev.STORAGE_EMULATOR_HOST) or None
+
+
+def user_overrides(names: tuple[str, ...], environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The subset of ``names`` the user set explicitly (their values always win over our defaults)."""
+    env = os.environ if environ is None else environ
+    return {name: env[name] for name in names if env.get(name, "").strip()}
+
+
+def is_secret_name(name: str) -> bool:
+    """Whether a variable or flag name looks like it holds a key, token, password or credential."""
+    return bool(_SECRET_NAME.search(name))
+
+
+def secret_like_names(environ: Mapping[str, str] | None = None) -> list[str]:
+    """Names (never values) of variables that look like keys, tokens, passwords or credentials."""
+    env = os.environ if environ is None else environ
+    return sorted(name for name in env if is_secret_name(name))
+
+
+def secret_values(environ: Mapping[str, str] | None = None) -> frozenset[str]:
+    """Values never to print: secret-looking variables, and secrets inside CLUSTER_SPEC / TF_CONFIG's ``job``."""
+    env = os.environ if environ is None else environ
+    found = {value for name, value in env.items() if is_secret_name(name)}
+    for variable in (ev.CLUSTER_SPEC, ev.TF_CONFIG):
+        try:
+            spec = json.loads(env.get(variable) or "{}")
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(spec, dict) and "job" in spec:
+            found.update(_secrets_in(spec["job"]))
+    return frozenset(v for v in found if len(v) >= _MIN_SECRET_LENGTH)
+
+
+def secrets_in_args(args: list[str] | tuple[str, ...]) -> set[str]:
+    """Values of secret-looking flags in an argument list (``--token X`` and ``--token=X``)."""
+    found: set[str] = set()
+    for i, arg in enumerate(args):
+        flag, eq, value = arg.partition("=")
+        if flag.startswith("-") and is_secret_name(flag):
+            if eq:
+                found.add(value)
+            elif i + 1 < len(args):
+                found.add(args[i + 1])
+    return found
+
+
+def _secrets_in(value: Any, depth: int = 0) -> Iterator[str]:
+    """Secret-looking values in a job description: secret keys' values, secret flags' values, env entries."""
+    if depth > 20:
+        return
+    if isinstance(value, dict):
+        name = value.get("name")
+        if isinstance(name, str) and is_secret_name(name) and isinstance(value.get("value"), str):
+            yield value["value"]
+        for key, item in value.items():
+            if isinstance(item, str) and is_secret_name(str(key)):
+                yield item
+            else:
+                yield from _secrets_in(item, depth + 1)
+    elif isinstance(value, list):
+        strings = [v for v in value if isinstance(v, str)]
+        yield from secrets_in_args(strings)
+        for item in value:
+            if not isinstance(item, str):
+                yield from _secrets_in(item, depth + 1)
+    elif isinstance(value, str):
+        yield from secrets_in_args(value.split())

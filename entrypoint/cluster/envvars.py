@@ -1,0 +1,107 @@
+"""Names of every environment variable the entrypoint reads or sets, in one place.
+
+docs/ENVIRONMENT.md documents each one (who sets it, what it means). Only
+``entrypoint.cluster.environments`` reads these from the process environment; the rest of the
+package receives a ``ClusterTopology`` / ``Settings`` value or writes child environments.
+"""
+
+# --- Vertex AI / AI Platform -------------------------------------------------------------
+CLUSTER_SPEC = "CLUSTER_SPEC"
+TF_CONFIG = "TF_CONFIG"
+AIP_MODEL_DIR = "AIP_MODEL_DIR"
+AIP_CHECKPOINT_DIR = "AIP_CHECKPOINT_DIR"
+AIP_TENSORBOARD_LOG_DIR = "AIP_TENSORBOARD_LOG_DIR"
+CLOUD_ML_TRIAL_ID = "CLOUD_ML_TRIAL_ID"
+CLOUD_ML_HP_METRIC_FILE = "CLOUD_ML_HP_METRIC_FILE"
+
+# --- PyTorch (AI Platform node-level, torchrun, Kubeflow) ---------------------------------
+RANK = "RANK"
+WORLD_SIZE = "WORLD_SIZE"
+LOCAL_RANK = "LOCAL_RANK"
+LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
+GROUP_RANK = "GROUP_RANK"
+GROUP_WORLD_SIZE = "GROUP_WORLD_SIZE"
+MASTER_ADDR = "MASTER_ADDR"
+MASTER_PORT = "MASTER_PORT"
+NODE_RANK = "NODE_RANK"
+NNODES = "NNODES"
+TORCHELASTIC_RUN_ID = "TORCHELASTIC_RUN_ID"
+# The rest of what torchrun sets for each process (the in-process path sets the same set, with the same values).
+ROLE_NAME = "ROLE_NAME"
+ROLE_RANK = "ROLE_RANK"
+ROLE_WORLD_SIZE = "ROLE_WORLD_SIZE"
+TORCHELASTIC_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
+TORCHELASTIC_MAX_RESTARTS = "TORCHELASTIC_MAX_RESTARTS"
+TORCHELASTIC_USE_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
+TORCHELASTIC_SIGNALS_TO_HANDLE = "TORCHELASTIC_SIGNALS_TO_HANDLE"
+TORCH_NCCL_ASYNC_ERROR_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
+OMP_NUM_THREADS = "OMP_NUM_THREADS"  # torchrun: 1 per process when a node runs several, unless the user set it
+PET_NNODES = "PET_NNODES"
+PET_NODE_RANK = "PET_NODE_RANK"
+PET_NPROC_PER_NODE = "PET_NPROC_PER_NODE"
+PET_MASTER_ADDR = "PET_MASTER_ADDR"
+PET_MASTER_PORT = "PET_MASTER_PORT"
+
+# --- MPI / Horovod ------------------------------------------------------------------------
+OMPI_COMM_WORLD_RANK = "OMPI_COMM_WORLD_RANK"
+OMPI_COMM_WORLD_SIZE = "OMPI_COMM_WORLD_SIZE"
+OMPI_COMM_WORLD_LOCAL_RANK = "OMPI_COMM_WORLD_LOCAL_RANK"
+OMPI_COMM_WORLD_LOCAL_SIZE = "OMPI_COMM_WORLD_LOCAL_SIZE"
+PMI_RANK = "PMI_RANK"
+PMI_SIZE = "PMI_SIZE"
+MPI_LOCALRANKID = "MPI_LOCALRANKID"
+MPI_LOCALNRANKS = "MPI_LOCALNRANKS"
+HOROVOD_RANK = "HOROVOD_RANK"
+HOROVOD_SIZE = "HOROVOD_SIZE"
+HOROVOD_LOCAL_RANK = "HOROVOD_LOCAL_RANK"
+HOROVOD_LOCAL_SIZE = "HOROVOD_LOCAL_SIZE"
+HOROVOD_CROSS_RANK = "HOROVOD_CROSS_RANK"
+HOROVOD_CROSS_SIZE = "HOROVOD_CROSS_SIZE"
+HOROVOD_HOSTNAME = "HOROVOD_HOSTNAME"
+HOROVOD_CONTROLLER = "HOROVOD_CONTROLLER"
+HOROVOD_CPU_OPERATIONS = "HOROVOD_CPU_OPERATIONS"
+HOROVOD_GLOO_RENDEZVOUS_ADDR = "HOROVOD_GLOO_RENDEZVOUS_ADDR"
+HOROVOD_GLOO_RENDEZVOUS_PORT = "HOROVOD_GLOO_RENDEZVOUS_PORT"
+HOROVOD_GLOO_TIMEOUT_SECONDS = "HOROVOD_GLOO_TIMEOUT_SECONDS"
+HOROVOD_GLOO_IFACE = "HOROVOD_GLOO_IFACE"  # the Horovod launcher: "lo" when the chief's host is a loopback address
+HOROVOD_FUSION_THRESHOLD = "HOROVOD_FUSION_THRESHOLD"
+HOROVOD_CYCLE_TIME = "HOROVOD_CYCLE_TIME"
+HOROVOD_AUTOTUNE = "HOROVOD_AUTOTUNE"
+HOROVOD_AUTOTUNE_LOG = "HOROVOD_AUTOTUNE_LOG"
+HOROVOD_TUNING = (HOROVOD_FUSION_THRESHOLD, HOROVOD_CYCLE_TIME, HOROVOD_AUTOTUNE, HOROVOD_AUTOTUNE_LOG)
+
+# --- TensorFlow ---------------------------------------------------------------------------
+TF_USE_LEGACY_KERAS = "TF_USE_LEGACY_KERAS"
+
+# --- Ours: image defaults and what the parent hands its child processes --------------------
+TRAINER_FRAMEWORK = "TRAINER_FRAMEWORK"
+TRAINER_MODULE = "TRAINER_MODULE"
+TRAINER_JOB_DIR = "TRAINER_JOB_DIR"
+TRAINER_REPLICA = "TRAINER_REPLICA"
+TRAINER_RESTART_COUNT = "TRAINER_RESTART_COUNT"  # how many times the platform restarted this replica (0 at first)
+TRAINER_PLAN_FILE = "TRAINER_PLAN_FILE"  # the plan the launcher hands its worker processes (a private file)
+TRAINER_LOG_FORMAT = "TRAINER_LOG_FORMAT"  # default --log-format; the entrypoint sets the resolved one for children
+CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
+PYTHONUNBUFFERED = "PYTHONUNBUFFERED"  # set by the images, and by `local` for each replica (output as it happens)
+TMPDIR = "TMPDIR"  # `local`: a private temporary directory per replica, as each Vertex replica is its own machine
+
+# --- Platform facts read for failure reporting and logging ---------------------------------
+KUBERNETES_SERVICE_HOST = "KUBERNETES_SERVICE_HOST"  # set in every Kubernetes pod: /dev/termination-log applies
+TORCHELASTIC_ERROR_FILE = "TORCHELASTIC_ERROR_FILE"  # torch elastic's per-worker error file
+TORCH_CPP_LOG_LEVEL = "TORCH_CPP_LOG_LEVEL"
+TF_CPP_MIN_LOG_LEVEL = "TF_CPP_MIN_LOG_LEVEL"
+
+# --- Read by `doctor` and the start-up preflight ------------------------------------------
+CUDA_VERSION = "CUDA_VERSION"  # set by the nvidia/cuda base images: the image's CUDA
+NCCL_SOCKET_IFNAME = "NCCL_SOCKET_IFNAME"  # the user's choice of network interface for NCCL
+GLOO_SOCKET_IFNAME = "GLOO_SOCKET_IFNAME"  # likewise for gloo (torch.distributed on CPU)
+
+# --- Cloud Storage (read by storage.py; the Google libraries read their own) -------------------
+STORAGE_EMULATOR_HOST = "STORAGE_EMULATOR_HOST"  # gcsfs's emulator setting: gs:// goes to that server, anonymously
+GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT = "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"  # set to false under the emulator
+GOOGLE_APPLICATION_CREDENTIALS = "GOOGLE_APPLICATION_CREDENTIALS"  # ADC's key file (named in errors, never read by us)
+
+# --- Variables a framework sets a default for, where the user's own value wins -------------
+# (each framework declares its own as ``Framework.user_variables``; ``read_settings`` reads what the user set)
+FRAMEWORK_DEFAULTED = (OMP_NUM_THREADS, TORCH_NCCL_ASYNC_ERROR_HANDLING, *HOROVOD_TUNING, TF_USE_LEGACY_KERAS,
+                       TF_CPP_MIN_LOG_LEVEL)

@@ -1,0 +1,32 @@
+"""Failures: each classified once (``classify.py``), recorded (``records.py``), ended in one way (``finish.py``).
+
+The names below are the package's interface: ``failures.classify(exc)``, ``failures.guarded(body, ctx)``,
+``failures.finish(ctx, record)``, ``failures.FailureContext``.
+"""
+
+from entrypoint.failures.classify import Failure, classify, code_class, exit_failure
+from entrypoint.failures.finish import (
+    FailureContext,
+    finish,
+    finish_child,
+    guarded,
+    make_record,
+    record_verdict,
+    redact,
+    write_record,
+)
+
+__all__ = [
+    "Failure",
+    "FailureContext",
+    "classify",
+    "code_class",
+    "exit_failure",
+    "finish",
+    "finish_child",
+    "guarded",
+    "make_record",
+    "record_verdict",
+    "redact",
+    "write_record",
+]

@@ -1,0 +1,175 @@
+"""Every failure classified in one place: an exception (``classify``) or a bare exit status (``code_class``).
+
+``classify`` is the only place an exception becomes a failure class and an exit code; ``code_class`` reads a
+bare exit status (a child that left no record, a script's own exit code) with the same table (``errors.py``).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import traceback
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from entrypoint import errors
+from entrypoint.errors import FailureClass, TrainerError
+from entrypoint.outputs import storage
+from entrypoint.outputs.locations import local_path
+from entrypoint.outputs.storage import StorageError
+
+_MAX_MESSAGE = 400
+_MAX_TRACEBACK_LINES = 60
+_MAX_TRACEBACK_CHARS = 8000
+# Messages of torch.distributed (gloo, nccl), Horovod and the OS that mean a peer is gone or stuck.
+_PEER_MESSAGES = (
+    "connection closed by peer", "connection reset by peer", "broken pipe", "connection refused",
+    "timed out waiting", "timeout waiting", "wait timeout", "socket timeout", "collective operation timeout",
+    "communicator was aborted", "remote process exited", "ncclremoteerror", "ncclsystemerror",
+    "horovod has been shut down", "gloo context", "read error", "connection closed",
+)
+_PEER_TYPES = ("DistNetworkError", "DistStoreError", "DistBackendError", "HorovodInternalError",
+               "HostsUpdatedInterrupt", "RendezvousTimeoutError", "RendezvousClosedError", "RendezvousConnectionError")
+_TF_PEER_TYPES = ("DeadlineExceededError", "UnavailableError", "AbortedError")
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A classified failure: its class, exit code and one-line message (not yet redacted)."""
+
+    cls: FailureClass
+    message: str
+    traceback: str = ""
+
+    @property
+    def exit_code(self) -> int:
+        """The exit code this failure ends the process with."""
+        return int(self.cls.exit_code)
+
+
+def classify(exc: BaseException, outputs: Iterable[str] = (), hooks: bool = False) -> Failure:
+    """The failure class and exit code of ``exc`` (the one place this is decided)."""
+    name = type(exc).__name__
+    if isinstance(exc, TrainerError):
+        return Failure(exc.failure, str(exc))
+    if isinstance(exc, StorageError):
+        return _storage_failure(exc)
+    if isinstance(exc, KeyboardInterrupt):
+        return Failure(errors.signal_class(2), "interrupted (SIGINT)")
+    if isinstance(exc, SystemExit):
+        if hooks:
+            return Failure(errors.USER_CODE, f"the user's code called sys.exit({exc.code!r}) before training finished")
+        code = errors.sys_exit_code(exc)
+        return Failure(FailureClass("user_code", code, "the user's code exited"), f"exited with {code}")
+    if isinstance(exc, OSError) and (found := _os_failure(exc, outputs)) is not None:
+        return found
+    text = str(exc)
+    if _is_peer_failure(exc, text):
+        return Failure(errors.PEER_LOST, f"a peer is gone or timed out ({name}: {_first_line(text)})")
+    if "inline_container" in text and _nearly_full(outputs):
+        return Failure(errors.DISK_FULL, f"no space left where outputs go ({', '.join(outputs)})")
+    return Failure(errors.USER_CODE, f"{name}: {_first_line(text)}" if text else name, _traceback(exc))
+
+
+_CREDENTIAL_TYPES = ("DefaultCredentialsError", "RefreshError", "TransportError")
+_SET_CREDENTIALS = ("set GOOGLE_APPLICATION_CREDENTIALS to a service account key file, or run `gcloud auth "
+                    "application-default login`; on Vertex AI the job's service account is used")
+
+
+def _storage_failure(exc: StorageError) -> Failure:
+    """A store's failure: credentials missing or denied and a missing bucket are permanent output failures
+    (one line naming the bucket and what to set); anything else (unreachable, 5xx, timeouts) is retryable."""
+    cause, code = exc.cause, getattr(exc.cause, "code", None)
+    kind = type(cause).__name__
+    if kind == "DefaultCredentialsError":
+        return Failure(errors.OUTPUT_NOT_WRITABLE, f"{exc.bucket}: no Application Default Credentials found "
+                       f"({_SET_CREDENTIALS})")
+    if kind == "RefreshError" or code == 401:
+        return Failure(errors.OUTPUT_NOT_WRITABLE, f"{exc.bucket}: the Application Default Credentials were "
+                       f"rejected (expired or revoked?): {_SET_CREDENTIALS}")
+    if code == 403:
+        return Failure(errors.OUTPUT_NOT_WRITABLE, f"{exc.bucket}: access denied to the Application Default "
+                       "Credentials' account (grant it roles/storage.objectAdmin on the bucket, or "
+                       f"{_SET_CREDENTIALS})")
+    if code == 404 or isinstance(cause, FileNotFoundError):
+        return Failure(errors.OUTPUT_NOT_WRITABLE, f"{exc.bucket}: no such bucket (create it, or fix the URL): "
+                       f"{exc.url}")
+    return Failure(errors.STORAGE_UNAVAILABLE, f"{exc.bucket} unreachable or failing writing {exc.url} "
+                   f"({kind}: {_first_line(str(cause))[:200]}); retry the job")
+
+
+def _os_failure(exc: OSError, outputs: Iterable[str]) -> Failure | None:
+    where = f" at {exc.filename}" if exc.filename else ""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return Failure(errors.DISK_FULL, f"no space left on device{where}")
+    if exc.errno == errno.EROFS:
+        return Failure(errors.OUTPUT_NOT_WRITABLE, f"read-only file system{where}")
+    if exc.errno in (errno.EACCES, errno.EPERM) and exc.filename and _under(str(exc.filename), outputs):
+        return Failure(errors.OUTPUT_NOT_WRITABLE, f"permission denied{where} for uid {os.getuid()}")
+    return None
+
+
+def _is_peer_failure(exc: BaseException, text: str) -> bool:
+    cls = type(exc)
+    if cls.__name__ in _PEER_TYPES or any(c.__name__ in _PEER_TYPES for c in cls.__mro__):
+        return True
+    if cls.__module__.startswith("tensorflow") and cls.__name__ in _TF_PEER_TYPES:
+        return True
+    lowered = text.lower()
+    return isinstance(exc, (RuntimeError, ConnectionError, TimeoutError)) and any(
+        m in lowered for m in _PEER_MESSAGES)
+
+
+def _under(path: str, outputs: Iterable[str]) -> bool:
+    """``path`` is an output directory, inside one, or a parent one had to be created in."""
+    resolved = Path(os.path.abspath(path))
+    for out in outputs:
+        output = Path(os.path.abspath(local_path(out)))
+        if resolved == output or output in resolved.parents or resolved in output.parents:
+            return True
+    return False
+
+
+def _nearly_full(outputs: Iterable[str]) -> bool:
+    for out in outputs:
+        if storage.is_remote(local_path(out)):
+            continue  # an object store is never full
+        probe = Path(local_path(out))
+        while not probe.exists() and probe != probe.parent:
+            probe = probe.parent
+        try:
+            if shutil.disk_usage(probe).free < (1 << 20):
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def _first_line(text: str) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= _MAX_MESSAGE else line[: _MAX_MESSAGE - 3] + "..."
+
+
+def _traceback(exc: BaseException) -> str:
+    lines = "".join(traceback.format_exception(exc)).splitlines()[-_MAX_TRACEBACK_LINES:]
+    return "\n".join(lines)[-_MAX_TRACEBACK_CHARS:]
+
+
+def code_class(code: int) -> FailureClass:
+    """The class of a bare exit status (a child that left no record, a script's own exit code)."""
+    known = {c.exit_code: c for c in (errors.CONFIG, errors.OUTPUT_NOT_WRITABLE, errors.DISK_FULL, errors.PEER_LOST,
+                                      errors.NONFINITE_LOSS, errors.HOST_UNRESOLVABLE, errors.START_DEADLINE,
+                                      errors.STORAGE_UNAVAILABLE)}
+    if code in known:
+        return known[code]
+    if 128 < code < 128 + 65:
+        return errors.signal_class(code - 128)
+    return FailureClass("user_code", code, "the user's code exited non-zero")
+
+
+def exit_failure(code: int, message: str | None = None) -> Failure:
+    """The failure of a bare exit status: its class, and ``message`` (else what the status says)."""
+    cls = code_class(code)
+    return Failure(cls, message or (cls.meaning if code > 128 else f"exited with {code}"))

@@ -1,0 +1,172 @@
+"""Failure records: one typed record per failing process, where it is written and how the root cause is read.
+
+A record is one JSON object under ``<job dir>/failures/`` (docs/OUTPUTS.md has the schema), written whole
+(one object on a store), or under the node's temp dir when the job dir cannot take it. Supervisors and the
+chief read the records written since they started; ``root_cause`` names the earliest failure that is not a
+consequence of another (a peer's crash shows up on the others as ``peer_lost``). Records are built and
+redacted by ``failures``; this module only stores, reads and orders them.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from entrypoint import errors
+from entrypoint.errors import TrainerError, is_retryable
+from entrypoint.outputs import storage
+from entrypoint.outputs.locations import local_path, missing_fuse_mount
+from entrypoint.outputs.storage import Location, StorageError
+
+FAILURES_DIR = "failures"
+SCHEMA_VERSION = 1
+_CLOCK_SKEW = 2.0  # seconds: a peer's record written just before our start still belongs to this run
+
+
+@dataclass(frozen=True)
+class FailureRecord:
+    """One process's failure: who (replica, rank, host, pid), what (class, exit code, message), when.
+
+    ``reported_by`` is set on a verdict a survivor wrote for a silent peer (it names the witness); such
+    a record names the culprit even though its class (``peer_lost``, ``hang``) is otherwise a consequence.
+    In JSON the class is written ``class``, with ``retryable`` beside the exit code.
+    """
+
+    replica: str
+    rank: int | None
+    host: str
+    failure_class: str
+    exit_code: int
+    message: str
+    pid: int | None = None
+    step: int | None = None
+    traceback: str = ""
+    time: float = 0.0
+    time_utc: str = ""
+    reported_by: str | None = None
+    schema_version: int = SCHEMA_VERSION
+
+    @property
+    def retryable(self) -> bool:
+        """Whether a restart can help (its exit code is 128 or above)."""
+        return is_retryable(self.exit_code)
+
+    @property
+    def consequence(self) -> bool:
+        """A failure another one may have caused (a lost peer, a hang), unless it is a verdict naming the culprit."""
+        return self.failure_class in errors.CONSEQUENCES and not self.reported_by
+
+    def stamped(self) -> FailureRecord:
+        """This record, happening now."""
+        now = time.time()
+        return replace(self, time=now, time_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)))
+
+    def noted(self, note: str) -> FailureRecord:
+        """This record with ``note`` added to its message (why no restart followed, say)."""
+        return replace(self, message=f"{self.message}; {note}") if note else self
+
+    def last_line(self) -> str:
+        """The one line a failing job ends with."""
+        rank = "" if self.rank is None else f", rank {self.rank}"
+        kind = "retryable" if self.retryable else "permanent"
+        return (f"entrypoint: error: {self.failure_class} on {self.replica}{rank}, host {self.host}: "
+                f"{self.message} (exit {self.exit_code}, {kind})")
+
+    def to_json(self) -> dict[str, Any]:
+        """The record as written (``class`` and ``retryable`` spelled out; no ``reported_by`` unless set)."""
+        data = asdict(self)
+        data["class"] = data.pop("failure_class")
+        data["retryable"] = self.retryable
+        if self.reported_by is None:
+            del data["reported_by"]
+        return data
+
+    @classmethod
+    def from_json(cls, data: Any) -> FailureRecord | None:
+        """The record in ``data`` (as written by any replica); None when it is not one."""
+        if not isinstance(data, dict):
+            return None
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in data.items() if k in known}
+        values["failure_class"] = data.get("class")
+        try:
+            record = cls(**values)
+            if not isinstance(record.failure_class, str) or not isinstance(record.replica, str):
+                return None
+            return replace(record, exit_code=int(record.exit_code), time=float(record.time))
+        except (TypeError, ValueError):
+            return None
+
+
+def record_dir(job_dir: str) -> Location:
+    """Where every replica of the job writes its failure records (a prefix on an object store)."""
+    return storage.path(local_path(job_dir)) / FAILURES_DIR
+
+
+def store_record(job_dir: str, record: FailureRecord) -> Location | None:
+    """Write ``record`` under the job's ``failures/`` (else the node's temp dir); its path, None if neither took it."""
+    rank = "node" if record.rank is None else f"rank{record.rank}"
+    name = f"{time.time_ns()}-{record.replica}-{rank}-{record.pid}.json"
+    text = json.dumps(record.to_json(), indent=2, sort_keys=True)
+    failed = ""
+    places: tuple[Location, ...] = (record_dir(job_dir), Path(tempfile.gettempdir()) / "trainer-failures")
+    for directory in places:
+        try:
+            if isinstance(directory, Path) and missing_fuse_mount(directory) is not None:
+                raise OSError(errno.ENOENT, "no Cloud Storage FUSE mount there")  # never create /gcs/... locally
+            if isinstance(directory, storage.RemotePath) and directory.unreachable():
+                raise OSError(errno.EHOSTUNREACH, "the store was unreachable moments ago")
+            directory.mkdir(parents=True, exist_ok=True)
+            (directory / name).write_text(text)  # one object on a store: whole or absent
+        except (OSError, StorageError, TrainerError) as exc:  # read-only, full, unreachable: the node's temp dir
+            reason = exc.strerror if isinstance(exc, OSError) else str(exc)
+            failed = f"could not write the failure record to {directory} ({reason})"
+            continue
+        if failed:
+            print(f"entrypoint: {failed}; it went to {directory / name} instead", file=sys.stderr)
+        return directory / name
+    print(f"entrypoint: {failed}, nor to the temp dir: this failure has no record", file=sys.stderr)
+    return None
+
+
+def read_records(job_dir: str | None, since: float) -> list[FailureRecord]:
+    """Every failure record written since ``since`` (minus a little clock skew), oldest first."""
+    if job_dir is None:
+        return []
+    found = []
+    place = record_dir(job_dir)
+    if isinstance(place, storage.RemotePath) and place.unreachable():
+        return []
+    try:
+        paths = sorted(str(p) for p in place.glob("*.json"))
+    except (OSError, StorageError, TrainerError):
+        return []
+    for name in paths:
+        try:
+            record = FailureRecord.from_json(json.loads(storage.path(name).read_text()))
+        except (OSError, ValueError, StorageError, TrainerError):
+            continue
+        if record is not None and record.time >= since - _CLOCK_SKEW:
+            found.append(record)
+    return sorted(found, key=lambda r: r.time)
+
+
+def root_cause(records: list[FailureRecord]) -> FailureRecord | None:
+    """The earliest failure that is not a consequence of another (a lost peer, a hang), else the earliest.
+
+    A survivor's verdict about a peer that stopped responding (``reported_by``) names the culprit: it
+    comes before every consequence, after what the culprit (or its supervisor) recorded itself.
+    """
+    for record in records:
+        if not record.consequence and not record.reported_by:
+            return record
+    for record in records:
+        if record.reported_by:
+            return record
+    return records[0] if records else None

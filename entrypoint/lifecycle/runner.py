@@ -1,0 +1,84 @@
+"""One path from the plan to the training process, for every framework.
+
+``run_node`` (the ``run`` command, once per node): meet the peers, hand the plan to the framework's
+launcher (which runs the training in this process or starts one process per GPU), and name the root
+cause when it fails. ``run_worker`` (``python -m entrypoint.worker``, a process the launcher started):
+load the plan, die with the launcher, run the framework's worker. Both go through ``failures.guarded``.
+Launchers and workers are called with the plan and the failure context (``launch(plan, ctx)``,
+``run(plan, ctx)``) and hand both on; nothing is fetched from process-wide state.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from entrypoint import context, failures
+from entrypoint.cluster.environments.settings import Handoff, read_settings, secret_values, secrets_in_args
+from entrypoint.errors import ExitCode
+from entrypoint.lifecycle import rendezvous
+from entrypoint.outputs.locations import ensure_writable, how_written
+from entrypoint.planning import handoff, registry
+from entrypoint.planning.plan import Plan
+
+log = logging.getLogger("entrypoint")
+
+
+def describe_failures(ctx: failures.FailureContext, plan: Plan) -> failures.FailureContext:
+    """Fill in who this process is and where its failures go, from the plan."""
+    ctx.replica = plan.topology.replica_name
+    ctx.rank = plan.placement.rank if plan.placement is not None else None
+    ctx.job_dir = plan.outputs.job_dir
+    ctx.outputs = (plan.outputs.job_dir, plan.outputs.model_dir, plan.outputs.checkpoint_dir,
+                   plan.outputs.tensorboard_dir)
+    ctx.secrets = secret_values() | frozenset(secrets_in_args(plan.options.user_args))
+    ctx.hooks = plan.code is not None and plan.code.kind == "hooks"
+    ctx.termination_log = read_settings().kubernetes
+    return ctx
+
+
+def run_node(plan: Plan, ctx: failures.FailureContext) -> int:
+    """Run this node's part of the job; a non-zero exit names the job's root cause on the last line."""
+    user_code = plan.require_code()
+    out = plan.outputs
+    log.info("outputs: job dir %s; model %s; checkpoints %s; tensorboard %s", how_written(out.job_dir),
+             how_written(out.model_dir), how_written(out.checkpoint_dir), how_written(out.tensorboard_dir))
+    if user_code.kind != "hooks":  # scripts write into AIP_MODEL_DIR & co. as into a bucket, where every path exists
+        ensure_writable([out.model_dir, out.checkpoint_dir, out.tensorboard_dir])
+    rendezvous.meet_peers(plan)
+    os.environ.update(plan.emitted_env())  # what user code and children expect (TF_CONFIG, AIP_*, MASTER_*)
+    with handoff.plan_file(plan) as handed:
+        os.environ.update(handed)
+        code = registry.get(plan.framework).load_launcher()(plan, ctx)
+    if code == ExitCode.OK:
+        return ExitCode.OK
+    return failures.finish_child(ctx, code)
+
+
+def run_process(plan: Plan, ctx: failures.FailureContext) -> int:
+    """Run one training process of ``plan`` (already placed at its local rank) in this process."""
+    context.bind(plan)  # what a script's ``entrypoint.context`` calls answer from
+    describe_failures(ctx, plan)
+    code = registry.get(plan.framework).load_worker()(plan, ctx)
+    if code != ExitCode.OK:  # the user's script exited non-zero: recorded like any other failure
+        own = failures.write_record(ctx, failures.exit_failure(code, f"the user's {plan.require_code().kind} "
+                                                                     f"exited with {code}"))
+        if not ctx.top_level:  # a worker ends here; in the node's own process run_node names the root cause
+            failures.finish(ctx, own)
+    return code
+
+
+def run_worker(handed: Handoff) -> int:
+    """``python -m entrypoint.worker``: a process started by a launcher (torch elastic, Horovod)."""
+    from entrypoint.lifecycle import signals
+    from entrypoint.outputs.progress import setup_logging
+
+    ctx = failures.FailureContext(top_level=False, error_file=handed.error_file)
+
+    def body() -> int:
+        plan, launcher = handoff.load(handed)
+        signals.die_with_parent(expected_parent=launcher)
+        setup_logging(f"[{plan.placed.label()}] ")
+        return run_process(plan, ctx)
+
+    return failures.guarded(body, ctx)

@@ -1,0 +1,245 @@
+"""``python -m entrypoint local``: emulate a Vertex AI cluster on this machine with real processes.
+
+Each replica gets the CLUSTER_SPEC, TF_CONFIG and AIP_* variables Vertex would set (pool0 chief,
+pool1 workers, pool2 parameter servers, pool3 evaluators) on free 127.0.0.1 ports, and its own disk
+(a working directory and a temp dir, fresh at every start); its output is prefixed with the replica
+name (and its attempt once restarted); a failed replica is handled as the emulated platform would
+(``restarts.py``: Vertex restarts it in place by default); Ctrl-C and SIGTERM reach every replica
+(each runs in its own process group, its children included).
+
+The cluster is a list of ``Pool``s, so a job spec whose pools run different arguments (or a pool on
+another image, listed in CLUSTER_SPEC but not started) is emulated the same way as ``--workers N``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from entrypoint import failures
+from entrypoint.cluster import envvars as ev
+from entrypoint.errors import ConfigError, ExitCode, is_retryable
+from entrypoint.failures.records import read_records
+from entrypoint.lifecycle.restart_policy import (
+    DEFAULT_BACKOFF_LIMIT,
+    POLICIES,
+    VERTEX_JOB_RETRIES,
+    VERTEX_RESTARTS_PER_REPLICA,
+    RestartPolicy,
+)
+from entrypoint.lifecycle.supervisor import Replica, Supervisor
+from entrypoint.local.pools import Pool, cluster_specs, vertex_pools, vertex_tf_config
+from entrypoint.options import DEFAULT_GRACE_PERIOD
+from entrypoint.outputs import storage
+from entrypoint.planning.runargs import parse_options
+
+COMMANDS = ("run", "describe")
+GRACE_MARGIN = 5.0
+METRICS_DIR = ".replicas"
+
+
+def _output_base(output_dir: str) -> str:
+    """The job's base output directory: an absolute local path, or a ``gs://`` (fsspec) URL as given."""
+    if storage.is_remote(output_dir):
+        return output_dir.rstrip("/")
+    return str(Path(output_dir).resolve())
+
+
+def _metrics_root(output_dir: str) -> Path:
+    """Where replicas' tuning metric files go: the output dir, or the temp dir when outputs go to a store."""
+    if storage.is_remote(output_dir):
+        return Path(tempfile.gettempdir()) / f"trainer-local-{os.getppid()}-{os.getpid()}"
+    return Path(output_dir).resolve()
+
+
+def build_replicas(pools: Sequence[Pool], output_dir: str, trial: str | None,
+                   base_env: dict[str, str]) -> list[Replica]:
+    """Every started replica's environment, exactly as Vertex would set it."""
+    output, metrics_root = _output_base(output_dir), _metrics_root(output_dir)
+    base = f"{output}/{trial}" if trial else output
+    replicas = []
+    for pool, index, spec in cluster_specs(pools, trial):
+        if not pool.start:
+            continue
+        name = f"{pool.name}-{index}"
+        env = {k: v for k, v in base_env.items() if k not in (ev.CLUSTER_SPEC, ev.TF_CONFIG)}
+        env.update(pool.env)
+        env.update({
+            ev.CLUSTER_SPEC: json.dumps(spec),
+            ev.TF_CONFIG: json.dumps(vertex_tf_config(spec)),
+            ev.AIP_MODEL_DIR: f"{base}/model/",
+            ev.AIP_CHECKPOINT_DIR: f"{base}/checkpoints/",
+            ev.AIP_TENSORBOARD_LOG_DIR: f"{base}/logs/",
+            # Where the emulated platform collects this replica's tuning metrics (Vertex reads the
+            # container's own /tmp/hypertune file; here it survives the replica for `local` to show).
+            ev.CLOUD_ML_HP_METRIC_FILE: str(metrics_root / METRICS_DIR / name / "hypertune" / "output.metrics"),
+            ev.TRAINER_REPLICA: name,
+            ev.PYTHONUNBUFFERED: "1",
+        })
+        if trial:
+            env[ev.CLOUD_ML_TRIAL_ID] = trial
+        replicas.append(Replica(pool.name, index, env, [sys.executable, "-m", "entrypoint", *pool.command]))
+    return replicas
+
+
+class Disks:
+    """Each replica's own disk, as a container has one: a working directory and a temp dir, fresh per start.
+
+    They live under the system's temp dir, never under the job's output dir (which is shared, like a
+    bucket, and may be synced somewhere). The working directory starts as a view of the directory
+    ``local`` runs in, one link per entry (the image's WORKDIR holds the user's code); what a replica
+    writes there is its own, and a restarted replica starts from a fresh view, as a new container does.
+    """
+
+    def __init__(self, source: Path) -> None:
+        self.source = source
+        self.root = Path(tempfile.mkdtemp(prefix="trainer-local-"))
+
+    def prepare(self, replica: Replica) -> None:
+        """Fresh directories for this start of ``replica``; its attempt number in the environment."""
+        home = self.root / replica.name
+        shutil.rmtree(home, ignore_errors=True)
+        work, tmp = home / "work", home / "tmp"
+        tmp.mkdir(parents=True)
+        work.mkdir()
+        with os.scandir(self.source) as entries:
+            for entry in entries:
+                (work / entry.name).symlink_to(Path(entry.path).resolve())
+        replica.cwd = str(work)
+        replica.env[ev.TMPDIR] = str(tmp)
+        replica.env[ev.TRAINER_RESTART_COUNT] = str(replica.attempt)
+
+    def remove(self) -> None:
+        """The job is over: its replicas' disks go, as their containers do."""
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def replica_grace(pools: Sequence[Pool]) -> float:
+    """How long ``local`` waits for stopping replicas: their own ``--grace-period`` plus a margin.
+
+    A replica forwards the signal to its own processes and kills them after its grace period; the
+    emulator waits a little longer, so it never kills a replica that is still saving on time.
+    """
+    graces = [parse_options("run", p.command[1:]).grace_period for p in pools if p.start and p.command[:1] == ("run",)]
+    return max(graces, default=DEFAULT_GRACE_PERIOD) + GRACE_MARGIN
+
+
+def _record_exit(ctx: failures.FailureContext) -> Callable[[Replica, int], None]:
+    """A failed replica that left no failure record of its own (SIGKILLed, say) gets one on its behalf."""
+
+    def record(replica: Replica, code: int) -> None:
+        mine = [r for r in read_records(ctx.job_dir, replica.started_at)
+                if r.replica == replica.name and not r.reported_by]
+        if not mine:
+            failures.write_record(replace(ctx, replica=replica.name, rank=None), failures.exit_failure(code))
+
+    return record
+
+
+def run_cluster(pools: Sequence[Pool], output_dir: str, trial: str | None = None,
+                policy: RestartPolicy | None = None) -> int:
+    """Start every pool's replicas, handle their failures as the platform would, and say where outputs went."""
+    policy = policy or RestartPolicy()
+    for pool in pools:
+        if pool.start and (not pool.command or pool.command[0] not in COMMANDS):
+            raise ConfigError("local", f"{pool.name}: the replica command must start with 'run' or 'describe'")
+        if not pool.start:
+            print(f"[local] {pool.name}: {pool.replicas} replica(s) listed in CLUSTER_SPEC, not started: {pool.note}",
+                  flush=True)
+    replicas = build_replicas(pools, output_dir, trial, dict(os.environ))
+    output = _output_base(output_dir)
+    job_dir = f"{output}/{trial}" if trial else output
+    ctx = failures.FailureContext(replica="local", job_dir=job_dir, started=time.time())
+    disks = Disks(Path.cwd())
+    names = ", ".join(r.name for r in replicas)
+    print(f"[local] starting {len(replicas)} replicas ({names}); outputs under {output}; each replica's own disk "
+          f"under {disks.root}\n[local] {policy.describe()}", flush=True)
+    try:
+        outcome = Supervisor(replicas, grace=replica_grace(pools), policy=policy, prepare=disks.prepare,
+                             on_failure=_record_exit(ctx)).run()
+    finally:
+        disks.remove()
+    chief = replicas[0].env
+    metrics = sorted(_metrics_root(output_dir).glob(f"{METRICS_DIR}/*/hypertune/output.metrics"))
+    restarts = f" after {outcome.counts.replica_restarts} replica restart(s)" if outcome.counts.replica_restarts else ""
+    restarts += f" and {outcome.counts.job} job restart(s)" if outcome.counts.job else ""
+    print(f"[local] job finished with exit code {outcome.code}{restarts}", flush=True)
+    print(f"[local] model:       {chief[ev.AIP_MODEL_DIR]}\n[local] checkpoints: {chief[ev.AIP_CHECKPOINT_DIR]}\n"
+          f"[local] tensorboard: {chief[ev.AIP_TENSORBOARD_LOG_DIR]}\n"
+          f"[local] hypertune:    {', '.join(map(str, metrics)) or 'none reported'}", flush=True)
+    if outcome.code == ExitCode.OK:
+        return ExitCode.OK
+    first = outcome.first
+    if first is None:  # a signal stopped the job
+        return failures.finish_child(ctx, outcome.code)
+    if outcome.counts.replica_restarts or outcome.counts.job:
+        # The job's root cause: the first failure when a budget ran out, else what ended it (since its start).
+        exhausted = is_retryable(outcome.code)
+        since = ctx.started if exhausted else first.started_at
+        return failures.finish_child(replace(ctx, started=since), outcome.code, who=first.name,
+                                      note=outcome.why if exhausted else "")
+    return failures.finish_child(ctx, outcome.code, who=first.name)
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    """``local`` options before ``--``; the replica command (``run ...``) after it, as ``args.command``."""
+    argv = list(argv)
+    i = argv.index("--") if "--" in argv else len(argv)
+    parser = argparse.ArgumentParser(prog="python -m entrypoint local", description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, default=1, help="training replicas: 1 chief + N-1 workers")
+    parser.add_argument("--ps", type=int, default=0, help="parameter servers (workerpool2)")
+    parser.add_argument("--evaluators", type=int, default=0, help="evaluators (workerpool3)")
+    parser.add_argument("--trial", help="emulate a hyperparameter-tuning trial with this id")
+    parser.add_argument("--output-dir", default="./outputs", help="the job's base output directory")
+    restarts = parser.add_argument_group("when a replica fails (docs/recovery.md)")
+    restarts.add_argument("--restart-policy", choices=POLICIES, default=None,
+                          help="vertex (default): restart a replica exiting >= 128 in place; job: restart every "
+                          "replica (restartJobOnWorkerRestart); exitcode: Kubeflow's ExitCode policy; never: stop")
+    restarts.add_argument("--max-restarts", type=int, default=VERTEX_RESTARTS_PER_REPLICA,
+                          help="vertex: restarts per replica; job: restarts of the whole job (default 5, as Vertex)")
+    restarts.add_argument("--job-retries", type=int, default=VERTEX_JOB_RETRIES,
+                          help="vertex: whole-job retries once a replica used its restarts (default 3, as Vertex)")
+    restarts.add_argument("--backoff-limit", type=int, default=DEFAULT_BACKOFF_LIMIT,
+                          help="exitcode: restarts of all replicas together (Kubeflow's runPolicy.backoffLimit)")
+    parser.add_argument("--spec", metavar="FILE", help="run a Vertex CustomJob / CustomJobSpec / gcloud --config "
+                        "file (JSON or YAML) instead of --workers/--ps/--evaluators and '-- run ...'")
+    args = parser.parse_args(argv[:i])
+    args.command = argv[i + 1:]
+    if args.spec is not None:
+        if "--" in argv or any(a.split("=", 1)[0] in ("--workers", "--ps", "--evaluators") for a in argv[:i]):
+            raise ConfigError("local", "--spec takes the pools and their args from the file: drop --workers, "
+                              "--ps, --evaluators and '-- run ...'")
+        return args
+    if "--" not in argv:
+        raise ConfigError("local", "expected '-- run ...' after the local options (or --spec FILE)")
+    if args.workers < 1 or args.ps < 0 or args.evaluators < 0:
+        raise ConfigError("local", "--workers must be >= 1; --ps and --evaluators >= 0")
+    if not args.command or args.command[0] not in COMMANDS:
+        raise ConfigError("local", "the replica command after '--' must start with 'run' or 'describe'")
+    return args
+
+
+def restart_policy(args: argparse.Namespace, kind: str = "vertex") -> RestartPolicy:
+    """``--restart-policy`` (else ``kind``, what a job spec's scheduling asks for) and its budgets."""
+    return RestartPolicy(args.restart_policy or kind, args.max_restarts, args.job_retries, args.backoff_limit)
+
+
+def main(argv: Sequence[str]) -> int:
+    """Run the emulated cluster and return the job's exit code (the root cause's, when it fails)."""
+    args = parse_args(argv)
+    if args.spec is not None:
+        from entrypoint.local.specfile import spec_pools
+
+        job = spec_pools(args.spec)
+        kind = "never" if job.disable_retries else "job" if job.restart_job_on_worker_restart else "vertex"
+        return run_cluster(job.pools, args.output_dir, args.trial or job.trial, restart_policy(args, kind))
+    return run_cluster(vertex_pools(args.workers, args.ps, args.evaluators, args.command), args.output_dir,
+                       args.trial, restart_policy(args))

@@ -1,0 +1,262 @@
+"""Framework-agnostic checkpoint bookkeeping: a directory per step, a commit marker written last.
+
+A checkpoint counts only once its marker exists (rename is not atomic on GCS or /gcs FUSE paths), so a
+job killed mid-save leaves a torn directory that resume skips. The marker lists every file with its
+size and SHA-256; a committed checkpoint that fails to verify or load is named in a warning and the
+next older one is used, so a restarted job never crash-loops on one bad checkpoint.
+
+Retention (``Retention``) never deletes the newest checkpoint known to verify (the one restored from,
+or one this process committed since), and deletes the ones known not to load before any good one:
+at every moment at least one checkpoint that loads remains.
+
+``CheckpointWriter`` is the one typed interface the training loops save and load through, whatever the
+framework: PyTorch's ``SyncCheckpointIO`` / ``AsyncCheckpointIO`` (``pytorch/checkpoint_io.py``, shared by
+Horovod) and Keras' ``KerasCheckpointIO`` (``tensorflow/checkpoint_io.py``) implement it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+import time
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
+
+from entrypoint.errors import ConfigError
+from entrypoint.outputs import storage
+from entrypoint.outputs.storage import Location
+
+MARKER = "COMMITTED"
+_NAME = re.compile(r"^ckpt-(\d{8,})$")
+_CHUNK = 1 << 20
+log = logging.getLogger("entrypoint.checkpoints")
+T = TypeVar("T")
+
+
+class CheckpointError(Exception):
+    """A committed checkpoint whose files do not match its manifest."""
+
+
+def checkpoint_path(checkpoint_dir: str | Location, step: int) -> Location:
+    """The directory (or object prefix) of the checkpoint taken at ``step``."""
+    return storage.path(checkpoint_dir) / f"ckpt-{step:08d}"
+
+
+def file_digest(path: Location) -> dict[str, Any]:
+    """A file's size and SHA-256."""
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+    return {"size": path.stat().st_size, "sha256": digest.hexdigest()}
+
+
+def commit(path: str | Location, meta: dict[str, Any], files: dict[str, dict[str, Any]] | None = None) -> None:
+    """Write the commit marker (last, after every file is complete) with each file's size and checksum.
+
+    ``files`` maps relative names to ``{"size", "sha256"}`` when the writer already knows them;
+    otherwise every file under ``path`` is read and hashed here. The marker is one file (one object on a
+    store: it appears whole or not at all).
+    """
+    root = storage.path(path)
+    if files is None:
+        files = {storage.relative(p, root): file_digest(p) for p in root.rglob("*")
+                 if p.is_file() and p.name != MARKER}
+    (root / MARKER).write_text(json.dumps({**meta, "files": files, "committed_at": time.time()}, sort_keys=True))
+
+
+def check_sizes(path: str | Location) -> None:
+    """Every file the marker lists has the size it says (cheap: no reading; a lying disk shows up here)."""
+    root = storage.path(path)
+    for name, expected in (read_marker(root).get("files") or {}).items():
+        target = root / name
+        size = target.stat().st_size if target.is_file() else -1
+        if size != expected.get("size"):
+            raise CheckpointError(f"{name} is {size} bytes after the commit, the marker says {expected.get('size')}")
+
+
+def is_committed(path: str | Location) -> bool:
+    """Whether the checkpoint at ``path`` has its commit marker."""
+    return (storage.path(path) / MARKER).is_file()
+
+
+def read_marker(path: str | Location) -> dict[str, Any]:
+    """The metadata stored in a checkpoint's commit marker."""
+    data: dict[str, Any] = json.loads((storage.path(path) / MARKER).read_text())
+    return data
+
+
+def verify(path: str | Location) -> None:
+    """Check every file against the marker's manifest (markers without one, from older versions, pass)."""
+    root = storage.path(path)
+    try:
+        files = read_marker(root).get("files")
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"unreadable {MARKER} marker ({type(exc).__name__})") from None
+    for name, expected in (files or {}).items():
+        target = root / name
+        if not target.is_file():
+            raise CheckpointError(f"{name} is missing")
+        size = target.stat().st_size
+        if size != expected.get("size"):
+            raise CheckpointError(f"{name} is {size} bytes, the marker says {expected.get('size')} (truncated?)")
+        if file_digest(target)["sha256"] != expected.get("sha256"):
+            raise CheckpointError(f"{name} does not match its checksum")
+
+
+def committed(checkpoint_dir: str | Location, warn: bool = True) -> list[tuple[int, Location]]:
+    """Committed checkpoints, oldest first; torn ones (no marker) are skipped with a warning."""
+    root = storage.path(checkpoint_dir)
+    if not root.is_dir():
+        return []
+    found = []
+    for child in root.iterdir():
+        match = _NAME.match(child.name)
+        if not match or not child.is_dir():
+            continue
+        if is_committed(child):
+            found.append((int(match.group(1)), child))
+        elif warn:
+            log.warning("skipping torn checkpoint %s (no %s marker)", child, MARKER)
+    return sorted(found)
+
+
+def latest(checkpoint_dir: str | Location) -> Location | None:
+    """The newest committed checkpoint, or None."""
+    found = committed(checkpoint_dir)
+    return found[-1][1] if found else None
+
+
+def _explicit(resume_from: str) -> Location:
+    """``--resume-from``: a committed checkpoint, or a directory of them (its newest)."""
+    path = storage.path(resume_from)
+    if path.is_dir() and _NAME.match(path.name) is None:
+        newest = latest(path)
+        if newest is not None:
+            return newest
+    if not path.exists():
+        raise ConfigError("--resume-from", f"{resume_from} does not exist")
+    if not is_committed(path):
+        raise ConfigError("--resume-from", f"{resume_from} is not a committed checkpoint (no {MARKER} marker)")
+    return path
+
+
+def load_newest(checkpoint_dir: str | Location, resume_from: str | None, load: Callable[[Location], T],
+                retention: Retention | None = None) -> tuple[Location, T] | None:
+    """Verify and ``load`` ``--resume-from`` (which must load), else the newest committed checkpoint that does.
+
+    A bad checkpoint met on the way back is named in a warning (and ``retention`` learns it is bad, and
+    which one loaded). When committed checkpoints exist and none loads, the job cannot resume: a
+    configuration error naming the directory (never a silent fresh start over good work, never a crash
+    loop on one torn file).
+    """
+    retention = retention or Retention(0)
+    if resume_from is not None:
+        path = _explicit(resume_from)
+        try:
+            verify(path)
+            loaded = load(path)
+        except Exception as exc:
+            raise ConfigError("--resume-from", f"{path} does not load: {_reason(exc)}") from None
+        retention.verified(path)
+        return path, loaded
+    found = committed(checkpoint_dir)
+    for _step, path in reversed(found):
+        try:
+            verify(path)
+            loaded = load(path)
+        except Exception as exc:
+            log.warning("checkpoint %s does not load (%s): trying the next older one", path, _reason(exc))
+            retention.bad[path] = _reason(exc)
+            continue
+        retention.verified(path)
+        return path, loaded
+    if found:
+        raise ConfigError(str(checkpoint_dir), f"none of the {len(found)} committed checkpoints loads; move them "
+                          "away to start afresh or pass --resume-from")
+    return None
+
+
+def _reason(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text[:200]}" if text else type(exc).__name__
+
+
+class Retention:
+    """Which committed checkpoints go after a save: the known-bad ones first, never the newest that verifies.
+
+    ``--keep-checkpoints K`` keeps K checkpoints; the newest checkpoint known to verify (the one restored
+    from, or the newest this process committed) is kept whatever its step, and checkpoints that failed to
+    verify or load at resume are deleted before any other (each named in a warning), so at every moment
+    at least one checkpoint that loads remains.
+    """
+
+    def __init__(self, keep: int) -> None:
+        self.keep = keep
+        self.good: set[Location] = set()  # known to verify: restored from, or committed by this process
+        self.bad: dict[Location, str] = {}  # committed, but failed to verify or load at resume: why
+
+    def verified(self, path: Location) -> None:
+        """``path`` is known to verify."""
+        self.good.add(storage.path(path))
+
+    def prune(self, checkpoint_dir: str | Location) -> list[Location]:
+        """Delete what exceeds the budget (bad first, then the oldest), and torn ones older than those kept."""
+        found = [path for _step, path in committed(checkpoint_dir, warn=False)]
+        good = [p for p in found if p in self.good]
+        protected = good[-1] if good else None
+        bad = [p for p in found if p in self.bad and p != protected]
+        others = [p for p in found if p not in self.bad and p != protected]
+        doomed = (bad + others)[: max(len(found) - self.keep, 0)]
+        for path in doomed:
+            if path in self.bad:
+                log.warning("deleting checkpoint %s: it does not load (%s)", path, self.bad.pop(path))
+            self.good.discard(path)
+            storage.rmtree(path)
+        kept = [p for p in found if p not in doomed]
+        oldest_kept = min((_step_of(p) for p in kept), default=None)
+        for child in storage.path(checkpoint_dir).iterdir():
+            match = _NAME.match(child.name)
+            if match and oldest_kept is not None and int(match.group(1)) < oldest_kept and not is_committed(child):
+                storage.rmtree(child)
+        return doomed
+
+
+def _step_of(path: Location) -> int:
+    match = _NAME.match(path.name)
+    return int(match.group(1)) if match else -1
+
+
+class CheckpointWriter(Protocol):
+    """How a training loop saves and loads checkpoints (no framework here: each framework implements it).
+
+    ``save`` writes every file of the checkpoint at ``path``, then commits the marker last (``commit``), then
+    tells ``retention`` the checkpoint verifies and prunes ``path``'s parent; a writer may do this in the
+    background (``wait``, ``check``). ``load`` is what ``load_newest`` calls on each candidate.
+    """
+
+    @property
+    def retention(self) -> Retention:
+        """What a save prunes; ``load_newest`` tells it which checkpoint loaded and which did not."""
+
+    @property
+    def blocked_seconds(self) -> float:
+        """Training time spent waiting for saves so far (the summary's ``checkpoint_blocked_seconds``)."""
+
+    @property
+    def write_seconds(self) -> float:
+        """Time spent writing and committing checkpoints so far (``checkpoint_write_seconds``)."""
+
+    def save(self, path: Location, state: Any, meta: dict[str, Any]) -> None:
+        """Write ``state`` as the checkpoint at ``path`` and commit it with ``meta`` in its marker (marker last)."""
+
+    def wait(self) -> None:
+        """Block until no save is in flight; raise the failure of one that failed."""
+
+    def check(self) -> None:
+        """Raise the failure of a save that failed in the background (cheap: called at every step)."""
+
+    def load(self, path: Location, into: Any, /) -> Any:
+        """The committed checkpoint at ``path``, restored onto ``into`` (a torch device, a Keras model)."""

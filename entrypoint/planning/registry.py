@@ -1,0 +1,137 @@
+"""The framework registry: one line per framework; each framework package declares the rest itself.
+
+A framework package (``entrypoint/pytorch/``, ...) has a light ``framework.py`` (no ML import) whose
+``FRAMEWORK`` says what the framework is called, how to tell it is installed, which strategies it
+offers, the flags it adds to ``run`` and the variables whose user values beat its defaults, how it
+plans a node, and where its launcher and worker live (imported only when run): ``launch(plan, ctx)``
+and ``run(plan, ctx)``, with the failure context handed in. docs/ARCHITECTURE.md walks through adding one.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cache
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from entrypoint.cluster.topology import ClusterTopology
+    from entrypoint.failures import FailureContext
+    from entrypoint.options import RunOptions
+    from entrypoint.outputs.locations import OutputDirs
+
+# name -> the module holding its FRAMEWORK. Adding a framework is one line here plus its package.
+REGISTRY: dict[str, str] = {
+    "pytorch": "entrypoint.pytorch.framework",
+    "tensorflow": "entrypoint.tensorflow.framework",
+    "horovod": "entrypoint.horovod.framework",
+}
+ServerPool = Literal["parameter_servers", "reduction_server", "unused"]
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    """What a framework decides for this node: strategy, processes, the server pool's reading, its variables."""
+
+    strategy: str
+    reason: str
+    nproc_per_node: int
+    server_pool: ServerPool | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    # The chief's peers are servers (ParameterServerStrategy's workers and ps): they serve at once, also when
+    # restarted mid-job, and the chief waits until each one listens instead of meeting them at the barrier.
+    peers_serve: bool = False
+    # The framework's launcher holds the start-up barrier itself (PyTorch: in the job's store), not rendezvous.py.
+    own_barrier: bool = False
+
+
+# topology x options x the user's values of the framework's ``user_variables`` x GPUs x outputs -> NodePlan
+Planner = Callable[["ClusterTopology", "RunOptions", "Mapping[str, str]", int, "OutputDirs"], NodePlan]
+# launch(plan, ctx) / run(plan, ctx): the node's (or the process's) ``Plan`` and failure ``FailureContext`` -> exit code
+Entry = Callable[[Any, "FailureContext"], int]
+
+
+@dataclass(frozen=True)
+class Flag:
+    """A command-line flag a framework adds to ``run``; its value reaches the planner as
+    ``options.framework_option(name)`` (``--fusion-threshold`` -> ``fusion_threshold``)."""
+
+    flag: str
+    help: str
+    type: Callable[[str], Any] | None = None
+    switch: bool = False  # a flag without a value (store_true)
+    choices: tuple[str, ...] | None = None  # the values it accepts, if it is a choice
+
+    # Defaults live with the code that reads the value (``framework_option(name, default)``): a flag not given is
+    # absent from the plan, so a job of another framework carries none of it.
+
+    @property
+    def name(self) -> str:
+        """The option's name in ``RunOptions.framework_options``."""
+        return self.flag.lstrip("-").replace("-", "_")
+
+
+@dataclass(frozen=True)
+class Framework:
+    """One framework, as the rest of the entrypoint sees it."""
+
+    name: str
+    probe: str  # a module whose presence (found, never imported) means the framework is installed
+    strategies: tuple[str, ...]  # what --strategy accepts for it
+    plan: Planner  # -> NodePlan (or ConfigError); imports nothing heavy
+    launcher: str  # "module:function": launch(plan, ctx) for the node -> its exit code; imported only to run
+    worker: str | None = None  # "module:function": run(plan, ctx) for one placed process -> its exit code
+    flags: tuple[Flag, ...] = ()  # its own flags of ``run`` (shown in a group named after it)
+    user_variables: tuple[str, ...] = ()  # variables it sets defaults for; the user's values (read for it) win
+
+    def installed(self) -> bool:
+        """Whether the framework's module can be found (nothing is imported)."""
+        return importlib.util.find_spec(self.probe) is not None
+
+    def load_launcher(self) -> Entry:
+        """``launch(plan, ctx)`` for the node's ``Plan`` (imports the framework's launch module)."""
+        return _load(self.launcher)
+
+    def load_worker(self) -> Entry:
+        """``run(plan, ctx)`` for a placed process's ``Plan`` (imports the framework's worker module)."""
+        if self.worker is None:
+            raise AssertionError(f"{self.name} runs no separate worker processes")
+        return _load(self.worker)
+
+
+def _load(target: str) -> Any:
+    module_name, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module_name), attr)
+
+
+def names() -> tuple[str, ...]:
+    """Every registered framework name."""
+    return tuple(REGISTRY)
+
+
+@cache
+def get(name: str) -> Framework:
+    """The registered framework ``name`` (KeyError for an unknown one; callers validate names first)."""
+    framework: Framework = importlib.import_module(REGISTRY[name]).FRAMEWORK
+    return framework
+
+
+def owner_of(option: str) -> tuple[Framework, Flag] | None:
+    """The framework whose own flag ``option`` is (by its name in ``framework_options``), and the flag."""
+    for name in REGISTRY:
+        for flag in get(name).flags:
+            if flag.name == option:
+                return get(name), flag
+    return None
+
+
+def all_strategies() -> tuple[str, ...]:
+    """Every strategy any framework accepts, in registry order, without repeats."""
+    seen: dict[str, None] = {}
+    for name in REGISTRY:
+        seen.update(dict.fromkeys(get(name).strategies))
+    return tuple(seen)
