@@ -4,7 +4,7 @@ The names below are the package's interface: ``failures.classify(exc)``, ``failu
 ``failures.finish(ctx, record)``, ``failures.FailureContext``.
 """
 
-from entrypoint.failures.classify import Failure, classify, code_class, exit_failure
+from entrypoint.failures.classify import Failure, classify, code_class, exit_failure, is_peer_lost
 from entrypoint.failures.finish import (
     FailureContext,
     finish,
@@ -25,6 +25,7 @@ __all__ = [
     "finish",
     "finish_child",
     "guarded",
+    "is_peer_lost",
     "make_record",
     "record_verdict",
     "redact",

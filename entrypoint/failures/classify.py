@@ -73,6 +73,11 @@ def classify(exc: BaseException, outputs: Iterable[str] = (), hooks: bool = Fals
     return Failure(errors.USER_CODE, f"{name}: {_first_line(text)}" if text else name, _traceback(exc))
 
 
+def is_peer_lost(exc: BaseException) -> bool:
+    """Whether ``exc`` is classified as a lost peer (the class survivors-keep-training recovers from)."""
+    return classify(exc).cls.name == errors.PEER_LOST.name
+
+
 _CREDENTIAL_TYPES = ("DefaultCredentialsError", "RefreshError", "TransportError")
 _SET_CREDENTIALS = ("set GOOGLE_APPLICATION_CREDENTIALS to a service account key file, or run `gcloud auth "
                     "application-default login`; on Vertex AI the job's service account is used")

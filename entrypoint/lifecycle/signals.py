@@ -9,6 +9,8 @@
 - ``deadline``: SIGALRM's default action ends a block the framework will not let us interrupt.
 - ``stop_at_once``: for a process with nothing to save (a server, an evaluator), SIGTERM/SIGINT raise
   ``StopRequested`` where the main thread stands, so the failure funnel records it and exits 128+N.
+- ``shield_loader_worker``: a data-loader worker ignores SIGTERM/SIGINT (its training process decides when
+  to stop, and needs its batches until then) and dies with that process.
 """
 
 from __future__ import annotations
@@ -43,6 +45,17 @@ def die_with_parent(sig: int = signal.SIGKILL, expected_parent: int | None = Non
     libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
     if expected_parent is not None and os.getppid() != expected_parent:
         os._exit(signal_exit_code(sig))
+
+
+def shield_loader_worker(_worker_id: int) -> None:
+    """A DataLoader's ``worker_init_fn``: stop signals are for the training process; die with it.
+
+    Sent to the whole process group (tini -g, ``local``, Kubernetes), SIGTERM would otherwise end the
+    workers first and fail the step the training process is about to commit.
+    """
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    die_with_parent(signal.SIGKILL)
 
 
 def child_preexec() -> None:

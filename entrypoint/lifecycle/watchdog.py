@@ -58,6 +58,11 @@ class HangWatchdog:
             self._thread.start()
         return self
 
+    @property
+    def step(self) -> int:
+        """The step of the last beat."""
+        return self._step
+
     def beat(self, step: int, phase: str = "training") -> None:
         """A training step completed (cheap: a few assignments)."""
         self._step, self._last, self.phase = step, time.monotonic(), phase

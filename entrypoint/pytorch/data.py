@@ -5,6 +5,9 @@
 - Every DataLoader has its own generator, re-seeded per epoch: creating an iterator never draws from
   the global RNG (which the checkpoint restores for dropout and the like), so resuming mid-epoch
   continues the very same random streams as an uninterrupted run.
+- Loader worker processes ignore SIGTERM and SIGINT and die with their training process: a preemption
+  signal sent to the whole process group (tini -g, ``local``, Kubernetes) reaches the training process,
+  which commits the agreed step while its loaders keep serving batches.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
+
+from entrypoint.lifecycle.signals import shield_loader_worker
 
 
 class EpochSampler(Sampler[int]):
@@ -36,11 +41,30 @@ class EpochSampler(Sampler[int]):
         return len(self.inner) - self.skip
 
 
+class TrainBatches:
+    """This rank's training batches, epoch by epoch, from any position inside an epoch (``DistributedSampler``)."""
+
+    def __init__(self, dataset: Dataset[Any], batch_size: int, rank: int, world_size: int, seed: int, workers: int,
+                 cuda: bool) -> None:
+        self.batch_size, self.seed = batch_size, seed
+        self.sampler = EpochSampler(DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True,
+                                                       seed=seed, drop_last=True))
+        self.loader = make_loader(dataset, batch_size, self.sampler, workers, cuda, True)
+        self.steps_per_epoch = len(self.sampler.inner) // batch_size
+
+    def epoch(self, epoch: int, start_batch: int) -> Iterator[tuple[int, Any]]:
+        """``(batch index, batch)`` of ``epoch`` from batch ``start_batch`` on."""
+        self.sampler.start(epoch, start_batch * self.batch_size)
+        seed_loader(self.loader, self.seed, epoch)
+        return enumerate(self.loader, start=start_batch)
+
+
 def make_loader(dataset: Dataset[Any], batch_size: int, sampler: Sampler[int] | None, workers: int, cuda: bool,
                 train: bool) -> DataLoader[Any]:
     """Training batches drop the ragged end (equal steps on every rank); evaluation keeps it."""
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers, pin_memory=cuda,
-                      drop_last=train, persistent_workers=workers > 0, generator=torch.Generator())
+                      drop_last=train, persistent_workers=workers > 0, generator=torch.Generator(),
+                      worker_init_fn=shield_loader_worker if workers > 0 else None)
 
 
 def seed_loader(loader: DataLoader[Any], seed: int, epoch: int) -> None:

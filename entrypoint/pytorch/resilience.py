@@ -1,0 +1,227 @@
+"""The hooks loop's fault tolerance behind one object: the loop calls it before a step, after a step, and on failure.
+
+``Resilience`` owns what keeps a step safe, so that the training loop reads as training:
+
+- ``running()``: the stop signals are taken over (SIGTERM/SIGINT only set a flag), the hang watchdog runs from
+  the first hook on (each phase, ``build_datasets`` included, must end within ``--hang-timeout``), and a lost
+  peer that ended the run is named from the heartbeats.
+- ``before_step`` / ``after_step(state, loss)``: the watchdog's phases and beats, a failed background checkpoint
+  write, and the per-step vote (``vote.py``): every rank learns at the same step that a signal arrived
+  anywhere (the chief commits that step, every rank exits 128 + N) or that a loss was not finite.
+- ``checkpoint(state)`` and ``settle(state)``: the vote in flight is finished before anything is saved,
+  evaluated or exported, so no checkpoint holds the state of a step whose loss was not finite.
+- ``attempts(state)``: the training runs once; with survivors-keep-training on (``survivors.py``), a lost peer
+  re-forms the group with its replacement and the training runs again from rank 0's position.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import socket
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from entrypoint import errors, failures
+from entrypoint.errors import NonFiniteLoss, PeerError, StopRequested
+from entrypoint.lifecycle import peers
+from entrypoint.lifecycle.signals import StopRequest
+from entrypoint.lifecycle.watchdog import HangWatchdog
+from entrypoint.outputs import checkpoints
+from entrypoint.planning.plan import Plan
+from entrypoint.pytorch.collectives import Collectives
+from entrypoint.pytorch.defaults import HookContext
+from entrypoint.pytorch.resume import LoopCheckpoints
+from entrypoint.pytorch.state import TrainState
+from entrypoint.pytorch.survivors import Healing, InPlace
+from entrypoint.pytorch.vote import StepVerdict, StepVote
+
+log = logging.getLogger("entrypoint.pytorch")
+
+
+class Resilience:
+    """Stop signals, non-finite losses, hangs, heartbeats and in-place recovery around the hooks loop's steps."""
+
+    def __init__(self, plan: Plan, comm: Collectives, ctx: HookContext, checkpoints: LoopCheckpoints,
+                 failure_context: failures.FailureContext, inplace: InPlace | None) -> None:
+        self.plan, self.comm, self.ctx, self.saver = plan, comm, ctx, checkpoints
+        self.failure_context, self.inplace = failure_context, inplace
+        self.request = StopRequest()
+        self.vote = StepVote(comm, self.request, ctx.device)
+        self.watchdog = HangWatchdog(plan.options.hang_timeout, failure_context)
+        self.board: peers.PeerBoard | None = None
+        self._step_started = time.monotonic()
+
+    # ---- the run ------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def running(self) -> Iterator[Resilience]:
+        """Stop signals and the hang watchdog for the whole run; a lost peer that ended it is named."""
+        self.request.install()
+        self.watchdog.phase = "building the datasets, the model and the optimizer (the module's hooks)"
+        self.watchdog.start()
+        try:
+            yield self
+        except BaseException as exc:
+            named = self._name_the_lost(exc)
+            if named is not exc:
+                raise named from None
+            raise
+        finally:
+            self.request.uninstall()
+            self.watchdog.stop()
+            if self.board is not None:
+                self.board.stop()
+
+    def starting(self, what: str) -> None:
+        """The loop starts ``what``, which must end within ``--hang-timeout`` (the clock starts now)."""
+        self.watchdog.beat(self.watchdog.step, what)
+
+    def doing(self, what: str) -> None:
+        """The loop is now doing ``what`` (the clock keeps running: the step before and this share it)."""
+        self.watchdog.phase = what
+
+    def beat(self, state: TrainState) -> None:
+        """Training goes on at ``state``'s step (the clock starts now)."""
+        self.watchdog.beat(state.step, "waiting for the next batch")
+
+    def join(self, state: TrainState) -> Healing | None:
+        """Form the group and publish this rank's heartbeat; None for the group's first generation, else how this
+        replacement joined a job in progress (healed from rank 0's live state)."""
+        self.starting("forming the process group")
+        joined = self.inplace.enter(state) if self.inplace is not None else None
+        self._join_board(joined.members if joined is not None else None)
+        return joined
+
+    def started(self) -> None:
+        """The group's first generation trains: replacements may join from now on."""
+        if self.inplace is not None:
+            self.inplace.started()
+
+    # ---- a step ------------------------------------------------------------------------------
+    def before_step(self) -> None:
+        """A training step starts."""
+        self.watchdog.phase = "in a training step"
+        self._step_started = time.monotonic()
+
+    def after_step(self, state: TrainState, loss: Any) -> None:
+        """A step ended (``loss`` None: its finiteness was agreed on already): beat, vote, stop or fail as agreed."""
+        self.watchdog.beat(state.step, "waiting for the next batch")
+        self.saver.io.check()
+        self._act(state, self.vote.poll(state.step, loss))
+
+    def settle(self, state: TrainState) -> None:
+        """Finish the vote in flight (before saving, evaluating or exporting); stop or fail as it says."""
+        self._act(state, self.vote.drain())
+
+    def checkpoint(self, state: TrainState) -> None:
+        """Commit ``state`` (chief) once the vote in flight is settled."""
+        self.settle(state)
+        self.watchdog.phase = "checkpointing"
+        self.saver.save(state)
+
+    def finishing(self, state: TrainState) -> None:
+        """Training is complete: a stop asked for at the very end is moot; every write is committed."""
+        verdict = self.vote.drain()
+        if verdict is not None and verdict.nonfinite:
+            self._fail_nonfinite(state, verdict)
+        self.saver.io.wait()
+        self.watchdog.phase = "exporting the model (chief) and waiting for it (the others)"
+
+    def _act(self, state: TrainState, verdict: StepVerdict | None) -> None:
+        if verdict is not None and verdict.nonfinite:
+            self._fail_nonfinite(state, verdict)
+        if verdict is not None and verdict.stop:
+            self._stop(state)
+
+    def _stop(self, state: TrainState) -> None:
+        """Every rank agreed to stop: commit this exact step (chief), wait for the write, exit 128 + signal."""
+        signum = self.request.signum or signal.SIGTERM
+        name = signal.Signals(signum).name
+        self.watchdog.phase = "saving before stopping"
+        verdict = self.vote.drain()  # the stop step itself must be finite before it is committed
+        if verdict is not None and verdict.nonfinite:
+            self._fail_nonfinite(state, verdict)
+        if state.saved_step != state.step:
+            self.saver.save(state)
+        self.saver.io.wait()
+        path = checkpoints.checkpoint_path(self.ctx.checkpoint_dir, state.step)
+        if self.ctx.is_chief:
+            log.info("stopped by %s at step %d: checkpoint %s committed", name, state.step, path)
+        raise StopRequested(signum, f"stopped by {name} at step {state.step}; the restart resumes from {path}")
+
+    def _fail_nonfinite(self, state: TrainState, verdict: StepVerdict) -> None:
+        """Every rank saw the same non-finite step: keep what is committed (all finite), export nothing, fail."""
+        self.saver.io.wait()
+        newest = checkpoints.checkpoint_path(self.ctx.checkpoint_dir, state.saved_step)
+        kept = f"the newest committed checkpoint, {newest}, is from before it" if state.saved_step >= 0 else \
+            "no checkpoint was committed"
+        raise NonFiniteLoss(f"the training loss was NaN or infinite at step {verdict.step} on {verdict.nonfinite} of "
+                            f"{self.ctx.world_size} ranks: nothing exported, no metric reported; {kept} "
+                            "(lower the learning rate, check the data, or pass --on-nonfinite skip)")
+
+    # ---- failures ----------------------------------------------------------------------------
+    def attempts(self, state: TrainState) -> Iterator[Attempt]:
+        """The training, once; again after each in-place recovery from a lost peer (survivors keep training)."""
+        while True:
+            attempt = Attempt(self, state)
+            yield attempt
+            if not attempt.recovered:
+                return
+
+    def recover(self, state: TrainState, exc: BaseException) -> bool:
+        """A lost peer with survivors-keep-training on: re-form the group and go on (False: fail as usual)."""
+        if self.inplace is None or not failures.is_peer_lost(exc):
+            return False
+        in_flight = time.monotonic() - self._step_started
+        lost = [s.member.replica for s in self.board.silent()] if self.board is not None else []
+        self.watchdog.phase = "re-forming the group after losing a peer"
+        self.vote = StepVote(self.comm, self.request, self.ctx.device)
+        self.inplace.recover(state, in_flight, lost)
+        self.watchdog.beat(state.step, "waiting for the next batch")
+        return True
+
+    def _join_board(self, names: list[Any] | None) -> None:
+        """Every rank says who it is and starts its heartbeat (survivors use them to name a lost peer)."""
+        if names is None:
+            names = self.comm.gather_object((self.plan.topology.replica_name, socket.gethostname()))
+        store = self.comm.heartbeat_store()
+        if store is None:
+            return
+        members = [peers.Member(rank, replica, host) for rank, (replica, host) in enumerate(names)]
+        self.board = peers.PeerBoard(store, members[self.ctx.rank], members).start()
+        self.watchdog.board = self.board
+        if self.inplace is not None:
+            self.inplace.membership.names = lambda rank: members[rank].replica
+
+    def _name_the_lost(self, exc: BaseException) -> BaseException:
+        """A lost peer, named by the heartbeats (gloo only says an address and a port); ``exc`` otherwise."""
+        if self.board is None or not failures.is_peer_lost(exc):
+            return exc
+        silent = self.board.silent()
+        if not silent:
+            return exc
+        step = self.board.step
+        for lost in silent:
+            failures.record_verdict(self.failure_context, lost.member.replica, lost.member.rank, errors.PEER_LOST,
+                                    f"{peers.describe([lost])}; the others stopped at step {step}")
+        return PeerError(f"lost {peers.describe(silent)} at step {step} ({type(exc).__name__}: "
+                         f"{' '.join(str(exc).split())[:200]})")
+
+
+class Attempt:
+    """One run of the training: a lost peer ends it recovered (in place) or re-raised."""
+
+    def __init__(self, resilience: Resilience, state: TrainState) -> None:
+        self.resilience, self.state = resilience, state
+        self.recovered = False
+
+    def __enter__(self) -> Attempt:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, _tb: object) -> bool:
+        if exc is None:
+            return False
+        self.recovered = self.resilience.recover(self.state, exc)
+        return self.recovered
