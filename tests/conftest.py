@@ -11,7 +11,10 @@ import pytest
 from entrypoint.cluster import envvars
 
 ROOT = Path(__file__).resolve().parents[1]
-pytest_plugins = ["tests.gcs"]  # the `emulator` fixture: a GCS server for the gs:// tests
+pytest_plugins = [
+    "tests.gcs",  # the `emulator` fixture: a GCS server for the gs:// tests
+    "tests.diagnostics",  # a failed test reports its processes' output by replica and its failure records
+]
 _PREFIXES = ("OMPI_", "PMI_", "PET_", "HOROVOD_", "AIP_", "CLOUD_ML_", "TORCHELASTIC_", "TRAINER_")
 CLUSTER_VARS = tuple(
     sorted({v for n in dir(envvars) if n.isupper() and isinstance(v := getattr(envvars, n), str)}
