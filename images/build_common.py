@@ -12,6 +12,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 IMAGES = ("pytorch", "tensorflow", "horovod")
+VARIANTS = ("cpu", "gpu")  # make image-test builds the CPU variants (and runs them); make image-test-gpu the GPU ones
 INSTALL = "apt-get install -y podman runc mmdebstrap"
 
 
@@ -27,6 +28,6 @@ def is_ci() -> bool:
     return os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
-def image_ref(image: str) -> str:
-    """The local tag of an image's CPU variant."""
-    return f"localhost/trainer-{image}:cpu"
+def image_ref(image: str, variant: str = "cpu") -> str:
+    """The local tag of an image's variant."""
+    return f"localhost/trainer-{image}:{variant}"
