@@ -1,4 +1,4 @@
-"""PyTorch as the registry sees it: DDP over nccl (GPU) or gloo (CPU), one process per GPU.
+"""PyTorch as the registry sees it: DDP, FSDP or HSDP over nccl (GPU) or gloo (CPU), one process per GPU.
 
 Imports nothing heavy: ``describe`` plans a PyTorch job without importing torch.
 """
@@ -38,12 +38,16 @@ def plan_torch_node(topo: ClusterTopology, options: RunOptions, gpus: int,
 
 def plan(topo: ClusterTopology, options: RunOptions, user_set: Mapping[str, str], gpus: int,
          outputs: OutputDirs) -> NodePlan:
-    """DDP across every process of every node; a single process trains without DDP."""
+    """DDP across every process of every node (FSDP when the model does not fit: decided after build_model, see
+    ``parallel.py``); a single process trains without either; ``--strategy`` forces one."""
     nproc, reason, server_pool = plan_torch_node(topo, options, gpus, "pytorch")
     world = job_world_size(topo, nproc)
     strategy = options.strategy or ("ddp" if world > 1 else "default")
     if world == 1 and options.strategy is None:
         reason = "a single process"
+    elif options.strategy is None:
+        reason += ("; DDP while the model's parameters, gradients and Adam state fit in half of one device's memory, "
+                   "else FSDP (decided after build_model)")
     env = {} if topo.processes_started_externally else torchrun_defaults(nproc, user_set)
     return NodePlan(strategy=strategy, reason=reason, nproc_per_node=nproc, server_pool=server_pool, env=env,
                     own_barrier=True)
@@ -57,6 +61,8 @@ FLAGS = (
          "replacement (default); restart: every process exits, the job restarts from its checkpoint",
          choices=("in-place", "restart")),
     Flag("--bucket-cap-mb", f"DDP gradient bucket size (default {BUCKET_CAP_MB_DEFAULT})", positive_int),
+    Flag("--compile", "torch.compile the model (each shard unit under FSDP/HSDP); the summary reports the compile "
+         "time", switch=True),
 )
 
 
@@ -71,7 +77,7 @@ def torchrun_defaults(nproc: int, user_set: Mapping[str, str]) -> dict[str, str]
 FRAMEWORK = Framework(
     name="pytorch",
     probe="torch",
-    strategies=("default", "ddp"),
+    strategies=("default", "ddp", "fsdp", "hsdp"),
     plan=plan,
     launcher="entrypoint.pytorch.launch:launch",
     worker="entrypoint.pytorch.worker:run",

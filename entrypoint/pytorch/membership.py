@@ -235,9 +235,11 @@ class Membership:
 
 def applies(plan: Any) -> bool:
     """Whether survivors keep training in this job: the PyTorch hooks loop across nodes, ``--recovery in-place``,
-    processes placed by our launcher (not by the platform's own torchrun)."""
+    processes placed by our launcher (not by the platform's own torchrun), a replicated model (a sharded one
+    restarts from its checkpoint: a lost rank takes its shards with it)."""
     topo, recovery = plan.topology, plan.options.framework_option("recovery", RECOVERY_DEFAULT)
     return bool(plan.framework == "pytorch" and recovery == "in-place" and topo.num_nodes >= 2
+                and plan.strategy not in ("fsdp", "hsdp")
                 and topo.chief_host_port() is not None and not topo.processes_started_externally
                 and plan.require_code().kind == "hooks")
 

@@ -101,7 +101,7 @@ def test_none_that_loads_is_a_config_error_naming_the_url(gs: RemotePath) -> Non
 
 def test_pytorch_writers_save_load_and_export_to_gcs(gs: RemotePath) -> None:
     torch = pytest.importorskip("torch")
-    from entrypoint.pytorch import checkpoint_io
+    from entrypoint.pytorch import checkpoint_io, export
 
     model = torch.nn.Linear(4, 3)
     for mode in ("sync", "async"):
@@ -114,15 +114,15 @@ def test_pytorch_writers_save_load_and_export_to_gcs(gs: RemotePath) -> None:
         checkpoints.verify(path)
         loaded = io.load(path, torch.device("cpu"))
         assert loaded["step"] == 20 and torch.equal(loaded["model"]["weight"], model.weight)
-    checkpoint_io.export_model(model, gs / "model", None, None)
-    assert sorted(p.name for p in (gs / "model").iterdir()) == ["model.pt", "state_dict.pt"]
+    export.export_model(model, gs / "model", None, None)
+    assert sorted(p.name for p in (gs / "model").iterdir()) == ["model.pt", "model.safetensors", "state_dict.pt"]
 
     def custom(module: object, directory: Path, ctx: object) -> None:  # a user's hook: torch.save on paths
         torch.save(model.state_dict(), directory / "weights.pt")
         (directory / "assets").mkdir()
         (directory / "assets" / "vocab.txt").write_text("a\nb\n")
 
-    checkpoint_io.export_model(model, gs / "custom", custom, None)
+    export.export_model(model, gs / "custom", custom, None)
     assert (gs / "custom" / "assets" / "vocab.txt").read_text() == "a\nb\n" and (gs / "custom" / "weights.pt").is_file()
 
 
