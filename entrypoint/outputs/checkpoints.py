@@ -174,8 +174,9 @@ def load_newest(checkpoint_dir: str | Location, resume_from: str | None, load: C
         retention.verified(path)
         return path, loaded
     if found:
-        raise ConfigError(str(checkpoint_dir), f"none of the {len(found)} committed checkpoints loads; move them "
-                          "away to start afresh or pass --resume-from")
+        newest = retention.bad.get(found[-1][1], "")
+        raise ConfigError(str(checkpoint_dir), f"none of the {len(found)} committed checkpoints loads (the newest: "
+                          f"{newest}); move them away to start afresh or pass --resume-from")
     return None
 
 

@@ -39,6 +39,7 @@ from entrypoint.pytorch.survivors import Healing, InPlace
 from entrypoint.pytorch.vote import StepVerdict, StepVote
 
 log = logging.getLogger("entrypoint.pytorch")
+LOG_EVERY = 20.0
 MAX_RECOVERIES_AT_ONE_STEP = 2  # more, at the same step, is a failure that repeats (not a peer that was lost)
 
 
@@ -109,8 +110,39 @@ class Resilience:
         replacement, healed from rank 0's live state (how)."""
         self.starting("forming the process group")
         joined = self.inplace.enter(state) if self.inplace is not None else None
+        if joined is None:
+            self._meet()
         self._join_board(joined.members if joined is not None else None)
         return joined
+
+    def _meet(self) -> None:
+        """Every rank built its datasets and model before the first collective; the ranks still building are
+        named every 20 s and, at ``--timeout``, in the failure (a collective's timeout names nobody)."""
+        store = self.comm.heartbeat_store()
+        if store is None:
+            return
+        rank, world, timeout = self.ctx.rank, self.ctx.world_size, self.plan.options.timeout
+        key = f"trainer/built/{self.plan.topology.trial or ''}/"
+        store.put(f"{key}{rank}", "1")
+        started = time.monotonic()
+        deadline, next_log = started + timeout, started + LOG_EVERY
+        while missing := [r for r in range(world) if store.fetch(f"{key}{r}") is None]:
+            now = time.monotonic()
+            names = ", ".join(self._rank_name(r) for r in missing)
+            if now >= deadline:
+                raise PeerError(f"{names} did not finish building its datasets and model within --timeout "
+                                f"{timeout:g} s")
+            if now >= next_log:
+                log.info("waiting for %s to finish building its datasets and model; %.0f s left of --timeout %g",
+                         names, deadline - now, timeout)
+                next_log = now + LOG_EVERY
+            time.sleep(0.05)
+
+    def _rank_name(self, rank: int) -> str:
+        """A rank as users know it: its replica (``workerpool1[0]``) and rank."""
+        placed, peers_ = self.plan.placed, self.plan.topology.training_peers()
+        node = rank // max(placed.local_world_size, 1)
+        return f"{peers_[node].name} (rank {rank})" if node < len(peers_) else f"rank {rank}"
 
     def started(self) -> None:
         """The group's first generation trains: replacements may join from now on."""
