@@ -88,14 +88,16 @@ def read_marker(path: str | Location) -> dict[str, Any]:
     return data
 
 
-def verify(path: str | Location) -> None:
-    """Check every file against the marker's manifest (markers without one, from older versions, pass)."""
+def verify(path: str | Location, share: tuple[int, int] = (0, 1)) -> None:
+    """Check every file against the marker's manifest (markers without one, from older versions, pass);
+    ``share=(i, n)``: only the i-th of every n files, in name order (n processes verify one checkpoint together)."""
     root = storage.path(path)
     try:
         files = read_marker(root).get("files")
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"unreadable {MARKER} marker ({type(exc).__name__})") from None
-    for name, expected in (files or {}).items():
+    names = sorted(files or {})[share[0]::share[1]]
+    for name, expected in ((n, (files or {})[n]) for n in names):
         target = root / name
         if not target.is_file():
             raise CheckpointError(f"{name} is missing")
@@ -144,8 +146,10 @@ def _explicit(resume_from: str) -> Location:
 
 
 def load_newest(checkpoint_dir: str | Location, resume_from: str | None, load: Callable[[Location], T],
-                retention: Retention | None = None) -> tuple[Location, T] | None:
-    """Verify and ``load`` ``--resume-from`` (which must load), else the newest committed checkpoint that does.
+                retention: Retention | None = None, *,
+                check: Callable[[Location], None] | None = None) -> tuple[Location, T] | None:
+    """Verify (``check``, default ``verify``) and ``load`` ``--resume-from`` (which must load), else the newest
+    committed checkpoint that does.
 
     A bad checkpoint met on the way back is named in a warning (and ``retention`` learns it is bad, and
     which one loaded). When committed checkpoints exist and none loads, the job cannot resume: a
@@ -153,10 +157,11 @@ def load_newest(checkpoint_dir: str | Location, resume_from: str | None, load: C
     loop on one torn file).
     """
     retention = retention or Retention(0)
+    check = check or verify  # a sharded writer's ranks verify their share of the files inside ``load``
     if resume_from is not None:
         path = _explicit(resume_from)
         try:
-            verify(path)
+            check(path)
             loaded = load(path)
         except Exception as exc:
             raise ConfigError("--resume-from", f"{path} does not load: {_reason(exc)}") from None
@@ -165,7 +170,7 @@ def load_newest(checkpoint_dir: str | Location, resume_from: str | None, load: C
     found = committed(checkpoint_dir)
     for _step, path in reversed(found):
         try:
-            verify(path)
+            check(path)
             loaded = load(path)
         except Exception as exc:
             log.warning("checkpoint %s does not load (%s): trying the next older one", path, _reason(exc))
