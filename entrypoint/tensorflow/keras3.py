@@ -5,7 +5,7 @@ TensorFlow backend it cannot train across workers: ``fit``, ``evaluate``, ``trai
 fail under MultiWorkerMirroredStrategy (keras 3.15.1 reduces the first distributed batch as a whole, then the
 scalar logs along axis 0), it has no ClusterCoordinator for ParameterServerStrategy, and ``keras.distribution``
 serves JAX and PyTorch only (docs/tensorflow.md has the evidence). Keras 3 on one node (MirroredStrategy, the
-default strategy, a one-worker MultiWorkerMirroredStrategy) trains.
+default strategy, a one-worker MultiWorkerMirroredStrategy on one device) trains: nothing is installed there.
 
 - **Script mode** (``guard_script``, only when the plan spans several nodes): an import hook waits for the
   script's ``import keras`` and wraps those four methods of Keras 3's ``Model``; a model whose strategy is
