@@ -71,7 +71,7 @@ def _one_line_errors(command: Callable[[Sequence[str]], int], argv: Sequence[str
         failure, secrets = failures.classify(exc), secret_values()
         if failure.traceback and not isinstance(exc, TrainerError):  # not one of ours: where it came from helps
             print(failures.redact(failure.traceback, secrets), file=sys.stderr, end="")
-        to_stderr(f"entrypoint: error: {failures.redact(failure.message, secrets)}")
+        to_stderr(failures.error_line(failures.redact(failure.message, secrets)))
         return failure.exit_code
 
 

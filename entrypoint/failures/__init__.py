@@ -15,12 +15,16 @@ from entrypoint.failures.finish import (
     redact,
     write_record,
 )
+from entrypoint.failures.records import LAST_LINE_CHARS, clip, error_line
 
 __all__ = [
+    "LAST_LINE_CHARS",
     "Failure",
     "FailureContext",
     "classify",
+    "clip",
     "code_class",
+    "error_line",
     "exit_failure",
     "finish",
     "finish_child",

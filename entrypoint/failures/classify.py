@@ -20,7 +20,7 @@ from entrypoint.outputs import storage
 from entrypoint.outputs.locations import local_path
 from entrypoint.outputs.storage import StorageError
 
-_MAX_MESSAGE = 400
+_MAX_MESSAGE = 8000  # a record keeps the whole message (the last line clips it: records.clip), bar a pathological one
 _MAX_TRACEBACK_LINES = 60
 _MAX_TRACEBACK_CHARS = 8000
 # Messages of torch.distributed (gloo, nccl), Horovod and the OS that mean a peer is gone or stuck.

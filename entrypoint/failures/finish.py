@@ -21,7 +21,7 @@ from pathlib import Path
 
 from entrypoint.errors import ExitCode, FailureClass
 from entrypoint.failures.classify import Failure, classify, exit_failure
-from entrypoint.failures.records import FailureRecord, read_records, root_cause, store_record
+from entrypoint.failures.records import FailureRecord, clip, read_records, root_cause, store_record
 from entrypoint.outputs import logs
 
 log = logging.getLogger("entrypoint")
@@ -93,8 +93,8 @@ def finish(ctx: FailureContext, own: FailureRecord, *, stored: bool = True, blam
         earlier = root_cause([r for r in read_records(ctx.job_dir, ctx.started)
                               if r.pid != own.pid or r.reported_by])
         if earlier is not None and not earlier.consequence:
-            logs.to_stderr(f"entrypoint: {own.replica} failed with {own.failure_class} ({own.message}) because of "
-                           f"an earlier failure")
+            logs.to_stderr(f"entrypoint: {own.replica} failed with {own.failure_class} ({clip(own.message, 200)}) "
+                           "because of an earlier failure")
             cause = earlier
     line = cause.noted(note).last_line()
     logs.error_line(line)

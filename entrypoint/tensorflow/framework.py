@@ -57,7 +57,8 @@ def plan(topo: ClusterTopology, options: RunOptions, user_set: Mapping[str, str]
                           f"{strategy}: run Google's reductionserver image in workerpool2, not this one", "task.type")
     env = {
         # tf-keras (Keras 2) ships with TensorFlow in our images: Keras 3's fit fails under
-        # MultiWorkerMirroredStrategy. The user's own values win.
+        # MultiWorkerMirroredStrategy (keras-team/keras#20585, tensorflow/tensorflow#72388; refused across
+        # workers by keras3.py). The user's own values win.
         ev.TF_USE_LEGACY_KERAS: user_set.get(ev.TF_USE_LEGACY_KERAS, "1"),
         ev.TF_CPP_MIN_LOG_LEVEL: user_set.get(ev.TF_CPP_MIN_LOG_LEVEL, QUIET_CPP_LOGS),
     }
