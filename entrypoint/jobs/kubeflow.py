@@ -20,8 +20,12 @@ from entrypoint.errors import ConfigError
 from entrypoint.jobs import pods
 from entrypoint.jobs.pods import PodOptions
 from entrypoint.jobs.rules import infer_framework, run_options
+from entrypoint.planning import registry
 
 KINDS = {"pytorchjob": "PyTorchJob", "tfjob": "TFJob", "trainjob": "TrainJob"}
+# The replicas each kind has: PyTorchJob Master/Worker, TFJob Chief/Worker/PS/Evaluator, TrainJob nodes.
+KIND_ROLES = {"pytorchjob": ("chief", "worker"), "tfjob": ("chief", "worker", "ps", "evaluator"),
+              "trainjob": ("chief", "worker")}
 API_VERSION = "kubeflow.org/v1"
 MIN_OPERATOR = "v1.5.0"
 CLEAN_POD_POLICIES = ("None", "Running", "All")
@@ -90,15 +94,16 @@ def check(req: KubeflowRequest) -> str:
         raise ConfigError("job kubeflow", "--workers and --active-deadline must be >= 1; --ps, --evaluators, "
                           "--backoff-limit, --ttl-seconds-after-finished >= 0")
     options = run_options(req.run_args, "job kubeflow")
-    framework = infer_framework(req.framework, req.image, options.framework)
-    if req.kind == "tfjob" and framework not in (None, "tensorflow"):
-        raise ConfigError("--kind", f"a TFJob runs TensorFlow, not {framework}; use --kind pytorchjob")
-    if req.kind in ("pytorchjob", "trainjob"):
-        if framework == "tensorflow":
-            raise ConfigError("--kind", "a TensorFlow job is a TFJob (Trainer v2 has no TensorFlow runtime); "
-                              "use --kind tfjob")
-        if req.ps or req.evaluators:
-            raise ConfigError("--ps/--evaluators", "parameter servers and evaluators are TensorFlow only (TFJob)")
+    name = infer_framework(req.framework, req.image, options.framework) or default_framework(req.kind)
+    framework = registry.get(name)
+    if req.kind not in framework.kubeflow_kinds:
+        runtime = f" (Trainer v2 has no {framework.label} runtime)" if req.kind == "trainjob" else ""
+        raise ConfigError("--kind", f"a {KINDS[req.kind]} does not run {framework.label}{runtime}; use --kind "
+                          f"{' or '.join(framework.kubeflow_kinds)}")
+    for flag, role, count in (("--ps", "ps", req.ps), ("--evaluators", "evaluator", req.evaluators)):
+        why = registry.role_refusal(framework, role)
+        if count and (why or role not in KIND_ROLES[req.kind]):
+            raise ConfigError(flag, why or f"a {KINDS[req.kind]} has no {registry.ROLE_NAMES[role]}")
     if req.ps and req.workers < 2:
         raise ConfigError("--ps", "ParameterServerStrategy needs at least one worker besides the chief "
                           "(--workers >= 2)")
@@ -106,7 +111,12 @@ def check(req: KubeflowRequest) -> str:
     for flag, value in (("--namespace", req.namespace), ("--runtime", req.runtime)):
         if value is not None and not (_DNS_1123.fullmatch(value) and len(value) <= 63):
             raise ConfigError(flag, "must be a DNS-1123 label: lowercase letters, digits and '-', at most 63")
-    return framework or ("tensorflow" if req.kind == "tfjob" else "pytorch")
+    return framework.name
+
+
+def default_framework(kind: str) -> str:
+    """The first registered framework a kind runs (a PyTorchJob's: pytorch)."""
+    return next(n for n in registry.names() if kind in registry.get(n).kubeflow_kinds)
 
 
 def _replica(req: KubeflowRequest, container: str, replicas: int, gpus: int) -> dict[str, Any]:

@@ -17,10 +17,6 @@ from entrypoint.jobs.model import JobSpec, PoolSpec
 from entrypoint.planning import registry
 from entrypoint.planning.runargs import add_run_arguments
 
-# The CUDA major version our GPU images are built on (docs/images.md): torch 2.13's wheels are CUDA 13.
-CUDA_MAJOR = {"pytorch": 13, "horovod": 13, "tensorflow": 12}
-
-
 # argparse names a failed conversion by its function: say what the value must be instead.
 _TYPE_WORDS = {"int": "a whole number", "float": "a number", "positive_int": "a whole number >= 1",
                "non_negative_int": "a whole number >= 0", "positive_float": "a number > 0",
@@ -70,11 +66,8 @@ def infer_framework(explicit: str | None, image_uri: str, from_args: str | None)
         raise ConfigError("--framework", f"{explicit} here but the run args say --framework {from_args}")
     if explicit or from_args:
         return explicit or from_args
-    name = image_uri.rsplit("/", 1)[-1].split("@", 1)[0].split(":", 1)[0]
-    for framework in registry.names():
-        if name == framework or name.startswith(framework + "-"):
-            return framework
-    return None
+    found = registry.by_image(image_uri.rsplit("/", 1)[-1].split("@", 1)[0].split(":", 1)[0])
+    return found.name if found is not None else None
 
 
 def _is_gpu(pool: PoolSpec | None) -> bool:
@@ -122,9 +115,9 @@ def _check_reducers(job: JobSpec, source: str, framework: str | None, strategy: 
 def image_cuda(image_uri: str, framework: str | None) -> int | None:
     """The CUDA major version of our GPU image for ``framework`` (None for a CPU variant or another image)."""
     name = image_uri.rsplit("/", 1)[-1].split("@", 1)[0].split(":", 1)[0]
-    if name.endswith("-cpu") or framework not in CUDA_MAJOR:
+    if name.endswith("-cpu") or framework not in registry.names():
         return None
-    return CUDA_MAJOR[framework]
+    return registry.get(framework).cuda_major
 
 
 def _check_image_gpus(pool: PoolSpec, source: str, framework: str | None) -> list[str]:
@@ -142,9 +135,10 @@ def _check_image_gpus(pool: PoolSpec, source: str, framework: str | None) -> lis
 
 
 def _check_servers(job: JobSpec, source: str, framework: str | None) -> None:
-    if framework in ("pytorch", "horovod"):
-        raise ConfigError(source, f"parameter servers are TensorFlow only, not {framework}: workerpool2 of a "
-                          f"{framework} job can only be a Reduction Server (Google's reductionserver image)")
+    why = registry.role_refusal(registry.get(framework), "ps") if framework else None
+    if why:
+        raise ConfigError(source, f"{why}: workerpool2 of a {framework} job can only be a Reduction Server "
+                          "(Google's reductionserver image)")
     if job.pool(1) is None:
         raise ConfigError(source, "ParameterServerStrategy needs at least one worker besides the chief "
                           "(workerpool1)")
@@ -175,8 +169,9 @@ def validate(job: JobSpec, source: str, framework: str | None, strategy: str | N
     elif servers is not None:
         _check_servers(job, source, framework)
     evaluators = job.pool(3)
-    if evaluators is not None and framework not in (None, "tensorflow"):
-        raise ConfigError(source, f"evaluators (workerpool3) are TensorFlow only, not {framework}")
+    why = registry.role_refusal(registry.get(framework), "evaluator") if framework else None
+    if evaluators is not None and why:
+        raise ConfigError(source, f"workerpool3: {why}")
     if evaluators is not None and evaluators.replicas > 1:
         warnings.append(f"{evaluators.replicas} evaluators: TensorFlow expects a single evaluator")
     return warnings

@@ -21,6 +21,8 @@ SINGLE_NODE = ("default", "OneDeviceStrategy", "MirroredStrategy")
 # TensorFlow's C++ INFO lines ("Ignoring error status when releasing multi-device function handle", ...)
 # drown the job's own lines: hide INFO unless the user chose a level.
 QUIET_CPP_LOGS = "1"
+# The CUDA major version of images/tensorflow's GPU image: tensorflow[and-cuda] 2.21's nvidia-*-cu12 wheels.
+CUDA_MAJOR = 12
 
 
 def choose_strategy(topo: ClusterTopology, forced: str | None, gpus: int) -> tuple[str, str]:
@@ -73,4 +75,10 @@ FRAMEWORK = Framework(
     launcher="entrypoint.tensorflow.launch:launch",
     worker="entrypoint.tensorflow.launch:run",
     user_variables=(ev.TF_USE_LEGACY_KERAS, ev.TF_CPP_MIN_LOG_LEVEL),
+    title="TensorFlow",
+    roles=("chief", "worker", "ps", "evaluator"),  # ParameterServerStrategy's servers; the sidecar evaluator
+    gpus_per_process="all",  # one process per node drives every GPU
+    image="tensorflow",
+    cuda_major=CUDA_MAJOR,
+    kubeflow_kinds=("tfjob",),
 )
