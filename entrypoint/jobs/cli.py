@@ -13,18 +13,12 @@ from typing import NoReturn
 
 from entrypoint.errors import ConfigError, ExitCode
 from entrypoint.jobs import formats, kubeflow, network, pods, pyformat, tuning, vertexopts, yamltext
+from entrypoint.jobs.args import readable, with_run_option
 from entrypoint.jobs.kubeflow import KINDS, KubeflowRequest
-from entrypoint.jobs.rules import readable
 from entrypoint.jobs.trainjob import build_trainjob
-from entrypoint.jobs.vertex import (
-    DEFAULT_MACHINE,
-    DEFAULT_REGION,
-    VertexRequest,
-    build,
-    split_run_args,
-    with_run_option,
-)
+from entrypoint.jobs.vertex import DEFAULT_MACHINE, DEFAULT_REGION, VertexRequest, build
 from entrypoint.planning import registry
+from entrypoint.planning.runargs import split_user_args
 
 USAGE = "python -m entrypoint job {vertex,vertex-tuning,kubeflow} --image URI [options] -- RUN ARGS"
 TUNING_FORMATS = ("json", "gcloud-config", "python")
@@ -124,7 +118,7 @@ def _vertex(ns: argparse.Namespace, run_args: tuple[str, ...]) -> tuple[str, lis
 def tuning_run_args(run_args: tuple[str, ...], metric: str) -> tuple[tuple[str, ...], list[str]]:
     """The trials' args: run's --hypertune-metric the study's, and a '--' for the values Vertex appends."""
     notes = []
-    ours = run_args[: run_args.index("--")] if "--" in run_args else run_args
+    ours, _ = split_user_args(run_args)
     given = [ours[i + 1] for i, a in enumerate(ours[:-1]) if a == "--hypertune-metric"]
     given += [a.split("=", 1)[1] for a in ours if a.startswith("--hypertune-metric=")]
     if given and given[-1] != metric:
@@ -172,7 +166,8 @@ def _kubeflow(ns: argparse.Namespace, run_args: tuple[str, ...]) -> str:
 
 def main(argv: Sequence[str]) -> int:
     """Print the job; ConfigError (exit 2) for an invalid combination."""
-    ours, run_args = split_run_args(argv)
+    ours, after = split_user_args(argv)  # everything after the first '--' (its own '--' too) is the run args
+    run_args = tuple(after)
     if not ours or ours[0] in ("-h", "--help"):
         parser().print_help()
         return ExitCode.OK if ours else ExitCode.CONFIG

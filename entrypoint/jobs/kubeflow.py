@@ -17,15 +17,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from entrypoint.errors import ConfigError
-from entrypoint.jobs import pods
+from entrypoint.jobs import planned, pods
+from entrypoint.jobs.args import infer_framework, run_options
+from entrypoint.jobs.images import parse_image
 from entrypoint.jobs.pods import PodOptions
-from entrypoint.jobs.rules import infer_framework, run_options
 from entrypoint.planning import registry
 
 KINDS = {"pytorchjob": "PyTorchJob", "tfjob": "TFJob", "trainjob": "TrainJob"}
 # The replicas each kind has: PyTorchJob Master/Worker, TFJob Chief/Worker/PS/Evaluator, TrainJob nodes.
-KIND_ROLES = {"pytorchjob": ("chief", "worker"), "tfjob": ("chief", "worker", "ps", "evaluator"),
-              "trainjob": ("chief", "worker")}
+KIND_ROLES = {kind: tuple(types) for kind, types in planned.KUBEFLOW_REPLICAS.items()}
 API_VERSION = "kubeflow.org/v1"
 MIN_OPERATOR = "v1.5.0"
 CLEAN_POD_POLICIES = ("None", "Running", "All")
@@ -79,7 +79,7 @@ def check_name(name: str, flag: str = "--name") -> None:
 
 def default_name(image: str) -> str:
     """A valid job name from the image's name (``pytorch-job`` for ``.../pytorch:v1``, ``job-3d`` for ``3d``)."""
-    base = image.rsplit("/", 1)[-1].split("@", 1)[0].split(":", 1)[0].lower()
+    base = parse_image(image).name.lower()
     base = re.sub(r"[^a-z0-9-]+", "-", base).strip("-")[:50] or "trainer"
     return f"{base}-job" if base[0].isalpha() else f"job-{base}"
 
@@ -104,13 +104,16 @@ def check(req: KubeflowRequest) -> str:
         why = registry.role_refusal(framework, role)
         if count and (why or role not in KIND_ROLES[req.kind]):
             raise ConfigError(flag, why or f"a {KINDS[req.kind]} has no {registry.ROLE_NAMES[role]}")
-    if req.ps and req.workers < 2:
-        raise ConfigError("--ps", "ParameterServerStrategy needs at least one worker besides the chief "
-                          "(--workers >= 2)")
     check_name(req.name or default_name(req.image))
     for flag, value in (("--namespace", req.namespace), ("--runtime", req.runtime)):
         if value is not None and not (_DNS_1123.fullmatch(value) and len(value) <= 63):
             raise ConfigError(flag, "must be a DNS-1123 label: lowercase letters, digits and '-', at most 63")
+    counts = {"chief": 1, "worker": req.workers - 1, "ps": req.ps, "evaluator": req.evaluators}
+    gpus = {"chief": req.pods.gpus, "worker": req.pods.gpus, "ps": 0, "evaluator": req.pods.gpus}
+    replicas = planned.kubeflow_replicas(req.kind, req.name or default_name(req.image), req.run_args,
+                                         dict(req.pods.env), counts, gpus)
+    for replica in replicas:
+        planned.plan_replica(replica, framework.name, "job kubeflow")
     return framework.name
 
 

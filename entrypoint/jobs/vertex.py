@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from entrypoint.errors import ConfigError
-from entrypoint.jobs import machines, network
+from entrypoint.jobs import machines, network, planned
+from entrypoint.jobs.args import infer_framework, run_options, with_run_option
+from entrypoint.jobs.images import parse_image
 from entrypoint.jobs.model import JobSettings, JobSpec, PoolSpec
-from entrypoint.jobs.rules import infer_framework, run_options, validate
+from entrypoint.jobs.rules import validate
 from entrypoint.jobs.vertexopts import PoolExtras
 from entrypoint.planning import registry
 
 DEFAULT_MACHINE = "n1-standard-4"
 DEFAULT_REGION = "us-central1"
-TF_REDUCER_STRATEGY = "MultiWorkerMirroredStrategy"
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ def parse_accelerator(text: str | None, machine_type: str) -> tuple[str, int] | 
 
 def default_display_name(image: str) -> str:
     """The image's name without registry, tag or digest (``pytorch`` for ``.../pytorch:v1``)."""
-    return image.rsplit("/", 1)[-1].split("@", 1)[0].split(":", 1)[0] or "trainer"
+    return parse_image(image).name or "trainer"
 
 
 def reducer_count(req: VertexRequest, accelerator: tuple[str, int] | None) -> tuple[int, str | None]:
@@ -91,21 +91,6 @@ def _check_counts(req: VertexRequest) -> None:
         raise ConfigError("--base-output-dir", "must be a Cloud Storage URI (gs://bucket/path)")
 
 
-def with_run_option(run_args: tuple[str, ...], option: str, value: str) -> tuple[str, ...]:
-    """``run_args`` with ``option value`` added before their own ``--`` (where the user's arguments start)."""
-    at = run_args.index("--") if "--" in run_args else len(run_args)
-    return (*run_args[:at], option, value, *run_args[at:])
-
-
-def _run_args(req: VertexRequest, framework: str, strategy: str | None) -> tuple[tuple[str, ...], list[str]]:
-    """The pools' args: a TensorFlow job with reducers pins its strategy (workerpool2 would read as ps)."""
-    if framework == "tensorflow" and req.reduction_servers and strategy is None:
-        note = (f"TensorFlow with a Reduction Server: the args pin --strategy {TF_REDUCER_STRATEGY} (at run time "
-                "workerpool2 would otherwise read as parameter servers)")
-        return with_run_option(req.run_args, "--strategy", TF_REDUCER_STRATEGY), [note]
-    return req.run_args, []
-
-
 def _pools(req: VertexRequest, accelerator: tuple[str, int] | None,
            args: tuple[str, ...]) -> tuple[list[PoolSpec | None], list[str]]:
     notes: list[str] = []
@@ -142,20 +127,26 @@ def build(req: VertexRequest) -> tuple[JobSpec, list[str], list[str]]:
         raise ConfigError("--framework", f"not given, not in the run args, and not the image's name; pass "
                           f"--framework {'|'.join(registry.names())}")
     accelerator = parse_accelerator(req.accelerator, req.machine_type)
-    args, notes = _run_args(req, framework, options.strategy)
-    pools, more = _pools(req, accelerator, args)
     name = req.display_name or default_display_name(req.image)
     if len(name) > 128:
         raise ConfigError("--display-name", "at most 128 characters")
+    pools, notes = _pools(req, accelerator, req.run_args)
     job = JobSpec(name, tuple(pools), req.base_output_dir, req.settings)
-    strategy = options.strategy or (TF_REDUCER_STRATEGY if args != req.run_args else None)
-    return job, notes + more, validate(job, "job vertex", framework, strategy)
+    pin = _reducer_pin(job, framework, options.strategy)
+    if pin is not None:
+        pools, _ = _pools(req, accelerator, with_run_option(req.run_args, "--strategy", pin))
+        job = JobSpec(name, tuple(pools), req.base_output_dir, req.settings)
+        notes.append(f"{registry.get(framework).label} with a Reduction Server: the args pin --strategy {pin} "
+                     "(at run time workerpool2 would otherwise read as parameter servers)")
+    return job, notes, validate(job, "job vertex", framework)
 
 
-def split_run_args(argv: Sequence[str]) -> tuple[list[str], tuple[str, ...]]:
-    """Our options before the first ``--``; everything after it (its own ``--`` included) is the run args."""
-    argv = list(argv)
-    if "--" not in argv:
-        return argv, ()
-    i = argv.index("--")
-    return argv[:i], tuple(argv[i + 1:])
+def _reducer_pin(job: JobSpec, framework: str, forced: str | None) -> str | None:
+    """The strategy to pin when, without one, the chief would read the Reduction Server pool as parameter servers."""
+    servers, chief = job.pool(2), job.pool(0)
+    if servers is None or chief is None or forced is not None or not network.is_reduction_server(servers.image_uri):
+        return None
+    replica = planned.vertex_replicas(job)[0]
+    if planned.plan_replica(replica, framework, "job vertex").server_pool == "reduction_server":
+        return None
+    return planned.reducer_strategy(replica, framework, "job vertex")

@@ -16,8 +16,9 @@ from typing import Any
 
 from entrypoint.errors import ConfigError
 from entrypoint.jobs import network
+from entrypoint.jobs.args import infer_framework, run_options
 from entrypoint.jobs.model import JobSpec, PoolSpec
-from entrypoint.jobs.rules import infer_framework, run_options, validate
+from entrypoint.jobs.rules import validate
 from entrypoint.jobs.specdoc import SOURCE, Document, job_from_document, read_document
 from entrypoint.jobs.tuning import trial_values
 from entrypoint.local.pools import Pool
@@ -79,13 +80,7 @@ def not_emulated(fields: tuple[str, ...]) -> list[str]:
 
 
 def _hypertune_metric(args: tuple[str, ...]) -> str | None:
-    ours = args[: args.index("--")] if "--" in args else args
-    for i, arg in enumerate(ours):
-        if arg == "--hypertune-metric" and i + 1 < len(ours):
-            return ours[i + 1]
-        if arg.startswith("--hypertune-metric="):
-            return arg.split("=", 1)[1]
-    return None
+    return run_options(args, SOURCE).hypertune_metric
 
 
 def trial_job(job: JobSpec, study: dict[str, Any]) -> tuple[JobSpec, str]:
@@ -140,7 +135,7 @@ def spec_pools(path: str) -> LocalJob:
     trial_line = None
     if doc.study is not None:
         job, trial_line = trial_job(job, doc.study)
-    for warning in validate(job, SOURCE, framework, options.strategy):
+    for warning in validate(job, SOURCE, framework):
         print(f"entrypoint: warning: {warning}", file=sys.stderr, flush=True)
     _report(job, doc)
     if trial_line:

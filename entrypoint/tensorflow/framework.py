@@ -46,6 +46,10 @@ def plan(topo: ClusterTopology, options: RunOptions, user_set: Mapping[str, str]
          outputs: OutputDirs) -> NodePlan:
     """One process per node; workerpool2 is parameter servers only under ParameterServerStrategy."""
     strategy, reason = choose_strategy(topo, options.strategy, gpus)
+    if strategy == "ParameterServerStrategy" and topo.num_nodes < 2:  # TensorFlow: "There must be at least one worker"
+        raise ConfigError(ev.TF_CONFIG if topo.source == "tf_config" else ev.CLUSTER_SPEC, "ParameterServerStrategy "
+                          "needs at least one worker besides the chief (the chief dispatches its steps to workers)",
+                          "cluster")
     if options.nproc_per_node not in (None, 1):
         raise ConfigError("--nproc-per-node", "TensorFlow runs one process per node (it drives every GPU itself)")
     if options.on_nonfinite == "skip":

@@ -88,6 +88,21 @@ INVALID: dict[str, tuple[list[str], str]] = {
     "persistent resource": (["--image", TORCH_IMAGE, "--persistent-resource-id", "Pool_1", *RUN], "lowercase"),
     "python has no ip ranges": (["--image", TORCH_IMAGE, "--network", "projects/1/global/networks/n",
                                  "--reserved-ip-range", "r", "--format", "python", *RUN], "no reserved IP ranges"),
+    # what the framework's planner refuses at run time, in each pool (jobs/planned.py)
+    "single-node strategy on two nodes": (["--image", TF_IMAGE, "--workers", "2", "--", "--module", "m",
+                                           "--strategy", "MirroredStrategy"],
+                                          "workerpool0 (the chief) at run time: --strategy: MirroredStrategy is "
+                                          "single-node but there are 2 training nodes"),
+    "another framework's flag": (["--image", TORCH_IMAGE, "--", "--module", "m", "--fusion-threshold", "64"],
+                                 "--fusion-threshold: is a horovod option and this job runs pytorch"),
+    "tensorflow processes per node": (["--image", TF_IMAGE, "--", "--module", "m", "--nproc-per-node", "2"],
+                                      "TensorFlow runs one process per node"),
+    "nonfinite skip with keras": (["--image", TF_IMAGE, "--", "--module", "m", "--on-nonfinite", "skip"],
+                                  "--on-nonfinite: skip needs the PyTorch or Horovod hooks loop"),
+    "env makes a torchrun process": (["--image", TORCH_IMAGE, "--env", "LOCAL_RANK=0", "--env", "GROUP_RANK=0",
+                                      *RUN], "workerpool0 (the chief) at run time"),
+    "bad restart count in env": (["--image", TORCH_IMAGE, "--env", "TRAINER_RESTART_COUNT=x", *RUN],
+                                 "TRAINER_RESTART_COUNT: must be a whole number"),
 }
 
 
@@ -154,6 +169,13 @@ def test_values_in_kubeflow_errors_are_never_echoed(capsys: pytest.CaptureFixtur
     (["--kind", "pytorchjob", "--image", TORCH_IMAGE, "--env-secret", "TOKEN=s3cr3t-value", *RUN], "SECRET:KEY"),
     (["--kind", "mpijob", "--image", TORCH_IMAGE, *RUN], "--kind"),
     (["--kind", "pytorchjob", "--image", TORCH_IMAGE, "--workers", "0", *RUN], "--workers"),
+    # planned per replica type, with the operator's variables
+    (["--kind", "tfjob", "--image", TF_IMAGE, "--workers", "2", "--ps", "1", "--", "--module", "m", "--strategy",
+      "MultiWorkerMirroredStrategy"], "PS at run time: this replica is in the server pool"),
+    (["--kind", "tfjob", "--image", TF_IMAGE, "--workers", "2", "--", "--module", "m", "--strategy",
+      "OneDeviceStrategy"], "Chief at run time: --strategy: OneDeviceStrategy is single-node"),
+    (["--kind", "trainjob", "--image", HVD_IMAGE, "--", "--module", "m", "--recovery", "restart"],
+     "node 0 at run time: --recovery: is a pytorch option and this job runs horovod"),
 ])
 def test_invalid_kubeflow_job(capsys: pytest.CaptureFixture[str], argv: list[str], expected: str) -> None:
     code, _, err = job(capsys, "kubeflow", *argv)
