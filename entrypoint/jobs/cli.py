@@ -12,7 +12,17 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from entrypoint.errors import ConfigError, ExitCode
-from entrypoint.jobs import formats, kubeflow, network, pods, pyformat, tuning, vertexopts, yamltext
+from entrypoint.jobs import (
+    formats,
+    kubeflow,
+    network,
+    pods,
+    pyformat,
+    tuning,
+    vertexopts,
+    vertexpools,
+    yamltext,
+)
 from entrypoint.jobs.args import readable, with_run_option
 from entrypoint.jobs.kubeflow import KINDS, KubeflowRequest
 from entrypoint.jobs.trainjob import build_trainjob
@@ -65,6 +75,7 @@ def _vertex_options(p: argparse.ArgumentParser, formats_: tuple[str, ...]) -> No
     p.add_argument("--project", help="for the gcloud-command and python formats (default: gcloud's)")
     p.add_argument("--format", choices=formats_, default="json")
     vertexopts.add_arguments(p)
+    vertexpools.add_arguments(p)
 
 
 def parser() -> _Parser:
@@ -87,14 +98,16 @@ def parser() -> _Parser:
 
 
 def _request(ns: argparse.Namespace, run_args: tuple[str, ...]) -> tuple[VertexRequest, list[str]]:
-    extras, warnings = vertexopts.pool_extras(ns)
+    extras, warnings = vertexpools.pool_extras(ns, ns.region)
+    settings = vertexopts.settings(ns, ns.region)
+    warnings += vertexpools.cross_check(settings, extras)
     req = VertexRequest(
         image=ns.image, run_args=run_args, framework=ns.framework, workers=ns.workers,
         machine_type=ns.machine_type, accelerator=ns.accelerator, ps=ns.ps, ps_machine_type=ns.ps_machine_type,
         evaluators=ns.evaluators, reduction_servers=ns.reduction_servers,
         reduction_server_machine_type=ns.reduction_server_machine_type, display_name=ns.display_name,
-        base_output_dir=ns.base_output_dir, region=ns.region, settings=vertexopts.settings(ns, ns.region),
-        extras=extras,
+        base_output_dir=ns.base_output_dir, region=ns.region, settings=settings, extras=extras,
+        evaluator=vertexpools.evaluator_machines(ns),
     )
     return req, warnings
 

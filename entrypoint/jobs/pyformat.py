@@ -66,23 +66,53 @@ def _init(job: JobSpec, region: str, project: str | None) -> list[str]:
     if job.base_output_dir:
         bucket = "gs://" + job.base_output_dir[len("gs://"):].split("/", 1)[0]
         staging = f"staging_bucket={json.dumps(bucket)},"
-    else:
-        staging = 'staging_bucket="gs://YOUR_BUCKET",  # outputs go under it: give job vertex --base-output-dir'
+    else:  # CustomJob() insists on one, only to make up a base output directory, which the script takes out again
+        staging = 'staging_bucket="gs://YOUR_BUCKET",  # unused: no --base-output-dir, see below'
     init = [f"project={json.dumps(project)},"] if project else []
     init += [f"location={json.dumps(region)},", staging]
     return ["from google.cloud import aiplatform", "", "aiplatform.init(", *(f"    {a}" for a in init), ")", "",
             f"worker_pool_specs = {_literal(_snake(job.rest_pools()))}", ""]
 
 
+def _job_spec_lines(name: str, job: JobSpec, experiment: bool) -> list[str]:
+    """Fields the SDK's constructor and submit() take no argument for, set on the job's spec before it is sent."""
+    s = job.settings
+    lines = []
+    if not job.base_output_dir:
+        lines.append(f"del {name}.job_spec.base_output_directory  # no --base-output-dir: none, as in the json and "
+                     "gcloud formats (the SDK made one up under the staging bucket)")
+    if s.psc_network_attachment:
+        lines.append(f"{name}.job_spec.psc_interface_config = {_literal(_snake(s.rest_psc()), 4)}")
+    if s.enable_dashboard_access:
+        lines.append(f"{name}.job_spec.enable_dashboard_access = True")
+    if experiment and s.experiment:
+        lines.append(f"{name}.job_spec.experiment = {json.dumps(s.experiment)}")
+        if s.experiment_run:
+            lines.append(f"{name}.job_spec.experiment_run = {json.dumps(s.experiment_run)}")
+    return lines
+
+
+def _experiment_arguments(s: JobSettings) -> list[str]:
+    """submit(experiment=, experiment_run=): the SDK looks both up and sets their names (it resets any other)."""
+    if not s.experiment:
+        return []
+    experiment = s.experiment.rsplit("/", 1)[1]
+    out = [f"experiment={json.dumps(experiment)},"]
+    if s.experiment_run:
+        out.append(f"experiment_run={json.dumps(s.experiment_run.rsplit('/', 1)[1][len(experiment) + 1:])},")
+    return out
+
+
 def render_python(job: JobSpec, region: str, project: str | None) -> str:
     """A script that submits the CustomJob (``pip install google-cloud-aiplatform``)."""
-    run = _run_arguments(job.settings)
+    run = _run_arguments(job.settings) + _experiment_arguments(job.settings)
     lines = [
         '"""Submit a Vertex AI CustomJob (written by `python -m entrypoint job vertex --format python`)."""',
         *_init(job, region, project),
         "job = aiplatform.CustomJob(",
         *(f"    {a}" for a in _job_arguments(job)),
         ")",
+        *_job_spec_lines("job", job, experiment=False),
         "job.submit(" if run else "job.submit()  # returns once the job is created; job.run() waits for it",
         *([*(f"    {a}" for a in run), ")  # returns once the job is created; job.run() waits for it"] if run else []),
     ]
@@ -127,6 +157,7 @@ def render_python_tuning(job: JobSpec, study: Study, region: str, project: str |
         "trial_job = aiplatform.CustomJob(",
         *(f"    {a}" for a in trial),
         ")",
+        *_job_spec_lines("trial_job", job, experiment=True),
         "job = aiplatform.HyperparameterTuningJob(",
         *(f"    {a}" for a in tuning),
         ")",

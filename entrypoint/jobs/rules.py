@@ -11,7 +11,11 @@ from entrypoint.errors import ConfigError
 from entrypoint.jobs import machines, network, planned
 from entrypoint.jobs.images import parse_image
 from entrypoint.jobs.model import JobSpec, PoolSpec
+from entrypoint.jobs.vertexpools import MAX_ENV
 from entrypoint.planning import registry
+
+FLEX_START = "--flex-start (scheduling.strategy FLEX_START)"
+MAX_FLEX_START_TIMEOUT = 7 * 24 * 3600
 
 
 def _is_gpu(pool: PoolSpec | None) -> bool:
@@ -85,6 +89,42 @@ def _check_layout(job: JobSpec, source: str) -> None:
             raise ConfigError(source, f"{pool.name} has {pool.replicas} replicas; leave an unused pool empty")
 
 
+def _check_flex_start(job: JobSpec, source: str) -> None:
+    """Dynamic Workload Scheduler: L4/A100/H100/H200/B200 only, at most 7 days, one machine configuration in every pool
+    (https://cloud.google.com/vertex-ai/docs/training/schedule-jobs-dws)."""
+    chief = job.pool(0)
+    assert chief is not None
+    why = machines.flex_start_refusal(chief.accelerator)
+    if why:
+        raise ConfigError(source, f"{FLEX_START}: {why}")
+    if job.settings.timeout_s is not None and job.settings.timeout_s > MAX_FLEX_START_TIMEOUT:
+        raise ConfigError(source, f"{FLEX_START}: the job's timeout may be at most 7 days (--timeout 7d)")
+    machine = _configuration(chief)
+    for pool in job.present():
+        if _configuration(pool) != machine:
+            role = "a Reduction Server" if network.is_reduction_server(pool.image_uri) else pool.machine_text()
+            raise ConfigError(source, f"{FLEX_START}: Dynamic Workload Scheduler needs the same machine "
+                              f"configuration in every pool, and {pool.name} is {role}, not {chief.machine_text()}")
+
+
+def _configuration(pool: PoolSpec) -> tuple[object, ...]:
+    return pool.machine_type, pool.accelerator, pool.disk_type, pool.disk_size_gb
+
+
+def _check_pool(pool: PoolSpec, source: str) -> None:
+    """A pool's boot disk, env count and reservation, which the API (or the VMs) refuse."""
+    why = machines.boot_disk_refusal(pool.machine_type, pool.disk_type)
+    if why:
+        raise ConfigError(source, f"{pool.name} boot disk: {why}")
+    if len(pool.env) > MAX_ENV:
+        raise ConfigError(source, f"{pool.name}: {len(pool.env)} environment variables; a container takes at most "
+                          f"{MAX_ENV}")
+    kind, values = pool.reservation or (None, ())
+    if kind == "SPECIFIC_RESERVATION" and any("/reservations/" not in value for value in values):
+        raise ConfigError(source, f"{pool.name}: a specific reservation is named by its full resource name "
+                              "(projects/P/zones/Z/reservations/NAME)")
+
+
 def validate(job: JobSpec, source: str, framework: str | None) -> list[str]:
     """Raise ConfigError for an invalid job; return warnings for a valid but unwise one."""
     _check_layout(job, source)
@@ -95,8 +135,14 @@ def validate(job: JobSpec, source: str, framework: str | None) -> list[str]:
         warnings += machines.check_machine_type(f"{source}: {pool.name}", pool.machine_type)
         if not (pool.index == 2 and network.is_reduction_server(pool.image_uri)):
             machines.check_accelerator(f"{source}: {pool.name}", pool.machine_type, pool.accelerator)
+            _check_pool(pool, source)
         if pool.image_uri == chief.image_uri:
             warnings += _check_image_gpus(pool, source, framework)
+        if pool.reservation and pool.reservation[0] == "SPECIFIC_RESERVATION" and job.settings.strategy in (
+                "SPOT", "FLEX_START"):
+            raise ConfigError(source, f"{pool.name}: {job.settings.strategy} VMs cannot consume a reservation")
+    if job.settings.strategy == "FLEX_START":
+        _check_flex_start(job, source)
     servers = job.pool(2)
     if servers is not None and network.is_reduction_server(servers.image_uri):
         warnings += _check_reducers(job, source)

@@ -10,7 +10,7 @@ from entrypoint.jobs.args import infer_framework, run_options, with_run_option
 from entrypoint.jobs.images import parse_image
 from entrypoint.jobs.model import JobSettings, JobSpec, PoolSpec
 from entrypoint.jobs.rules import validate
-from entrypoint.jobs.vertexopts import PoolExtras
+from entrypoint.jobs.vertexpools import EvaluatorMachines, PoolExtras
 from entrypoint.planning import registry
 
 DEFAULT_MACHINE = "n1-standard-4"
@@ -37,16 +37,17 @@ class VertexRequest:
     region: str = DEFAULT_REGION
     settings: JobSettings = field(default_factory=JobSettings)
     extras: PoolExtras = field(default_factory=PoolExtras)
+    evaluator: EvaluatorMachines = field(default_factory=EvaluatorMachines)
 
 
-def parse_accelerator(text: str | None, machine_type: str) -> tuple[str, int] | None:
+def parse_accelerator(text: str | None, machine_type: str, flag: str = "--accelerator") -> tuple[str, int] | None:
     """``TYPE:COUNT``; without it, the GPUs an accelerator-optimized machine type comes with."""
     if text is None:
         return machines.implied_accelerator(machine_type)
     kind, sep, count = text.partition(":")
     if not sep or not count.isdigit():
-        raise ConfigError("--accelerator", "expected TYPE:COUNT, e.g. NVIDIA_TESLA_T4:1")
-    return machines.accelerator_name(kind.strip(), "--accelerator"), int(count)
+        raise ConfigError(flag, "expected TYPE:COUNT, e.g. NVIDIA_TESLA_T4:1")
+    return machines.accelerator_name(kind.strip(), flag), int(count)
 
 
 def default_display_name(image: str) -> str:
@@ -87,6 +88,9 @@ def _check_counts(req: VertexRequest) -> None:
     if req.ps and req.reduction_servers:
         raise ConfigError("--reduction-servers", "a Reduction Server cannot serve ParameterServerStrategy: "
                           "workerpool2 is either --ps or --reduction-servers")
+    if req.evaluators == 0 and req.evaluator != EvaluatorMachines():
+        raise ConfigError("--evaluator-machine-type/--evaluator-accelerator/--evaluator-boot-disk-*",
+                          "are the evaluators' machines: give --evaluators")
     if req.base_output_dir is not None and not req.base_output_dir.startswith("gs://"):
         raise ConfigError("--base-output-dir", "must be a Cloud Storage URI (gs://bucket/path)")
 
@@ -94,14 +98,22 @@ def _check_counts(req: VertexRequest) -> None:
 def _pools(req: VertexRequest, accelerator: tuple[str, int] | None,
            args: tuple[str, ...]) -> tuple[list[PoolSpec | None], list[str]]:
     notes: list[str] = []
-    x = req.extras
+    x, ev = req.extras, req.evaluator
 
-    def ours(index: int, replicas: int, machine: str, acc: tuple[str, int] | None) -> PoolSpec | None:
+    def ours(index: int, replicas: int, machine: str, acc: tuple[str, int] | None, disk: str | None = None,
+             size: int | None = None) -> PoolSpec | None:
         if replicas <= 0:
             return None
-        reservation = x.reservation if machine == req.machine_type else None  # a reservation is of one type
-        return PoolSpec(index, replicas, machine, req.image, acc, args, env=x.env, disk_type=x.disk_type,
-                        disk_size_gb=x.disk_size_gb, reservation=reservation)
+        same = (machine, acc) == (req.machine_type, accelerator)
+        reservation = x.reservation if same else None  # a reservation holds one machine configuration
+        implied = machines.default_boot_disk(machine)
+        if not (disk or x.disk_type) and implied:
+            note = f"{machine} boots from {implied} only: its pools' diskSpec.bootDiskType says so"
+            notes.extend([note] if note not in notes else [])
+        return PoolSpec(index, replicas, machine, req.image, acc, args, env=x.env,
+                        disk_type=disk or x.disk_type or implied,
+                        disk_size_gb=size or x.disk_size_gb, reservation=reservation, nfs_mounts=x.nfs_mounts,
+                        lustre_mounts=x.lustre_mounts)
 
     pools = [ours(0, 1, req.machine_type, accelerator), ours(1, req.workers - 1, req.machine_type, accelerator)]
     if req.reduction_servers:
@@ -112,7 +124,10 @@ def _pools(req: VertexRequest, accelerator: tuple[str, int] | None,
     else:
         ps_machine = req.ps_machine_type or req.machine_type
         pools.append(ours(2, req.ps, ps_machine, machines.implied_accelerator(ps_machine)))
-    pools.append(ours(3, req.evaluators, req.machine_type, accelerator))
+    eval_machine = ev.machine_type or req.machine_type
+    eval_acc = parse_accelerator(ev.accelerator, eval_machine, "--evaluator-accelerator") \
+        if ev.machine_type or ev.accelerator else accelerator
+    pools.append(ours(3, req.evaluators, eval_machine, eval_acc, ev.disk_type, ev.disk_size_gb))
     while pools and pools[-1] is None:
         pools.pop()
     return pools, notes
