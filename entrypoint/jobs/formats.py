@@ -45,9 +45,13 @@ def render_gcloud_config(job: JobSpec, region: str, command: str = "custom-jobs"
         raise ConfigError("--format gcloud-config", f"gcloud's --config rejects empty worker pools, and this job "
                           f"skips {skipped}; use --format json{', gcloud-command' if document is None else ''}")
     flags = [f"--region={region}", f"--display-name={job.display_name}", *resource_flags(job.settings)]
-    if document is not None and command == "hp-tuning-jobs" and any(p.lustre_mounts for p in job.present()):
-        raise ConfigError("--format gcloud-config", "gcloud ai hp-tuning-jobs create refuses lustreMounts in its "
-                          "--config (GA and beta); use --format json or python")
+    if document is not None and command == "hp-tuning-jobs":
+        if any(p.lustre_mounts for p in job.present()):
+            raise ConfigError("--format gcloud-config", "gcloud ai hp-tuning-jobs create refuses lustreMounts in "
+                              "its --config (GA and beta); use --format json or python")
+        # gcloud up to 415.0.0 overwrites the file's counts with these flags' default, 1: say them on the line.
+        flags += [f"--max-trial-count={document['maxTrialCount']}",
+                  f"--parallel-trial-count={document['parallelTrialCount']}"]
     words = " ".join(shlex.quote(f) for f in flags).replace("\n", " ")  # one comment line
     track = "beta " if job.settings.psc_network_attachment else ""  # the GA messages lack pscInterfaceConfig
     header = f"# gcloud {track}ai {command} create {words} --config=THIS_FILE\n"

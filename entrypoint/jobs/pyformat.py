@@ -14,6 +14,7 @@ from entrypoint.jobs.tuning import Study
 _STRATEGY = "aiplatform.compat.types.custom_job.Scheduling.Strategy."
 _SCALES = {"UNIT_LINEAR_SCALE": "linear", "UNIT_LOG_SCALE": "log", "UNIT_REVERSE_LOG_SCALE": "reverse_log"}
 _ALGORITHMS = {"GRID_SEARCH": "grid", "RANDOM_SEARCH": "random"}
+_MEASUREMENTS = {"LAST_MEASUREMENT": "last", "BEST_MEASUREMENT": "best"}
 
 
 def _snake(value: Any) -> Any:
@@ -119,33 +120,53 @@ def render_python(job: JobSpec, region: str, project: str | None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _parameter_spec(parameter: dict[str, Any]) -> str:
+def _parameter_spec(parameter: dict[str, Any], parent_values: list[Any] | None = None, indent: int = 8) -> str:
+    """The SDK's spec for a ParameterSpec (REST), its conditional parameters nested under it."""
     scale = _SCALES.get(parameter.get("scaleType", ""), "linear")
     if "doubleValueSpec" in parameter:
         v = parameter["doubleValueSpec"]
-        return f"hpt.DoubleParameterSpec(min={v['minValue']!r}, max={v['maxValue']!r}, scale={scale!r})"
-    if "integerValueSpec" in parameter:
+        head = f"hpt.DoubleParameterSpec(min={v['minValue']!r}, max={v['maxValue']!r}, scale={scale!r}"
+    elif "integerValueSpec" in parameter:
         v = parameter["integerValueSpec"]
-        return f"hpt.IntegerParameterSpec(min={int(v['minValue'])}, max={int(v['maxValue'])}, scale={scale!r})"
-    if "categoricalValueSpec" in parameter:
-        return f"hpt.CategoricalParameterSpec(values={parameter['categoricalValueSpec']['values']!r})"
-    return f"hpt.DiscreteParameterSpec(values={parameter['discreteValueSpec']['values']!r}, scale={scale!r})"
+        head = f"hpt.IntegerParameterSpec(min={int(v['minValue'])}, max={int(v['maxValue'])}, scale={scale!r}"
+    elif "categoricalValueSpec" in parameter:
+        head = f"hpt.CategoricalParameterSpec(values={parameter['categoricalValueSpec']['values']!r}"
+    else:
+        head = f"hpt.DiscreteParameterSpec(values={parameter['discreteValueSpec']['values']!r}, scale={scale!r}"
+    if parent_values is not None:
+        head += f", parent_values={parent_values!r}"
+    children = parameter.get("conditionalParameterSpecs", [])
+    if not children:
+        return head + ")"
+    pad = " " * (indent + 4)
+    nested = []
+    for cond in children:
+        (condition,) = [v for k, v in cond.items() if k.startswith("parent")]
+        values = [int(x) for x in condition["values"]] if "parentIntValues" in cond else condition["values"]
+        child = cond["parameterSpec"]
+        nested.append(f"{pad}{child['parameterId']!r}: {_parameter_spec(child, values, indent + 4)},")
+    return head + ", conditional_parameter_spec={\n" + "\n".join(nested) + f"\n{' ' * indent}}})"
 
 
 def render_python_tuning(job: JobSpec, study: Study, region: str, project: str | None) -> str:
     """A script that creates the HyperparameterTuningJob and returns once it exists."""
+    if study.stopping is not None:
+        raise ConfigError("--format python", "the SDK's HyperparameterTuningJob takes no early stopping rule; use "
+                          "--format json or gcloud-config")
     fields = study.rest_fields()
     params = ",\n".join(f"        {p['parameterId']!r}: {_parameter_spec(p)}"
                          for p in fields["studySpec"]["parameters"])
+    metrics = ", ".join(f"{m!r}: {g.lower()!r}" for m, g in study.metrics)
     algorithm = _ALGORITHMS.get(study.algorithm)
     tuning = [
         f"display_name={json.dumps(job.display_name, ensure_ascii=False)},",
         "custom_job=trial_job,",
-        f"metric_spec={{{study.metric!r}: {study.goal.lower()!r}}},",
+        f"metric_spec={{{metrics}}},",
         f"parameter_spec={{\n{params},\n    }},",
         f"max_trial_count={study.max_trials},", f"parallel_trial_count={study.parallel_trials},",
         f"max_failed_trial_count={study.max_failed_trials},",
         *([f"search_algorithm={algorithm!r},"] if algorithm else []),
+        f"measurement_selection={_MEASUREMENTS[study.measurement]!r},  # the SDK's default is 'best'",
         *(a for a in _job_arguments(job)[2:] if a.startswith(("labels=", "encryption_spec_key_name="))),
     ]
     trial = [a for a in _job_arguments(job) if not a.startswith(("labels=", "encryption_spec_key_name="))]

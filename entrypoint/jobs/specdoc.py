@@ -221,6 +221,7 @@ def job_from_document(doc: Any) -> Document:
     display = str(name) if name else "spec"
     if is_tuning:
         study = r.obj(r.get(doc, "studySpec", ""), "studySpec")
+        r.seen += [f"studySpec.{key}" for key in study if snake(key) not in ("metrics", "parameters")]
         spec = r.obj(r.get(doc, "trialJobSpec", ""), "trialJobSpec", "CustomJobSpec")
         job = _job_spec(r, spec, display, doc)
         return Document(job, {**study, "maxTrialCount": doc.get("maxTrialCount", doc.get("max_trial_count"))},

@@ -18,9 +18,9 @@ from entrypoint.errors import ConfigError
 from entrypoint.jobs import network
 from entrypoint.jobs.args import infer_framework, run_options
 from entrypoint.jobs.model import JobSpec, PoolSpec
+from entrypoint.jobs.params import trial_values
 from entrypoint.jobs.rules import validate
 from entrypoint.jobs.specdoc import SOURCE, Document, job_from_document, read_document
-from entrypoint.jobs.tuning import trial_values
 from entrypoint.local.pools import Pool
 
 DEFAULT_TRIAL = "1"
@@ -95,9 +95,13 @@ def trial_job(job: JobSpec, study: dict[str, Any]) -> tuple[JobSpec, str]:
         raise ConfigError(SOURCE, "Vertex AI appends each trial's --PARAMETER=VALUE to the args, and these have no "
                           "'--' for them to follow: run would reject them; end the args with '--'",
                           "trialJobSpec.workerPoolSpecs[0].containerSpec.args")
-    metrics = study.get("metrics") if isinstance(study.get("metrics"), list) else []
-    metric = metrics[0].get("metricId", metrics[0].get("metric_id")) if metrics and isinstance(metrics[0], dict) \
-        else None
+    raw_metrics = study.get("metrics")
+    metrics: list[Any] = raw_metrics if isinstance(raw_metrics, list) else []
+    ids = [m.get("metricId", m.get("metric_id")) if isinstance(m, dict) else None for m in metrics]
+    for i, ident in enumerate(ids):
+        if not isinstance(ident, str) or not ident or re.search(r"\s", ident):
+            raise ConfigError(SOURCE, "must be a metric id without whitespace", f"studySpec.metrics[{i}].metricId")
+    metric = ids[0] if ids else None
     reported = _hypertune_metric(chief.args)
     if metric and reported and reported != metric:
         raise ConfigError(SOURCE, "run's --hypertune-metric differs from the study's metric: the study would wait "

@@ -223,6 +223,25 @@ def test_tensorflow_reducers_without_a_strategy_are_refused(tmp_path: Path) -> N
     assert "needs --strategy MultiWorkerMirroredStrategy" in one_line_error(proc.returncode, proc.stderr)
 
 
+@pytest.mark.slow
+def test_a_trial_passes_a_conditional_parameter_only_under_its_parents_value(capsys: pytest.CaptureFixture[str],
+                                                                            tmp_path: Path) -> None:
+    """The trial's optimizer is sgd (the first of its list): momentum, sgd's child, is passed; beta, adam's, is not.
+    The study's options that are Vertex AI's (measurement, early stopping) are named as not emulated."""
+    code, out, err = job(capsys, "vertex-tuning", "--image", TORCH_IMAGE, "--hypertune-metric", "accuracy",
+                         "--goal", "maximize", "--param-categorical", "optimizer=sgd,adam", "--param-double",
+                         "momentum=0.2:0.4", "--param-condition", "momentum=optimizer:sgd", "--param-double",
+                         "beta=0.9:0.99", "--param-condition", "beta=optimizer:adam", "--early-stopping", "median",
+                         "--max-trials", "4", "--", "--framework", "pytorch", "--script", WHO)
+    assert code == 0, err
+    spec = tmp_path / "tuning.json"
+    spec.write_text(out)
+    proc, facts = _local_spec(spec, tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (chief,) = facts.values()
+    assert chief["argv"] == ["--optimizer=sgd", "--momentum=0.30000000000000004"]
+    assert "studySpec.measurementSelectionType, studySpec.medianAutomatedStoppingSpec" in proc.stdout
+
 
 def test_spec_files_the_platform_would_refuse(tmp_path: Path) -> None:
     """local --spec checks a hand-written spec as job vertex checks its own: one line, exit 2, nothing started."""
@@ -253,6 +272,21 @@ def test_spec_files_the_platform_would_refuse(tmp_path: Path) -> None:
                               env=subprocess_env(), capture_output=True, text=True, timeout=60)
         assert expected in one_line_error(proc.returncode, proc.stderr), name
         assert "starting" not in proc.stdout
+
+
+def test_a_tuning_spec_with_a_spaced_metric_id_is_refused(tmp_path: Path) -> None:
+    from entrypoint.errors import ConfigError
+    from entrypoint.local.specfile import spec_pools
+
+    pool = {"machineSpec": {"machineType": "n1-standard-4"},
+            "containerSpec": {"imageUri": TORCH_IMAGE, "args": ["--module", "m", "--"]}}
+    doc = {"displayName": "t", "studySpec": {"metrics": [{"metricId": "val acc", "goal": "MAXIMIZE"}],
+                                             "parameters": [{"parameterId": "lr", "doubleValueSpec": {
+                                                 "minValue": 0.1, "maxValue": 0.2}}]},
+           "maxTrialCount": 2, "parallelTrialCount": 1, "trialJobSpec": {"workerPoolSpecs": [pool]}}
+    (tmp_path / "t.json").write_text(json.dumps(doc))
+    with pytest.raises(ConfigError, match=r"studySpec.metrics\[0\].metricId: must be a metric id without whitespace"):
+        spec_pools(str(tmp_path / "t.json"))
 
 
 def test_the_new_platform_fields_are_named_as_not_emulated(capsys: pytest.CaptureFixture[str],
