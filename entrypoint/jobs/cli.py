@@ -18,6 +18,7 @@ from entrypoint.jobs import (
     network,
     pods,
     pyformat,
+    roles,
     tuning,
     vertexopts,
     vertexpools,
@@ -94,6 +95,7 @@ def parser() -> _Parser:
     _common(kf)
     kubeflow.add_arguments(kf)
     pods.add_arguments(kf)
+    roles.add_arguments(kf)
     return top
 
 
@@ -165,16 +167,22 @@ def _vertex_tuning(ns: argparse.Namespace, run_args: tuple[str, ...]) -> tuple[s
     return text, notes + more_notes, warnings
 
 
-def _kubeflow(ns: argparse.Namespace, run_args: tuple[str, ...]) -> str:
+def _kubeflow(ns: argparse.Namespace, run_args: tuple[str, ...]) -> tuple[str, list[str]]:
+    base = pods.from_namespace(ns)
+    labels, annotations, gang, warnings = kubeflow.metadata_options(ns)
+    if any(v.kind == "gcs" for v in base.volumes) and base.service_account is None:
+        warnings.append("--volume gcs: the pods read the bucket as their Kubernetes service account (Workload "
+                        "Identity): give --service-account")
     req = KubeflowRequest(
         kind=ns.kind, image=ns.image, run_args=run_args, framework=ns.framework, workers=ns.workers,
         ps=ns.ps, evaluators=ns.evaluators, name=ns.name, namespace=ns.namespace,
         backoff_limit=ns.backoff_limit, clean_pod_policy=ns.clean_pod_policy,
         ttl_seconds_after_finished=ns.ttl_seconds_after_finished,
-        active_deadline_seconds=ns.active_deadline_seconds, runtime=ns.runtime, pods=pods.from_namespace(ns),
+        active_deadline_seconds=ns.active_deadline_seconds, runtime=ns.runtime, pods=base,
+        role_pods=roles.role_options(ns, ns.kind, base), labels=labels, annotations=annotations, gang=gang,
     )
     manifest = build_trainjob(req) if ns.kind == "trainjob" else kubeflow.build_v1(req)
-    return kubeflow.header(ns.kind) + yamltext.dump(manifest)
+    return kubeflow.header(req) + yamltext.dump(manifest), warnings
 
 
 def main(argv: Sequence[str]) -> int:
@@ -192,7 +200,7 @@ def main(argv: Sequence[str]) -> int:
     elif ns.target == "vertex-tuning":
         text, notes, warnings = _vertex_tuning(ns, run_args)
     else:
-        text = _kubeflow(ns, run_args)
+        text, warnings = _kubeflow(ns, run_args)
     for note in notes:
         print(f"entrypoint: note: {note}", file=sys.stderr)
     for warning in warnings:

@@ -250,6 +250,31 @@ def test_values_in_kubeflow_errors_are_never_echoed(capsys: pytest.CaptureFixtur
       "OneDeviceStrategy"], "Chief at run time: --strategy: OneDeviceStrategy is single-node"),
     (["--kind", "trainjob", "--image", HVD_IMAGE, "--", "--module", "m", "--recovery", "restart"],
      "node 0 at run time: --recovery: is a pytorch option and this job runs horovod"),
+    # issue 32: requests above limits are refused by the API server
+    (["--kind", "pytorchjob", "--image", TORCH_IMAGE, "--memory", "64Gi", "--memory-limit", "32Gi", *RUN],
+     "--memory/--memory-limit: the memory request is above its limit"),
+    (["--kind", "tfjob", "--image", TF_IMAGE, "--cpu", "8", "--cpu-limit", "4000m", *RUN], "cpu request is above"),
+    (["--kind", "tfjob", "--image", TF_IMAGE, "--workers", "2", "--ps", "1", "--memory-limit", "8Gi",
+      "--role-resources", "ps:memory=16Gi", *RUN], "ps: the memory request is above its limit"),
+    # the new options, malformed or contradictory
+    (["--kind", "pytorchjob", "--image", TORCH_IMAGE, "--volume", "nfs:server:/data", *RUN], "expected pvc:CLAIM"),
+    (["--kind", "pytorchjob", "--image", TORCH_IMAGE, "--volume", "gcs:gs://b:/data", *RUN], "no gs://"),
+    (["--kind", "pytorchjob", "--image", TORCH_IMAGE, "--volume", "pvc:data:/dev/shm", *RUN], "at /dev/shm"),
+    (["--kind", "pytorchjob", "--image", TORCH_IMAGE, "--volume", "pvc:data:/d:type=File", *RUN], "not an option"),
+    (["--kind", "pytorchjob", "--image", TORCH_IMAGE, "--label", "Bad Key=x", *RUN], "--label"),
+    (["--kind", "pytorchjob", "--image", TORCH_IMAGE, "--pod-label", "team=a b", *RUN], "a label value"),
+    (["--kind", "pytorchjob", "--image", TORCH_IMAGE, "--workers", "2", "--min-available", "3", *RUN],
+     "the gang would never start"),
+    (["--kind", "pytorchjob", "--image", TORCH_IMAGE, "--role-resources", "ps:cpu=1", *RUN],
+     "ps: not a replica type of this kind"),
+    (["--kind", "pytorchjob", "--image", TORCH_IMAGE, "--role-resources", "worker:gpus=2", *RUN],
+     "GPUs are one count for every training replica"),
+    (["--kind", "tfjob", "--image", TF_IMAGE, "--role-node-selector", "chief:a", *RUN], "KEY=VALUE"),
+    (["--kind", "trainjob", "--image", TORCH_IMAGE, "--scheduler-name", "volcano", *RUN],
+     "a TrainJob's runtime patch cannot set it"),
+    (["--kind", "trainjob", "--image", TORCH_IMAGE, "--min-available", "1", *RUN], "a TrainJob has no such field"),
+    (["--kind", "trainjob", "--image", TORCH_IMAGE, "--role-resources", "worker:cpu=1", *RUN],
+     "one replica type"),
 ])
 def test_invalid_kubeflow_job(capsys: pytest.CaptureFixture[str], argv: list[str], expected: str) -> None:
     code, _, err = job(capsys, "kubeflow", *argv)
