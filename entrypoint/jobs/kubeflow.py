@@ -11,9 +11,10 @@ training-operator v1.7.0 ("Set correct ENV for PytorchJob to support torchrun" #
 #1859); an older operator's CRD schema drops them. ``runPolicy.schedulingPolicy`` (minAvailable, queue,
 priorityClass, scheduleTimeoutSeconds) is read when the operator runs with a gang scheduler (volcano,
 scheduler-plugins). Kueue reads its queue from the job's ``kueue.x-k8s.io/queue-name`` label
-(https://kueue.sigs.k8s.io/docs/tasks/run/kubeflow/); Istio's sidecar injection from each pod's
-``sidecar.istio.io/inject`` annotation (https://www.kubeflow.org/docs/components/pytorch/: a PyTorchJob "needs
-annotation sidecar.istio.io/inject: "false"" in a Kubeflow user namespace).
+(https://kueue.sigs.k8s.io/docs/tasks/run/trainjobs/, and so for its PyTorchJob and TFJob integrations); Istio's
+sidecar injection from each pod's ``sidecar.istio.io/inject`` annotation
+(https://www.kubeflow.org/docs/components/pytorch/: a PyTorchJob "needs annotation sidecar.istio.io/inject: "false""
+in a Kubeflow user namespace).
 """
 
 from __future__ import annotations
