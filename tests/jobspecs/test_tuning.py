@@ -207,7 +207,8 @@ def test_python_creates_conditions_metrics_and_measurement(capsys: pytest.Captur
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """The SDK's own specs (conditional_parameter_spec, parent_values, metric_spec, measurement_selection) create the
     JSON format's study; early stopping, which the SDK cannot take, is refused in one line."""
-    extra = [*CONDITIONAL, "--metric", "latency=minimize", "--measurement", "best", "--enable-dashboard-access"]
+    extra = [*CONDITIONAL, "--metric", "latency=minimize", "--measurement", "best", "--enable-dashboard-access",
+             "--experiment", "my-exp", "--experiment-run", "r1", "--project", "my-project"]
     out, _ = _render(capsys, "python", *extra)
     (made,) = run_python_script(out, monkeypatch, "create_hyperparameter_tuning_job", "hyperparameter_tuning_job")
     expected = _parsed(_render(capsys, "json", *extra)[0])
@@ -218,7 +219,8 @@ def test_python_creates_conditions_metrics_and_measurement(capsys: pytest.Captur
     assert made.study_spec.metrics == expected.study_spec.metrics
     assert canonical(made.study_spec.parameters) == canonical(expected.study_spec.parameters)
     assert made.study_spec.measurement_selection_type.name == "BEST_MEASUREMENT"
-    assert made.trial_job_spec == expected.trial_job_spec
+    assert made.trial_job_spec == expected.trial_job_spec  # the Experiment and dashboard set on the trial's spec
+    assert made.trial_job_spec.experiment_run.endswith("/contexts/my-exp-r1")
     code, _, err = job(capsys, "vertex-tuning", *OPTIONS, "--early-stopping", "median", "--format", "python", "--",
                        "--module", "m")
     assert "takes no early stopping rule" in one_line_error(code, err)
