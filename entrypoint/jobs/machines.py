@@ -98,6 +98,7 @@ N1_GB_PER_VCPU = {"standard": 3.75, "highmem": 6.5, "highcpu": 0.9}
 
 # Boot disk types a machine series cannot boot from (DiskSpec.bootDiskType).
 HYPERDISK_ONLY = ("a3-ultragpu-", "a4-highgpu-")  # A3 Ultra, A4: Hyperdisk only
+HYPERDISK_DEFAULT = ("a3-ultragpu-",)  # DiskSpec's default there is hyperdisk-balanced already
 NO_HYPERDISK_FAMILIES = ("n1",)  # N1 (with or without GPUs) takes Persistent Disk only
 HYPERDISK = "hyperdisk-balanced"
 
@@ -270,8 +271,10 @@ def boot_disk_refusal(machine_type: str, disk_type: str | None) -> str | None:
 
 
 def default_boot_disk(machine_type: str) -> str | None:
-    """The boot disk type a machine must be given when none is (Hyperdisk on A3 Ultra and A4), else None."""
-    return HYPERDISK if machine_type.startswith(HYPERDISK_ONLY) else None
+    """The boot disk type a machine must be given when none is, else None: Hyperdisk on A4, where DiskSpec's default
+    (pd-ssd on every machine but A3 Ultra, whose default is hyperdisk-balanced already) cannot boot it."""
+    return HYPERDISK if machine_type.startswith(HYPERDISK_ONLY) and not machine_type.startswith(
+        HYPERDISK_DEFAULT) else None
 
 
 def flex_start_refusal(accelerator: tuple[str, int] | None) -> str | None:

@@ -290,3 +290,13 @@ def test_gcloud_command_identity_flags(capsys: pytest.CaptureFixture[str], tmp_p
     assert head == ["gcloud", "beta", "ai", "custom-jobs", "create"]
     assert "--labels=a=b,c=d" in argv
     assert f"--kms-key={expected['encryptionSpec']['kmsKeyName']}" in argv
+
+
+def test_a3_ultra_keeps_its_own_hyperdisk_default(capsys: pytest.CaptureFixture[str]) -> None:
+    """DiskSpec's default on A3 Ultra is hyperdisk-balanced: nothing is written, so gcloud-command can say the job."""
+    code, out, err = job(capsys, "vertex", "--image", TORCH_IMAGE, "--machine-type", "a3-ultragpu-8g", "--",
+                         "--module", "m")
+    assert code == 0 and "diskSpec" not in out and "boots from" not in err
+    code, out, err = job(capsys, "vertex", "--image", TORCH_IMAGE, "--machine-type", "a3-ultragpu-8g", "--format",
+                         "gcloud-command", "--", "--module", "m")
+    assert code == 0, err
