@@ -39,7 +39,7 @@ from entrypoint.lifecycle.supervisor import Replica, Supervisor
 from entrypoint.local.pools import Pool, cluster_specs, vertex_pools, vertex_tf_config
 from entrypoint.options import DEFAULT_GRACE_PERIOD
 from entrypoint.outputs import storage
-from entrypoint.planning.runargs import parse_options
+from entrypoint.planning.runargs import parse_options, split_user_args
 
 COMMANDS = ("run", "describe")
 GRACE_MARGIN = 5.0
@@ -192,7 +192,7 @@ def run_cluster(pools: Sequence[Pool], output_dir: str, trial: str | None = None
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     """``local`` options before ``--``; the replica command (``run ...``) after it, as ``args.command``."""
     argv = list(argv)
-    i = argv.index("--") if "--" in argv else len(argv)
+    ours, command = split_user_args(argv)
     parser = argparse.ArgumentParser(prog="python -m entrypoint local", description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=1, help="training replicas: 1 chief + N-1 workers")
     parser.add_argument("--ps", type=int, default=0, help="parameter servers (workerpool2)")
@@ -211,10 +211,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                           help="exitcode: restarts of all replicas together (Kubeflow's runPolicy.backoffLimit)")
     parser.add_argument("--spec", metavar="FILE", help="run a Vertex CustomJob / CustomJobSpec / gcloud --config "
                         "file (JSON or YAML) instead of --workers/--ps/--evaluators and '-- run ...'")
-    args = parser.parse_args(argv[:i])
-    args.command = argv[i + 1:]
+    args = parser.parse_args(ours)
+    args.command = command
     if args.spec is not None:
-        if "--" in argv or any(a.split("=", 1)[0] in ("--workers", "--ps", "--evaluators") for a in argv[:i]):
+        if "--" in argv or any(a.split("=", 1)[0] in ("--workers", "--ps", "--evaluators") for a in ours):
             raise ConfigError("local", "--spec takes the pools and their args from the file: drop --workers, "
                               "--ps, --evaluators and '-- run ...'")
         return args

@@ -30,7 +30,6 @@ from entrypoint.options import LOG_FORMATS
 LABELS = "logging.googleapis.com/labels"
 SOURCE_LOCATION = "logging.googleapis.com/sourceLocation"
 _TEXT_SOURCES = ("vertex", "aiplatform")  # their agent stores a JSON line as a string (docs/operations.md)
-_TEXT_FRAMEWORKS = ("horovod",)  # its launcher prints each worker's lines behind a "[rank-N] " prefix
 _SEVERITIES = ((logging.CRITICAL, "CRITICAL"), (logging.ERROR, "ERROR"), (logging.WARNING, "WARNING"),
                (logging.INFO, "INFO"), (logging.DEBUG, "DEBUG"))
 
@@ -60,14 +59,15 @@ def json_available() -> bool:
     return importlib.util.find_spec("pythonjsonlogger") is not None
 
 
-def resolve_format(requested: str | None, settings: PlatformSettings, source: str, framework: str = "") -> str:
-    """``text`` or ``json``: --log-format, else $TRAINER_LOG_FORMAT, else auto for this platform."""
+def resolve_format(requested: str | None, settings: PlatformSettings, source: str, prefixed: bool = False) -> str:
+    """``text`` or ``json``: --log-format, else $TRAINER_LOG_FORMAT, else auto for this platform (text where the
+    framework's launcher prints each process's lines behind a prefix, ``prefixed``: a prefix breaks a JSON line)."""
     name = requested or settings.log_format or "auto"
     if name not in LOG_FORMATS:
         raise ConfigError(ev.TRAINER_LOG_FORMAT, f"unknown log format {name!r}; expected one of "
                           f"{', '.join(LOG_FORMATS)}")
     if name == "auto":
-        json_here = settings.kubernetes and source not in _TEXT_SOURCES and framework not in _TEXT_FRAMEWORKS
+        json_here = settings.kubernetes and source not in _TEXT_SOURCES and not prefixed
         name = "json" if json_here and json_available() else "text"
     if name == "json" and not json_available():
         raise ConfigError("--log-format", "json needs python-json-logger (pip install python-json-logger)")

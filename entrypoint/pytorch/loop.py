@@ -285,7 +285,7 @@ class Trainer:
 
     def _workers(self) -> int:
         cuda = self.ctx.device.type == "cuda"
-        return self.options.data_workers if self.options.data_workers is not None else (2 if cuda else 0)
+        return self.options.data_workers if self.options.data_workers is not None else self.plan.loader_workers(cuda)
 
     def _autocast(self) -> Any:
         if self.options.bf16 and self.ctx.device.type == "cuda":

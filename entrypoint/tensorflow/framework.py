@@ -21,6 +21,8 @@ SINGLE_NODE = ("default", "OneDeviceStrategy", "MirroredStrategy")
 # TensorFlow's C++ INFO lines ("Ignoring error status when releasing multi-device function handle", ...)
 # drown the job's own lines: hide INFO unless the user chose a level.
 QUIET_CPP_LOGS = "1"
+# The CUDA major version of images/tensorflow's GPU image: tensorflow[and-cuda] 2.21's nvidia-*-cu12 wheels.
+CUDA_MAJOR = 12
 
 
 def choose_strategy(topo: ClusterTopology, forced: str | None, gpus: int) -> tuple[str, str]:
@@ -44,6 +46,10 @@ def plan(topo: ClusterTopology, options: RunOptions, user_set: Mapping[str, str]
          outputs: OutputDirs) -> NodePlan:
     """One process per node; workerpool2 is parameter servers only under ParameterServerStrategy."""
     strategy, reason = choose_strategy(topo, options.strategy, gpus)
+    if strategy == "ParameterServerStrategy" and topo.num_nodes < 2:  # TensorFlow: "There must be at least one worker"
+        raise ConfigError(ev.TF_CONFIG if topo.source == "tf_config" else ev.CLUSTER_SPEC, "ParameterServerStrategy "
+                          "needs at least one worker besides the chief (the chief dispatches its steps to workers)",
+                          "cluster")
     if options.nproc_per_node not in (None, 1):
         raise ConfigError("--nproc-per-node", "TensorFlow runs one process per node (it drives every GPU itself)")
     if options.on_nonfinite == "skip":
@@ -74,4 +80,10 @@ FRAMEWORK = Framework(
     launcher="entrypoint.tensorflow.launch:launch",
     worker="entrypoint.tensorflow.launch:run",
     user_variables=(ev.TF_USE_LEGACY_KERAS, ev.TF_CPP_MIN_LOG_LEVEL),
+    title="TensorFlow",
+    roles=("chief", "worker", "ps", "evaluator"),  # ParameterServerStrategy's servers; the sidecar evaluator
+    gpus_per_process="all",  # one process per node drives every GPU
+    image="tensorflow",
+    cuda_major=CUDA_MAJOR,
+    kubeflow_kinds=("tfjob",),
 )
