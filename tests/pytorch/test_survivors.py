@@ -99,5 +99,5 @@ def test_a_replacement_that_never_comes_sends_the_survivors_back_to_the_checkpoi
     finally:
         job.cleanup()
     output = job.output()
-    assert "did not come back within 8 s (--timeout)" in output, output[-3000:]
+    assert "gave up after 8 s (--timeout) waiting for workerpool1-1" in output, output[-3000:]
     assert "workerpool1-1" in last_line(job)
