@@ -12,6 +12,7 @@ that accepts connections but never answers (a frozen chief, another program on i
 
 from __future__ import annotations
 
+import errno
 import logging
 import socket
 from collections.abc import Sequence
@@ -19,6 +20,7 @@ from datetime import timedelta
 from typing import Any
 
 from entrypoint.cluster.topology import Peer
+from entrypoint.errors import ConfigError
 from entrypoint.lifecycle.rendezvous import reach_chief
 from entrypoint.lifecycle.waiting import Pending, Wait
 
@@ -56,10 +58,33 @@ def open_store(host: str, port: int, hosts: bool, timeout: float, chief: Peer) -
 
 
 def serve_store(host: str, port: int, timeout: float) -> Any:
-    """The job's store served on ``port`` of this node (node 0)."""
+    """The job's store served on ``port`` of this node (node 0); a port another process holds is named."""
     from torch.distributed import TCPStore
 
-    return TCPStore(host, port, None, True, timedelta(seconds=timeout), wait_for_workers=False, multi_tenant=True)
+    check_port_free(port)
+    try:
+        return TCPStore(host, port, None, True, timedelta(seconds=timeout), wait_for_workers=False,
+                        multi_tenant=True)
+    except RuntimeError:
+        check_port_free(port)  # taken meanwhile: say so; else torch's own error stands
+        raise
+
+
+def check_port_free(port: int) -> None:
+    """ConfigError when another process listens on ``port`` of this host (the chief's store cannot serve there).
+
+    Asked of the kernel (a bind, as the store binds), not read from an error message.
+    """
+    probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind(("", port))
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise ConfigError(f"port {port}", "already in use on this host by another process: the chief hosts the "
+                              "job's store there (free the port, or give the chief another one)") from None
+    finally:
+        probe.close()
 
 
 def meet(store: Any, run: str, node: int, peers: Sequence[Peer], timeout: float) -> bool:
