@@ -16,7 +16,7 @@ import os
 from entrypoint import context, failures
 from entrypoint.cluster.environments.settings import Handoff, read_settings, secret_values, secrets_in_args
 from entrypoint.errors import ExitCode
-from entrypoint.lifecycle import rendezvous
+from entrypoint.lifecycle import rendezvous, signals
 from entrypoint.outputs.locations import ensure_writable, how_written
 from entrypoint.planning import handoff, registry
 from entrypoint.planning.plan import Plan
@@ -45,7 +45,8 @@ def run_node(plan: Plan, ctx: failures.FailureContext) -> int:
              how_written(out.model_dir), how_written(out.checkpoint_dir), how_written(out.tensorboard_dir))
     if user_code.kind != "hooks":  # scripts write into AIP_MODEL_DIR & co. as into a bucket, where every path exists
         ensure_writable([out.model_dir, out.checkpoint_dir, out.tensorboard_dir])
-    rendezvous.meet_peers(plan)
+    with signals.stop_at_once("meeting the other replicas at the start-up barrier"):
+        rendezvous.meet_peers(plan)
     os.environ.update(plan.emitted_env())  # what user code and children expect (TF_CONFIG, AIP_*, MASTER_*)
     with handoff.plan_file(plan) as handed:
         os.environ.update(handed)
@@ -70,7 +71,6 @@ def run_process(plan: Plan, ctx: failures.FailureContext) -> int:
 
 def run_worker(handed: Handoff) -> int:
     """``python -m entrypoint.worker``: a process started by a launcher (torch elastic, Horovod)."""
-    from entrypoint.lifecycle import signals
     from entrypoint.outputs.progress import setup_logging
 
     ctx = failures.FailureContext(top_level=False, error_file=handed.error_file)

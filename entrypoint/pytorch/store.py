@@ -21,6 +21,7 @@ from typing import Any
 
 from entrypoint.cluster.topology import Peer
 from entrypoint.errors import PeerError
+from entrypoint.lifecycle import signals
 from entrypoint.lifecycle.waiting import LOG_EVERY, Wait, bounded
 from entrypoint.pytorch import barrier
 
@@ -107,8 +108,11 @@ class NodeStore:
 @contextlib.contextmanager
 def node_store(host: str, port: int, node_rank: int, num_nodes: int, timeout: float, run_id: str,
                peers: Sequence[Peer] = (), in_place: bool = False) -> Iterator[NodeStore]:
-    """Host (node 0) or reach the job's store for the duration of the block; torch's agent can find it by run id."""
-    store = NodeStore(host, port, node_rank, num_nodes, timeout, run_id, peers, in_place)
+    """Host (node 0) or reach the job's store for the duration of the block; torch's agent can find it by run id.
+
+    A stop signal while the node meets its peers (nothing to save yet) ends it at once, recorded (128 + N)."""
+    with signals.stop_at_once("meeting the other replicas at the start-up barrier"):
+        store = NodeStore(host, port, node_rank, num_nodes, timeout, run_id, peers, in_place)
     _stores[run_id] = store
     try:
         yield store
