@@ -213,8 +213,9 @@ class Retention:
         self.bad: dict[Location, str] = {}  # committed, but failed to verify or load at resume: why
 
     def verified(self, path: Location) -> None:
-        """``path`` is known to verify."""
+        """``path`` is known to verify (a checkpoint rewritten at the step of a bad one is good from now on)."""
         self.good.add(storage.path(path))
+        self.bad.pop(storage.path(path), None)
 
     def prune(self, checkpoint_dir: str | Location) -> list[Location]:
         """Delete what exceeds the budget (bad first, then the oldest), and torn ones older than those kept."""

@@ -181,3 +181,24 @@ def test_check_sizes_catches_a_file_that_shrank_after_the_commit(tmp_path: Path)
     with pytest.raises(checkpoints.CheckpointError, match="2 bytes after the commit"):
         checkpoints.check_sizes(path)
 
+
+def test_a_checkpoint_rewritten_after_a_fallback_is_good_and_kept(tmp_path: Path,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    """The newest is bad, resume falls back; training commits the same step again (good now): retention keeps it
+    and says nothing about it not loading."""
+    for step in (30, 40, 44):
+        make(tmp_path, step)
+    newest = checkpoints.checkpoint_path(tmp_path, 44)
+    corrupt(newest)
+    retention = checkpoints.Retention(3)
+    assert checkpoints.load_newest(tmp_path, None, read, retention) == (checkpoints.checkpoint_path(tmp_path, 40),
+                                                                         b"state")
+    (newest / "state.pt").write_bytes(b"state")  # the step is trained again and committed
+    checkpoints.commit(newest, {"step": 44})
+    retention.verified(newest)
+    make(tmp_path, 50)
+    retention.verified(checkpoints.checkpoint_path(tmp_path, 50))
+    caplog.clear()
+    retention.prune(tmp_path)
+    assert steps(tmp_path) == [40, 44, 50]
+    assert "does not load" not in caplog.text
