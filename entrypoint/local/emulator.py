@@ -26,6 +26,7 @@ from pathlib import Path
 
 from entrypoint import failures
 from entrypoint.cluster import envvars as ev
+from entrypoint.cluster.environments._parse import get_trial
 from entrypoint.errors import ConfigError, ExitCode, is_retryable
 from entrypoint.failures.records import read_records
 from entrypoint.lifecycle.restart_policy import (
@@ -148,6 +149,8 @@ def run_cluster(pools: Sequence[Pool], output_dir: str, trial: str | None = None
                 policy: RestartPolicy | None = None) -> int:
     """Start every pool's replicas, handle their failures as the platform would, and say where outputs went."""
     policy = policy or RestartPolicy()
+    if trial is not None:  # a directory under --output-dir, as on the platform: never a path out of it
+        trial = get_trial("--trial", {"trial": trial}, "")
     for pool in pools:
         if pool.start and (not pool.command or pool.command[0] not in COMMANDS):
             raise ConfigError("local", f"{pool.name}: the replica command must start with 'run' or 'describe'")
