@@ -28,7 +28,7 @@ from entrypoint import failures
 from entrypoint.cluster import envvars as ev
 from entrypoint.cluster.environments._parse import get_trial
 from entrypoint.errors import ConfigError, ExitCode, is_retryable
-from entrypoint.failures.records import read_records
+from entrypoint.failures.records import read_records, record_names
 from entrypoint.lifecycle.restart_policy import (
     DEFAULT_BACKOFF_LIMIT,
     POLICIES,
@@ -137,7 +137,7 @@ def _record_exit(ctx: failures.FailureContext) -> Callable[[Replica, int], None]
     """A failed replica that left no failure record of its own (SIGKILLed, say) gets one on its behalf."""
 
     def record(replica: Replica, code: int) -> None:
-        mine = [r for r in read_records(ctx.job_dir, replica.started_at)
+        mine = [r for r in read_records(ctx.job_dir, replica.started_at, ctx.before)
                 if r.replica == replica.name and not r.reported_by]
         if not mine:
             failures.write_record(replace(ctx, replica=replica.name, rank=None), failures.exit_failure(code))
@@ -160,7 +160,9 @@ def run_cluster(pools: Sequence[Pool], output_dir: str, trial: str | None = None
     replicas = build_replicas(pools, output_dir, trial, dict(os.environ))
     output = _output_base(output_dir)
     job_dir = f"{output}/{trial}" if trial else output
-    ctx = failures.FailureContext(replica="local", job_dir=job_dir, started=time.time())
+    # Records already there are an earlier run's, even one written a moment ago (read_records allows clock skew).
+    ctx = failures.FailureContext(replica="local", job_dir=job_dir, started=time.time(),
+                                  before=record_names(job_dir))
     disks = Disks(Path.cwd())
     names = ", ".join(r.name for r in replicas)
     print(f"[local] starting {len(replicas)} replicas ({names}); outputs under {output}; each replica's own disk "
