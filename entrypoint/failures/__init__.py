@@ -4,7 +4,15 @@ The names below are the package's interface: ``failures.classify(exc)``, ``failu
 ``failures.finish(ctx, record)``, ``failures.FailureContext``.
 """
 
-from entrypoint.failures.classify import Failure, classify, code_class, exit_failure, is_peer_lost
+from entrypoint.failures.classify import (
+    Failure,
+    PeerSigns,
+    add_peer_source,
+    classify,
+    code_class,
+    exit_failure,
+    is_peer_lost,
+)
 from entrypoint.failures.finish import (
     FailureContext,
     finish,
@@ -19,6 +27,8 @@ from entrypoint.failures.finish import (
 __all__ = [
     "Failure",
     "FailureContext",
+    "PeerSigns",
+    "add_peer_source",
     "classify",
     "code_class",
     "exit_failure",

@@ -57,4 +57,7 @@ FRAMEWORK = Framework(
     worker="entrypoint.horovod.worker:run",
     flags=FLAGS,
     user_variables=(*ev.HOROVOD_TUNING, ev.TF_USE_LEGACY_KERAS),
+    # a peer lost mid-collective (HorovodInternalError), an elastic host change; raised where its ops run
+    peer_errors=("horovod.common.exceptions.HorovodInternalError", "horovod.common.exceptions.HostsUpdatedInterrupt"),
+    peer_modules=("horovod", "entrypoint.horovod"),
 )

@@ -73,4 +73,7 @@ FRAMEWORK = Framework(
     launcher="entrypoint.tensorflow.launch:launch",
     worker="entrypoint.tensorflow.launch:run",
     user_variables=(ev.TF_USE_LEGACY_KERAS, ev.TF_CPP_MIN_LOG_LEVEL),
+    # a worker or server gone, a collective that timed out (tf.errors' types, whatever module defines them)
+    peer_errors=("tensorflow.errors.DeadlineExceededError", "tensorflow.errors.UnavailableError",
+                 "tensorflow.errors.AbortedError"),
 )

@@ -48,6 +48,9 @@ def test_every_framework_keeps_the_contract(name: str) -> None:
     assert set(framework.user_variables) <= set(ev.FRAMEWORK_DEFAULTED)
     for flag in framework.flags:
         assert flag.flag.startswith("--") and flag.help
+    # its lost peer is declared (else it would be the user's permanent 1): dotted type names, module prefixes
+    assert framework.peer_errors and all("." in e and e.rsplit(".", 1)[1][:1].isupper() for e in framework.peer_errors)
+    assert all(m and not m.endswith(".") for m in framework.peer_modules)
 
 
 def test_framework_flags_do_not_clash_and_reach_only_their_options() -> None:
@@ -79,7 +82,8 @@ TOY_FRAMEWORK = '''
 
     FRAMEWORK = Framework(name="toy", probe="json", strategies=("toy",), plan=plan,
                           launcher="toyfw.launch:launch", worker="toyfw.worker:run",
-                          flags=(Flag("--toy-level", "how toy", positive_int),))
+                          flags=(Flag("--toy-level", "how toy", positive_int),),
+                          peer_errors=("toyfw.errors.ToyPeerLost",))
 '''
 TOY_LAUNCH = '''
     from entrypoint.lifecycle.runner import run_process
@@ -97,6 +101,10 @@ TOY_WORKER = '''
 
 
     def run(plan, ctx):
+        if os.environ["TOY_LEVEL"] == "9":  # the toy's collective lost its peer
+            from toyfw.errors import ToyPeerLost
+
+            raise ToyPeerLost("the other toy went away")
         out = {"rank": context.rank(), "world_size": context.world_size(), "chief": context.is_chief(),
                "level": os.environ["TOY_LEVEL"], "failure_rank": ctx.rank, "replica": ctx.replica}
         Path(plan.outputs.job_dir, "toy.json").write_text(json.dumps(out))
@@ -107,8 +115,8 @@ TOY_WORKER = '''
 def test_a_toy_framework_is_its_package_plus_one_registry_line(tmp_path: Path) -> None:
     package = tmp_path / "toyfw"
     package.mkdir()
-    for name, text in {"__init__": "", "framework": TOY_FRAMEWORK, "launch": TOY_LAUNCH,
-                       "worker": TOY_WORKER}.items():
+    for name, text in {"__init__": "", "framework": TOY_FRAMEWORK, "launch": TOY_LAUNCH, "worker": TOY_WORKER,
+                       "errors": "class ToyPeerLost(Exception):\n    pass\n"}.items():
         (package / f"{name}.py").write_text(textwrap.dedent(text))
     (tmp_path / "user_module.py").write_text("")
     job = tmp_path / "job"
@@ -124,6 +132,11 @@ def test_a_toy_framework_is_its_package_plus_one_registry_line(tmp_path: Path) -
     helped = subprocess.run([PYTHON, "-c", main, "run", "--help"], env=env, capture_output=True, text=True,
                             timeout=60)
     assert "--toy-level" in helped.stdout and "toy" in helped.stdout
+    lost = subprocess.run([PYTHON, "-c", main, "run", "--framework", "toy", "--module", "user_module",
+                           "--toy-level", "9", "--job-dir", str(job)], env=env, capture_output=True, text=True,
+                          cwd=tmp_path, timeout=120)
+    assert lost.returncode == 129, lost.stderr  # its own lost peer: retryable, as the framework declared
+    assert "error: peer_lost on node-0" in lost.stderr.splitlines()[-1] and "ToyPeerLost" in lost.stderr
 
 
 @pytest.mark.parametrize(("framework", "argv", "flag"), [
