@@ -119,6 +119,12 @@ def _storage_failure(exc: StorageError) -> Failure:
     (one line naming the bucket and what to set); anything else (unreachable, 5xx, timeouts) is retryable."""
     cause, code = exc.cause, getattr(exc.cause, "code", None)
     kind = type(cause).__name__
+    if kind == "DefaultCredentialsError" and (exc.key_file_named or cause.__cause__ is not None):
+        # found, but unusable (a malformed or missing key file): google-auth's own words say what is wrong with it
+        where = "the key file GOOGLE_APPLICATION_CREDENTIALS names" if exc.key_file_named else "the credentials found"
+        said = cause.args[0] if cause.args and isinstance(cause.args[0], str) else str(cause)  # (message, cause)
+        return Failure(errors.OUTPUT_NOT_WRITABLE, f"{exc.bucket}: {where} cannot be used (google-auth: "
+                       f"{_first_line(said)[:300]}); fix it, or {_SET_CREDENTIALS}")
     if kind == "DefaultCredentialsError":
         return Failure(errors.OUTPUT_NOT_WRITABLE, f"{exc.bucket}: no Application Default Credentials found "
                        f"({_SET_CREDENTIALS})")
