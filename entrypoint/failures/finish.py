@@ -22,7 +22,7 @@ from pathlib import Path
 from entrypoint.errors import ExitCode, FailureClass
 from entrypoint.failures.classify import Failure, classify, exit_failure
 from entrypoint.failures.records import FailureRecord, read_records, root_cause, store_record
-from entrypoint.outputs import logs
+from entrypoint.outputs import logs, redaction
 
 log = logging.getLogger("entrypoint")
 
@@ -46,9 +46,9 @@ class FailureContext:
 
 
 def redact(text: str, secrets: Iterable[str]) -> str:
-    """``text`` with every secret value replaced by ``***`` and control characters made visible."""
-    for secret in sorted(secrets, key=len, reverse=True):
-        text = text.replace(secret, "***")
+    """``text`` with every secret value (raw, or escaped as repr() and JSON write it) replaced by ``***``, and
+    control characters made visible."""
+    text = redaction.hide(text, secrets)
     return "".join(c if c.isprintable() or c in "\n\t" else "?" for c in text)
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from entrypoint import failures
 from entrypoint.cluster import envvars as ev
 from entrypoint.cluster.environments._parse import get_trial
+from entrypoint.cluster.environments.settings import secret_values, secrets_in_args
 from entrypoint.errors import ConfigError, ExitCode, is_retryable
 from entrypoint.failures.records import read_records, record_names
 from entrypoint.lifecycle.restart_policy import (
@@ -168,8 +169,9 @@ def run_cluster(pools: Sequence[Pool], output_dir: str, trial: str | None = None
     print(f"[local] starting {len(replicas)} replicas ({names}); outputs under {output}; each replica's own disk "
           f"under {disks.root}\n[local] {policy.describe()}", flush=True)
     try:
+        secrets = secret_values() | frozenset(secrets_in_args([a for pool in pools for a in pool.command]))
         outcome = Supervisor(replicas, grace=replica_grace(pools), policy=policy, prepare=disks.prepare,
-                             on_failure=_record_exit(ctx)).run()
+                             on_failure=_record_exit(ctx), secrets=secrets).run()
     finally:
         disks.remove()
     chief = replicas[0].env
