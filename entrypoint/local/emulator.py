@@ -30,6 +30,7 @@ from entrypoint.cluster.environments._parse import get_trial
 from entrypoint.cluster.environments.settings import secret_values, secrets_in_args
 from entrypoint.errors import ConfigError, ExitCode, is_retryable
 from entrypoint.failures.records import read_records, record_names
+from entrypoint.lifecycle import signals
 from entrypoint.lifecycle.restart_policy import (
     DEFAULT_BACKOFF_LIMIT,
     POLICIES,
@@ -165,6 +166,7 @@ def run_cluster(pools: Sequence[Pool], output_dir: str, trial: str | None = None
     ctx = failures.FailureContext(replica="local", job_dir=job_dir, started=time.time(),
                                   before=record_names(job_dir))
     disks = Disks(Path.cwd())
+    signals.adopt_orphans()  # what a replica's user code leaves behind is ended with the job, as in a container
     names = ", ".join(r.name for r in replicas)
     print(f"[local] starting {len(replicas)} replicas ({names}); outputs under {output}; each replica's own disk "
           f"under {disks.root}\n[local] {policy.describe()}", flush=True)
@@ -173,6 +175,7 @@ def run_cluster(pools: Sequence[Pool], output_dir: str, trial: str | None = None
         outcome = Supervisor(replicas, grace=replica_grace(pools), policy=policy, prepare=disks.prepare,
                              on_failure=_record_exit(ctx), secrets=secrets).run()
     finally:
+        signals.end_adopted(r.proc.pid for r in replicas if r.proc is not None)
         disks.remove()
     chief = replicas[0].env
     metrics = sorted(_metrics_root(output_dir).glob(f"{METRICS_DIR}/*/hypertune/output.metrics"))
