@@ -159,18 +159,29 @@ def store_record(job_dir: str, record: FailureRecord) -> Location | None:
     return None
 
 
-def read_records(job_dir: str | None, since: float) -> list[FailureRecord]:
-    """Every failure record written since ``since`` (minus a little clock skew), oldest first."""
+def record_names(job_dir: str | None) -> frozenset[str]:
+    """The names of the failure records in the job dir now (a supervisor's "before I started")."""
     if job_dir is None:
-        return []
-    found = []
-    place = record_dir(job_dir)
+        return frozenset()
+    return frozenset(str(p) for p in _listed(record_dir(job_dir)))
+
+
+def _listed(place: Location) -> list[Location]:
     if isinstance(place, storage.RemotePath) and place.unreachable():
         return []
     try:
-        paths = sorted(str(p) for p in place.glob("*.json"))
+        return sorted(place.glob("*.json"), key=str)
     except (OSError, StorageError, TrainerError):
         return []
+
+
+def read_records(job_dir: str | None, since: float, before: frozenset[str] = frozenset()) -> list[FailureRecord]:
+    """Every failure record written since ``since`` (minus a little clock skew), oldest first; none of ``before``
+    (the records that were there already when the reader started, whatever their time says)."""
+    if job_dir is None:
+        return []
+    found = []
+    paths = [str(p) for p in _listed(record_dir(job_dir)) if str(p) not in before]
     for name in paths:
         try:
             record = FailureRecord.from_json(json.loads(storage.path(name).read_text()))

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import cache
 from typing import TYPE_CHECKING, Any, Literal
+
+from entrypoint.failures.classify import PeerSigns, add_peer_source
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -123,6 +125,11 @@ class Framework:
     def label(self) -> str:
         """The framework as people write it: ``TensorFlow``, ``PyTorch``."""
         return self.title or self.name
+    # How its lost peer shows (failures.classify: retryable 129, not the user's permanent 1): its exception types
+    # ("torch.distributed.DistNetworkError": name and top package), and the modules where its collectives and store
+    # run (a RuntimeError or OSError raised there that names a connection or a timeout).
+    peer_errors: tuple[str, ...] = ()
+    peer_modules: tuple[str, ...] = ()
 
     def installed(self) -> bool:
         """Whether the framework's module can be found (nothing is imported)."""
@@ -142,6 +149,19 @@ class Framework:
 def _load(target: str) -> Any:
     module_name, _, attr = target.partition(":")
     return getattr(importlib.import_module(module_name), attr)
+
+
+def peer_signs() -> Iterator[PeerSigns]:
+    """Every registered framework's signs of a lost peer (``failures.classify`` asks when it classifies)."""
+    for name in list(REGISTRY):
+        try:
+            framework = get(name)
+        except Exception:  # a registry line whose package is missing: it names no peer error
+            continue
+        yield PeerSigns(framework.peer_errors, framework.peer_modules)
+
+
+add_peer_source(peer_signs)
 
 
 def names() -> tuple[str, ...]:

@@ -73,6 +73,15 @@ def torchrun_defaults(nproc: int, user_set: Mapping[str, str]) -> dict[str, str]
     return {name: value for name, value in defaults.items() if name not in user_set}
 
 
+# torch.distributed's errors for a peer gone, a store or rendezvous timed out; gloo's own errors are RuntimeErrors
+# raised where the collectives run: torch.distributed, DDP (torch.nn.parallel), its all-reduce in the backward
+# pass (torch.autograd), and the loop's own collectives (entrypoint.pytorch).
+PEER_ERRORS = ("torch.distributed.DistNetworkError", "torch.distributed.DistStoreError",
+               "torch.distributed.DistBackendError", "torch.distributed.elastic.rendezvous.RendezvousTimeoutError",
+               "torch.distributed.elastic.rendezvous.RendezvousClosedError",
+               "torch.distributed.elastic.rendezvous.RendezvousConnectionError")
+PEER_MODULES = ("torch.distributed", "torch.nn.parallel", "torch.autograd", "entrypoint.pytorch")
+
 FRAMEWORK = Framework(
     name="pytorch",
     probe="torch",
@@ -89,4 +98,6 @@ FRAMEWORK = Framework(
     image="pytorch",
     cuda_major=CUDA_MAJOR,
     kubeflow_kinds=("pytorchjob", "trainjob"),
+    peer_errors=PEER_ERRORS,
+    peer_modules=PEER_MODULES,
 )

@@ -86,4 +86,7 @@ FRAMEWORK = Framework(
     image="tensorflow",
     cuda_major=CUDA_MAJOR,
     kubeflow_kinds=("tfjob",),
+    # a worker or server gone, a collective that timed out (tf.errors' types, whatever module defines them)
+    peer_errors=("tensorflow.errors.DeadlineExceededError", "tensorflow.errors.UnavailableError",
+                 "tensorflow.errors.AbortedError"),
 )

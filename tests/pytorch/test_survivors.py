@@ -100,5 +100,5 @@ def test_a_replacement_that_never_comes_sends_the_survivors_back_to_the_checkpoi
         job.cleanup()
     # The consequence's line is clipped to its last-line length; its record keeps the whole message.
     messages = [record["message"] for record in failure_records(out)]
-    assert any("did not come back within 8 s (--timeout)" in message for message in messages), messages
+    assert any("gave up after 8 s (--timeout) waiting for workerpool1-1" in m for m in messages), job.output()[-3000:]
     assert "workerpool1-1" in last_line(job)

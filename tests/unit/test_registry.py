@@ -48,6 +48,9 @@ def test_every_framework_keeps_the_contract(name: str) -> None:
     assert set(framework.user_variables) <= set(ev.FRAMEWORK_DEFAULTED)
     for flag in framework.flags:
         assert flag.flag.startswith("--") and flag.help
+    # its lost peer is declared (else it would be the user's permanent 1): dotted type names, module prefixes
+    assert framework.peer_errors and all("." in e and e.rsplit(".", 1)[1][:1].isupper() for e in framework.peer_errors)
+    assert all(m and not m.endswith(".") for m in framework.peer_modules)
 
 
 def test_framework_flags_do_not_clash_and_reach_only_their_options() -> None:
@@ -84,7 +87,8 @@ TOY_FRAMEWORK = '''
     FRAMEWORK = Framework(name="toy", probe="json", strategies=("toy",), plan=plan,
                           launcher="toyfw.launch:launch", worker="toyfw.worker:run",
                           flags=(Flag("--toy-level", "how toy", positive_int),),
-                          image="toy", kubeflow_kinds=("pytorchjob",))
+                          image="toy", kubeflow_kinds=("pytorchjob",),
+                          peer_errors=("toyfw.errors.ToyPeerLost",))
 '''
 TOY_LAUNCH = '''
     from entrypoint.lifecycle.runner import run_process
@@ -102,6 +106,10 @@ TOY_WORKER = '''
 
 
     def run(plan, ctx):
+        if os.environ["TOY_LEVEL"] == "9":  # the toy's collective lost its peer
+            from toyfw.errors import ToyPeerLost
+
+            raise ToyPeerLost("the other toy went away")
         out = {"rank": context.rank(), "world_size": context.world_size(), "chief": context.is_chief(),
                "level": os.environ["TOY_LEVEL"], "failure_rank": ctx.rank, "replica": ctx.replica}
         Path(plan.outputs.job_dir, f"toy-{ctx.replica}.json").write_text(json.dumps(out))
@@ -116,8 +124,8 @@ def toy(tmp_path: Path) -> dict[str, str]:
     """The toy framework's package on PYTHONPATH and its registry line (a sitecustomize there); the environment."""
     package = tmp_path / "toyfw"
     package.mkdir()
-    for name, text in {"__init__": "", "framework": TOY_FRAMEWORK, "launch": TOY_LAUNCH,
-                       "worker": TOY_WORKER}.items():
+    for name, text in {"__init__": "", "framework": TOY_FRAMEWORK, "launch": TOY_LAUNCH, "worker": TOY_WORKER,
+                       "errors": "class ToyPeerLost(Exception):\n    pass\n"}.items():
         (package / f"{name}.py").write_text(textwrap.dedent(text))
     (tmp_path / "sitecustomize.py").write_text(TOY_REGISTRY_LINE)
     (tmp_path / "user_module.py").write_text("")
@@ -138,6 +146,10 @@ def test_a_toy_framework_is_its_package_plus_one_registry_line(tmp_path: Path, t
         "rank": 0, "world_size": 1, "chief": True, "level": "3", "failure_rank": 0, "replica": "node-0"}
     helped = _entrypoint(toy, tmp_path, "run", "--help")
     assert "--toy-level" in helped.stdout and "toy" in helped.stdout
+    lost = _entrypoint(toy, tmp_path, "run", "--framework", "toy", "--module", "user_module", "--toy-level", "9",
+                       "--job-dir", str(job))
+    assert lost.returncode == 129, lost.stderr  # its own lost peer: retryable, as the framework declared
+    assert "error: peer_lost on node-0" in lost.stderr.splitlines()[-1] and "ToyPeerLost" in lost.stderr
 
 
 def test_the_toy_framework_is_described_and_checked(tmp_path: Path, toy: dict[str, str]) -> None:

@@ -109,6 +109,12 @@ def storage_emulator(environ: Mapping[str, str] | None = None) -> str | None:
     return env.get(ev.STORAGE_EMULATOR_HOST) or None
 
 
+def credentials_file_named(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether ``GOOGLE_APPLICATION_CREDENTIALS`` names a key file (its value, a secret-like name's, is not shown)."""
+    env = os.environ if environ is None else environ
+    return bool(env.get(ev.GOOGLE_APPLICATION_CREDENTIALS))
+
+
 def user_overrides(names: tuple[str, ...], environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The subset of ``names`` the user set explicitly (their values always win over our defaults)."""
     env = os.environ if environ is None else environ
