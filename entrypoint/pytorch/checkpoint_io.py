@@ -19,11 +19,8 @@ import io
 import logging
 import os
 import shutil
-import tempfile
 import threading
 import time
-from collections.abc import Callable
-from pathlib import Path
 from typing import IO, Any
 
 import torch
@@ -226,28 +223,3 @@ class AsyncCheckpointIO(SyncCheckpointIO):
 def make_io(mode: str, keep: int) -> checkpoints.CheckpointWriter:
     """The checkpoint I/O for ``--checkpoint-mode`` (mypy checks that both writers implement the interface)."""
     return AsyncCheckpointIO(keep) if mode == "async" else SyncCheckpointIO(keep)
-
-
-def export_model(model: torch.nn.Module, model_dir: Location, custom: Callable[..., Any] | None, ctx: Any) -> None:
-    """The final export: the user's ``export`` hook, else ``model.pt`` (whole module) and ``state_dict.pt``.
-
-    On an object store the user's hook writes into a local staging directory (it may call ``torch.save``
-    on paths, as on disk), uploaded to ``model_dir`` once the hook returns.
-    """
-    if isinstance(model_dir, RemotePath) and callable(custom):
-        with tempfile.TemporaryDirectory(prefix="trainer-export-") as staging:
-            custom(model, Path(staging), ctx)
-            try:
-                storage.upload_tree(Path(staging), model_dir)
-            except BaseException as exc:
-                raise output_error(exc, model_dir) from None
-        return
-    try:
-        model_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise output_error(exc, model_dir) from None
-    if callable(custom):
-        custom(model, model_dir, ctx)
-        return
-    write_file(model.state_dict(), model_dir / "state_dict.pt")
-    write_file(model, model_dir / "model.pt")

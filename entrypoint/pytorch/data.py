@@ -12,51 +12,74 @@
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
+from torch.utils.data import DataLoader, Dataset, Sampler
 
 from entrypoint.lifecycle.signals import shield_loader_worker
 
 
 class EpochSampler(Sampler[int]):
-    """``DistributedSampler`` with an epoch and a starting position inside it."""
+    """This rank's share of an epoch's order, from the ``offset``-th sample the whole job consumed in it.
 
-    def __init__(self, inner: DistributedSampler[Any]) -> None:
-        self.inner = inner
-        self.skip = 0
+    The epoch's order is ``DistributedSampler``'s (a permutation of the dataset seeded by ``seed + epoch``). The job
+    consumes it from the front, ``world_size`` samples at a time (rank r takes every world_size-th from r), so
+    after n samples the consumed ones are exactly the first n of the order, whatever the world size was. A
+    resumed epoch continues from the saved ``offset`` over the ranks it has now: no sample of the epoch is
+    skipped or seen twice when the world size changes, and with the same world size the indices are exactly
+    those of an uninterrupted run. Like ``drop_last``, the ragged end (fewer than ``world_size`` samples) is left
+    out.
+    """
 
-    def start(self, epoch: int, skip_samples: int) -> None:
-        """Begin ``epoch`` at this rank's ``skip_samples``-th sample."""
-        self.inner.set_epoch(epoch)
-        self.skip = skip_samples
+    def __init__(self, size: int, rank: int, world_size: int, seed: int) -> None:
+        self.size, self.rank, self.world_size, self.seed = size, rank, world_size, seed
+        self.epoch, self.offset = 0, 0
+
+    def start(self, epoch: int, offset: int) -> None:
+        """Begin ``epoch`` after the first ``offset`` samples of its order (consumed by the whole job)."""
+        self.epoch, self.offset = epoch, offset
+
+    def per_rank(self, offset: int | None = None) -> int:
+        """How many samples each rank takes from ``offset`` (default: the current start) to the epoch's end."""
+        left = self.size - (self.offset if offset is None else offset)
+        return max(left, 0) // self.world_size
 
     def __iter__(self) -> Iterator[int]:
-        return itertools.islice(iter(self.inner), self.skip, None)
+        generator = torch.Generator()
+        generator.manual_seed(self.seed + self.epoch)
+        order = torch.randperm(self.size, generator=generator).tolist()
+        return iter(order[self.offset + self.rank:self.offset + self.per_rank() * self.world_size:self.world_size])
 
     def __len__(self) -> int:
-        return len(self.inner) - self.skip
+        return self.per_rank()
 
 
 class TrainBatches:
-    """This rank's training batches, epoch by epoch, from any position inside an epoch (``DistributedSampler``)."""
+    """This rank's training batches, epoch by epoch, from any position of the job inside an epoch."""
 
     def __init__(self, dataset: Dataset[Any], batch_size: int, rank: int, world_size: int, seed: int, workers: int,
                  cuda: bool) -> None:
-        self.batch_size, self.seed = batch_size, seed
-        self.sampler = EpochSampler(DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True,
-                                                       seed=seed, drop_last=True))
+        self.batch_size, self.seed, self.world_size = batch_size, seed, world_size
+        self.sampler = EpochSampler(len(dataset), rank, world_size, seed)  # type: ignore[arg-type]
         self.loader = make_loader(dataset, batch_size, self.sampler, workers, cuda, True)
-        self.steps_per_epoch = len(self.sampler.inner) // batch_size
+        self.steps_per_epoch = self.steps_left(0)
 
-    def epoch(self, epoch: int, start_batch: int) -> Iterator[tuple[int, Any]]:
-        """``(batch index, batch)`` of ``epoch`` from batch ``start_batch`` on."""
-        self.sampler.start(epoch, start_batch * self.batch_size)
+    @property
+    def samples_per_step(self) -> int:
+        """Samples the whole job consumes per step."""
+        return self.batch_size * self.world_size
+
+    def steps_left(self, offset: int) -> int:
+        """Steps from ``offset`` (samples the job consumed in the epoch) to the epoch's end."""
+        return self.sampler.per_rank(offset) // self.batch_size
+
+    def epoch(self, epoch: int, offset: int) -> Iterator[Any]:
+        """The batches of ``epoch`` after the first ``offset`` samples the job consumed in it."""
+        self.sampler.start(epoch, offset)
         seed_loader(self.loader, self.seed, epoch)
-        return enumerate(self.loader, start=start_batch)
+        return iter(self.loader)
 
 
 def make_loader(dataset: Dataset[Any], batch_size: int, sampler: Sampler[int] | None, workers: int, cuda: bool,

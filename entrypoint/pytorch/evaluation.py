@@ -1,4 +1,10 @@
-"""Per-epoch evaluation of the hooks loop: every rank evaluates its shard, the sums are all-reduced."""
+"""Per-epoch evaluation of the hooks loop: every rank evaluates its shard, the sums are all-reduced.
+
+Every rank takes part in the same collectives whatever its shard holds: the metric names are agreed on before
+the sums are reduced (a rank with an empty shard, when the evaluation set is smaller than the world, adds zeros),
+and with a sharded model (``lockstep``), whose forward pass is itself a collective, every rank runs as many
+forward passes as the rank with the most batches (the extra ones, on a batch of the set, count for nothing).
+"""
 
 from __future__ import annotations
 
@@ -14,12 +20,15 @@ from entrypoint.pytorch.collectives import Collectives
 from entrypoint.pytorch.data import make_loader, to_device
 from entrypoint.pytorch.defaults import HookContext
 
+StepFn = Callable[..., dict[str, torch.Tensor]]
 
-def evaluate(model: nn.Module, dataset: Dataset[Any], step_fn: Callable[..., dict[str, torch.Tensor]], ctx: HookContext,
-             comm: Collectives, batch_size: int, workers: int,
-             autocast: Callable[[], AbstractContextManager[Any]]) -> dict[str, float]:
+
+def evaluate(model: nn.Module, dataset: Dataset[Any], step_fn: StepFn, ctx: HookContext, comm: Collectives,
+             batch_size: int, workers: int, autocast: Callable[[], AbstractContextManager[Any]],
+             lockstep: bool = False) -> dict[str, float]:
     """Metrics over this rank's shard (no padding), summed across ranks, divided by the summed ``count``."""
-    shard = Subset(dataset, range(ctx.rank, len(dataset), ctx.world_size))  # type: ignore[arg-type]
+    size = len(dataset)  # type: ignore[arg-type]
+    shard = Subset(dataset, range(ctx.rank, size, ctx.world_size))
     sums: dict[str, torch.Tensor] = {}
     model.eval()
     loader = make_loader(shard, batch_size, None, workers, ctx.device.type == "cuda", False)
@@ -27,9 +36,16 @@ def evaluate(model: nn.Module, dataset: Dataset[Any], step_fn: Callable[..., dic
         for batch in loader:
             for key, value in step_fn(model, to_device(batch, ctx.device), ctx).items():
                 sums[key] = sums.get(key, torch.zeros((), device=ctx.device)) + value.detach().float()
+        if lockstep and size:
+            most = max(comm.gather_object(len(loader)))
+            filler = next(iter(make_loader(Subset(dataset, range(min(batch_size, size))), batch_size, None, 0,
+                                           False, False)))
+            for _ in range(most - len(loader)):
+                step_fn(model, to_device(filler, ctx.device), ctx)
     model.train()
-    keys = sorted(sums)
-    vector = torch.stack([sums[k] for k in keys]) if keys else torch.zeros(0, device=ctx.device)
+    keys = sorted({key for names in comm.gather_object(sorted(sums)) for key in names})
+    vector = torch.stack([sums.get(k, torch.zeros((), device=ctx.device)) for k in keys]) if keys else \
+        torch.zeros(0, device=ctx.device)
     totals = dict(zip(keys, comm.all_reduce_sum(vector).tolist(), strict=True))
     count = totals.pop("count", 1.0) or 1.0
     return {k: v / count for k, v in totals.items()}

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import socket
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from typing import Any
 
@@ -25,27 +26,36 @@ from entrypoint.cluster import envvars as ev
 from entrypoint.cluster.placement import Placement
 from entrypoint.errors import ConfigError
 from entrypoint.options import DEFAULT_BATCH_SIZE, DEFAULT_EPOCHS
-from entrypoint.outputs import storage
+from entrypoint.outputs import checkpoints, storage
 from entrypoint.outputs.hypertune import MetricReporter
 from entrypoint.outputs.locations import ensure_writable, local_path
 from entrypoint.outputs.progress import Progress
 from entrypoint.outputs.summary import TrainingSummary, write_summary
 from entrypoint.planning.plan import Plan
 from entrypoint.planning.usercode import load_hooks, module_default, parse_user_args
-from entrypoint.pytorch.checkpoint_io import LOAD_WITH, export_model, make_io
+from entrypoint.pytorch import parallel
+from entrypoint.pytorch.checkpoint_io import LOAD_WITH, make_io
 from entrypoint.pytorch.collectives import Collectives, TorchDistributed
 from entrypoint.pytorch.data import TrainBatches, to_device
 from entrypoint.pytorch.defaults import HookContext, default_eval_step, default_loss, param_digest
 from entrypoint.pytorch.evaluation import evaluate
+from entrypoint.pytorch.export import export_model
 from entrypoint.pytorch.framework import BUCKET_CAP_MB_DEFAULT
 from entrypoint.pytorch.membership import Membership
+from entrypoint.pytorch.parallel import Parallel
 from entrypoint.pytorch.resilience import Resilience
 from entrypoint.pytorch.resume import LoopCheckpoints
+from entrypoint.pytorch.sharded_io import ShardedCheckpointIO
 from entrypoint.pytorch.state import TrainState, reseed
 from entrypoint.pytorch.survivors import InPlace
 from entrypoint.pytorch.vote import nonfinite
 
 log = logging.getLogger("entrypoint.pytorch")
+LOAD_REPLICATED = ("torch.load('model.pt', weights_only=False)  # or safetensors.torch.load_file('model.safetensors'), "
+                   f"or state_dict.pt into build_model(); a checkpoint: {LOAD_WITH}")
+LOAD_SHARDED = ("safetensors.torch.load_file('model.safetensors') into build_model(); a checkpoint: "
+                "torch.distributed.checkpoint.load(...) at any world size, or "
+                "torch.distributed.checkpoint.format_utils.dcp_to_torch_save(<checkpoint>, 'full.pt')")
 
 
 def check_placement(placed: Placement, comm: Collectives) -> None:
@@ -76,8 +86,9 @@ class Trainer:
         self.batch_size = int(options.batch_size or module_default(self.module, "batch_size", DEFAULT_BATCH_SIZE))
         self.metric_name = options.hypertune_metric or getattr(self.module, "HYPERTUNE_METRIC", None)
         self.reporter = MetricReporter(self.ctx.is_chief, topo.trial)
-        self.io = make_io(options.checkpoint_mode, options.keep_checkpoints)
+        self.io: checkpoints.CheckpointWriter = make_io(options.checkpoint_mode, options.keep_checkpoints)
         self.checkpoints = LoopCheckpoints(plan, comm, self.ctx, self.io)
+        self.parallel: Parallel | None = None
         inplace = None
         if membership is not None:
             assert isinstance(comm, TorchDistributed), "survivors keep training over torch.distributed only"
@@ -90,11 +101,12 @@ class Trainer:
     def fit(self) -> None:
         """Train for the configured epochs, resuming from the newest committed checkpoint that loads."""
         with self.resilience.running() as guard:
+            guard.form_group()
             state, batches, eval_set = self._build()
             start_step, start_epoch = self._resume(state)
+            planned = self._planned_steps(state, batches)
             self._announce(batches.steps_per_epoch)
-            progress = Progress(self.epochs * batches.steps_per_epoch, self.batch_size * self.ctx.world_size,
-                                start_step=state.step)
+            progress = Progress(planned, self.batch_size * self.ctx.world_size, start_step=state.step)
             started = time.time()
             for attempt in guard.attempts(state):  # once, unless a lost peer is replaced in place
                 with attempt:
@@ -102,23 +114,62 @@ class Trainer:
                     for epoch in range(state.epoch, self.epochs):
                         self._train_epoch(state, batches, epoch, progress)
                         self._end_epoch(state, eval_set, epoch)
-            self._finish(state, start_step, start_epoch, self.epochs * batches.steps_per_epoch,
-                         time.time() - started)
+            self._finish(state, start_step, start_epoch, planned, time.time() - started)
+
+    def _planned_steps(self, state: TrainState, batches: TrainBatches) -> int:
+        """The step this run ends at: the rest of the current epoch (at this world size), then whole epochs."""
+        if state.epoch >= self.epochs:
+            return state.step
+        later = (self.epochs - state.epoch - 1) * batches.steps_per_epoch
+        return state.step + batches.steps_left(state.sample) + later
 
     def _build(self) -> tuple[TrainState, TrainBatches, Dataset[Any]]:
-        """The user's datasets, model and optimizer, and this rank's training batches."""
+        """The user's datasets, model (replicated or sharded: ``parallel.py``) and optimizer; this rank's batches."""
         ctx, opts = self.ctx, self.options
         if ctx.is_chief:
             ensure_writable([ctx.model_dir, ctx.checkpoint_dir, ctx.tensorboard_dir])
         torch.manual_seed(opts.seed)
         train_set, eval_set = self.module.build_datasets(self.args, ctx)
-        model = self.module.build_model(self.args, ctx).to(ctx.device)
+        torch.manual_seed(opts.seed)  # the model's first weights do not depend on what the datasets drew
+        model = self.module.build_model(self.args, ctx)
+        self.parallel = self._parallel(model)
+        model = self.parallel.shard(model, self._units())
         state = TrainState(model, *self._optimizer(model))
         batches = TrainBatches(train_set, self.batch_size, ctx.rank, ctx.world_size, opts.seed, self._workers(),
                                ctx.device.type == "cuda")
         if batches.steps_per_epoch == 0:
             raise ConfigError("--batch-size", f"{self.batch_size} x {ctx.world_size} replicas exceeds the training set")
+        self.checkpoints.batch_size = self.batch_size
         return state, batches, eval_set
+
+    def _parallel(self, model: nn.Module) -> Parallel:
+        """DDP, FSDP or HSDP for this model (``parallel.choose``); a sharded model gets sharded checkpoints."""
+        ctx, opts, topo = self.ctx, self.options, self.plan.topology
+        placed = self.plan.placed
+        choice = parallel.choose(self.plan.strategy, opts.strategy is not None,
+                                 sum(p.numel() for p in model.parameters()),
+                                 parallel.device_memory(ctx.device, placed.local_world_size), ctx.world_size,
+                                 max(topo.num_nodes, 1), placed.local_world_size, self.plan.framework)
+        if ctx.is_chief:
+            log.info("strategy %s: %s", choice.name, choice.reason)
+        compiled = bool(opts.framework_option("compile", False))
+        if not choice.sharded:
+            bucket_cap_mb = opts.framework_option("bucket_cap_mb", BUCKET_CAP_MB_DEFAULT)
+            return parallel.Replicated(choice, self.comm, ctx.device, bucket_cap_mb, compiled)
+        parallel.same_weights_everywhere(model, self.comm)
+        self.resilience.restart_on_loss()
+        self.io = ShardedCheckpointIO(opts.keep_checkpoints, ctx.rank, opts.checkpoint_mode == "async", opts.timeout,
+                                      ctx.device.type == "cuda")
+        self.checkpoints.use(self.io, sharded=True)
+        return parallel.Sharded(choice, ctx.device, max(topo.num_nodes, 1), placed.local_world_size, opts.bf16,
+                                compiled)
+
+    def _units(self) -> Callable[[nn.Module], list[nn.Module]] | None:
+        """The module's ``shard_units(model, ctx)`` hook, checked; None for the default units."""
+        hook = getattr(self.module, "shard_units", None)
+        if not callable(hook):
+            return None
+        return lambda model: parallel.named_units(model, hook(model, self.ctx))
 
     def _resume(self, state: TrainState) -> tuple[int, int]:
         """Join the group; resume from the newest checkpoint (or, as a replacement, from rank 0's live state)."""
@@ -127,7 +178,7 @@ class Trainer:
         if joined is None:  # the group's first generation: every member starts here, from the newest checkpoint
             self.resilience.starting("resuming from the newest checkpoint")
             self.checkpoints.resume(state)
-            self.digests["init"] = self.comm.gather_object(param_digest(state.model))
+            self.digests["init"] = self.comm.gather_object(self._digest(state.model))
             self.resilience.started()
         else:  # a replacement: it does what the survivors do next, no more (collectives must pair up)
             self.digests.update(init=[], start=[])
@@ -136,22 +187,24 @@ class Trainer:
 
     def _wrap(self, state: TrainState) -> None:
         """Data parallelism over the (current) group: rank 0's parameters reach every rank."""
-        bucket_cap_mb = self.options.framework_option("bucket_cap_mb", BUCKET_CAP_MB_DEFAULT)
-        state.ddp, state.optimizer = self.comm.prepare(state.model, state.optimizer, self.ctx.device, bucket_cap_mb)
-        self.digests.setdefault("start", self.comm.gather_object(param_digest(state.model)))
+        assert self.parallel is not None
+        check_placement(self.plan.placed, self.comm)  # again after an in-place recovery re-formed the group
+        state.ddp, state.optimizer = self.parallel.wrap(state.model, state.optimizer)
+        self.digests.setdefault("start", self.comm.gather_object(self.parallel.digest(state.model)))
 
     def _train_epoch(self, state: TrainState, batches: TrainBatches, epoch: int, progress: Progress) -> None:
         opts, guard = self.options, self.resilience
-        for i, batch in batches.epoch(epoch, state.batch):
+        for batch in batches.epoch(epoch, state.sample):
             guard.before_step()
             loss, applied = self._step(state, batch)
-            state.step, state.batch = state.step + 1, i + 1
+            state.step, state.batch, state.sample = state.step + 1, state.batch + 1, \
+                state.sample + batches.samples_per_step
             if self.ctx.is_chief and state.step % opts.log_every == 0:
                 value = float(loss.detach())
                 log.info(progress.line(epoch + 1, self.epochs, state.step, value))
                 self._scalars("train", {"loss": value}, state.step)
             guard.after_step(state, loss if applied is None else None)
-            if opts.checkpoint_every and state.step % opts.checkpoint_every == 0 and i + 1 < batches.steps_per_epoch:
+            if opts.checkpoint_every and state.step % opts.checkpoint_every == 0 and batches.steps_left(state.sample):
                 guard.checkpoint(state)
 
     def _step(self, state: TrainState, batch: Any) -> tuple[torch.Tensor, bool | None]:
@@ -192,10 +245,11 @@ class Trainer:
             state.scheduler.step()
         guard.doing("evaluating")
         state.metrics = evaluate(state.model, eval_set, getattr(self.module, "eval_step", default_eval_step), ctx,
-                                 self.comm, self.batch_size, self._workers(), self._autocast)
+                                 self.comm, self.batch_size, self._workers(), self._autocast,
+                                 lockstep=self.parallel is not None and self.parallel.sharded)
         for key, value in state.metrics.items():
             state.history.setdefault(key, []).append(value)
-        state.epoch, state.batch = epoch + 1, 0
+        state.epoch, state.batch, state.sample = epoch + 1, 0, 0
         if ctx.is_chief:
             log.info("epoch %d/%d eval %s", epoch + 1, self.epochs,
                      " ".join(f"{k}={v:.4f}" for k, v in sorted(state.metrics.items())))
@@ -207,11 +261,18 @@ class Trainer:
 
     def _finish(self, state: TrainState, start_step: int, start_epoch: int, total: int, seconds: float) -> None:
         self.resilience.finishing(state)
-        digests = self.comm.gather_object(param_digest(state.model))
+        digests = self.comm.gather_object(self._digest(state.model))
         ranks = self.comm.gather_object(self.ctx.rank)
         steps = self.comm.gather_object(state.step - start_step)
+        if self.writer is not None:
+            self.writer.close()
+        hook = getattr(self.module, "export", None)
+        if self.parallel is not None and self.parallel.sharded:  # every rank gives its shards, tensor by tensor
+            export_model(state.model.eval(), self.ctx.model_dir, hook, self.ctx, sharded=True)
+        elif self.ctx.is_chief:
+            export_model(state.model.to("cpu").eval(), self.ctx.model_dir, hook, self.ctx)
         if self.ctx.is_chief:
-            self._export(state, start_step, start_epoch, total, seconds, digests, ranks, steps)
+            self._summarize(state, start_step, start_epoch, total, seconds, digests, ranks, steps)
         # The replicas leave together, after the export: a chief lost while exporting finds its peers still
         # there when it is restarted, so its restart (from the final checkpoint) exports again.
         self.comm.gather_object(None)
@@ -224,7 +285,7 @@ class Trainer:
 
     def _workers(self) -> int:
         cuda = self.ctx.device.type == "cuda"
-        return self.options.data_workers if self.options.data_workers is not None else (2 if cuda else 0)
+        return self.options.data_workers if self.options.data_workers is not None else self.plan.loader_workers(cuda)
 
     def _autocast(self) -> Any:
         if self.options.bf16 and self.ctx.device.type == "cuda":
@@ -249,15 +310,18 @@ class Trainer:
             for key, value in values.items():
                 self.writer.add_scalar(f"{prefix}/{key}", value, step)
 
-    def _export(self, state: TrainState, start_step: int, start_epoch: int, total: int, seconds: float,
-                digests: list[Any], ranks: list[Any], steps: list[Any]) -> None:
+    def _digest(self, model: nn.Module) -> str:
+        """This rank's parameters' digest (equal on every rank of a replicated model; its shards' when sharded)."""
+        return self.parallel.digest(model) if self.parallel is not None else param_digest(model)
+
+    def _summarize(self, state: TrainState, start_step: int, start_epoch: int, total: int, seconds: float,
+                   digests: list[Any], ranks: list[Any], steps: list[Any]) -> None:
         ctx = self.ctx
-        if self.writer is not None:
-            self.writer.close()
-        export_model(state.model.to("cpu").eval(), ctx.model_dir, getattr(self.module, "export", None), ctx)
+        choice = self.parallel.choice if self.parallel is not None else None
         global_batch = self.batch_size * ctx.world_size
         write_summary(ctx.model_dir, TrainingSummary(
-            framework=self.plan.framework, strategy=self.plan.strategy, backend=self.comm.name,
+            framework=self.plan.framework, strategy=choice.name if choice else self.plan.strategy,
+            backend=self.comm.name,
             device=str(ctx.device), world_size=ctx.world_size, replicas_in_sync=ctx.world_size,
             global_batch_size=global_batch, epochs=self.epochs, start_epoch=start_epoch, start_step=start_step,
             final_step=state.step, expected_steps=total, steps_per_replica=steps, metrics=state.metrics,
@@ -266,9 +330,10 @@ class Trainer:
             checkpoint_blocked_seconds=round(self.io.blocked_seconds, 3),
             checkpoint_write_seconds=round(self.io.write_seconds, 3), trial=ctx.trial,
             hypertune_file=self.reporter.path, ranks=ranks, param_digests=digests, recoveries=state.recoveries,
-            load_with="torch.load('model.pt', weights_only=False)  # or state_dict.pt into build_model(); "
-                      f"a checkpoint: {LOAD_WITH}",
+            load_with=LOAD_SHARDED if choice and choice.sharded else LOAD_REPLICATED,
             details={"init_param_digests": self.digests["init"], "start_param_digests": self.digests["start"],
+                     "strategy_reason": choice.reason if choice else self.plan.reason,
+                     "compile_seconds": round(parallel.compile_seconds(), 2),
                      **({"skipped_nonfinite_steps": state.skipped} if state.skipped else {})},
         ))
         tuning = f"'{self.metric_name}' in {self.reporter.path}" if self.reporter.path else "not reported"

@@ -28,6 +28,7 @@ from entrypoint import errors, failures
 from entrypoint.errors import NonFiniteLoss, PeerError, StopRequested
 from entrypoint.lifecycle import peers
 from entrypoint.lifecycle.signals import StopRequest
+from entrypoint.lifecycle.waiting import LOG_EVERY, Wait
 from entrypoint.lifecycle.watchdog import HangWatchdog
 from entrypoint.outputs import checkpoints
 from entrypoint.planning.plan import Plan
@@ -39,6 +40,7 @@ from entrypoint.pytorch.survivors import Healing, InPlace
 from entrypoint.pytorch.vote import StepVerdict, StepVote
 
 log = logging.getLogger("entrypoint.pytorch")
+MAX_RECOVERIES_AT_ONE_STEP = 2  # more, at the same step, is a failure that repeats (not a peer that was lost)
 
 
 class Resilience:
@@ -52,6 +54,8 @@ class Resilience:
         self.vote = StepVote(comm, self.request, ctx.device)
         self.watchdog = HangWatchdog(plan.options.hang_timeout, failure_context)
         self.board: peers.PeerBoard | None = None
+        self.in_place_allowed = True
+        self._recoveries_at: list[int] = []  # the step of each in-place recovery
         self._step_started = time.monotonic()
 
     # ---- the run ------------------------------------------------------------------------------
@@ -86,17 +90,59 @@ class Resilience:
         """Training goes on at ``state``'s step (the clock starts now)."""
         self.watchdog.beat(state.step, "waiting for the next batch")
 
+    def form_group(self) -> None:
+        """Survivors keep training: form the group's first generation before anything is built (a replacement of a
+        lost process joins in ``join`` instead, once its model exists)."""
+        if self.inplace is not None:
+            self.starting("forming the process group")
+            self.inplace.form()
+            self.starting("building the datasets, the model and the optimizer (the module's hooks)")
+
+    def restart_on_loss(self) -> None:
+        """The model is sharded: a lost peer takes its shards with it, so the job restarts from its checkpoint."""
+        if self.inplace is not None:
+            log.info("survivors keep training is off for a sharded model: a lost peer restarts the job from its "
+                     "newest sharded checkpoint")
+        self.in_place_allowed = False
+
     def join(self, state: TrainState) -> Healing | None:
-        """Form the group and publish this rank's heartbeat; None for the group's first generation, else how this
-        replacement joined a job in progress (healed from rank 0's live state)."""
+        """Publish this rank's heartbeat (None: the group's first generation), or join a job in progress as a
+        replacement, healed from rank 0's live state (how)."""
         self.starting("forming the process group")
         joined = self.inplace.enter(state) if self.inplace is not None else None
+        if joined is None:
+            self._meet()
         self._join_board(joined.members if joined is not None else None)
         return joined
 
+    def _meet(self) -> None:
+        """Every rank built its datasets and model before the first collective; the ranks still building are
+        named every 20 s and, at ``--timeout``, in the failure (a collective's timeout names nobody)."""
+        store = self.comm.heartbeat_store()
+        if store is None:
+            return
+        rank, world = self.ctx.rank, self.ctx.world_size
+        key = f"trainer/built/{self.plan.topology.trial or ''}/"
+        store.put(f"{key}{rank}", "1")
+        wait = Wait(self.plan.options.timeout, first_after=LOG_EVERY, logger=log)
+
+        def pending() -> tuple[str, str] | None:
+            missing = [r for r in range(world) if store.fetch(f"{key}{r}") is None]
+            if not missing:
+                return None
+            return ", ".join(self._rank_name(r) for r in missing), "building its datasets and model"
+
+        wait.until(pending)
+
+    def _rank_name(self, rank: int) -> str:
+        """A rank as users know it: its replica (``workerpool1[0]``) and rank."""
+        placed, peers_ = self.plan.placed, self.plan.topology.training_peers()
+        node = rank // max(placed.local_world_size, 1)
+        return f"{peers_[node].name} (rank {rank})" if node < len(peers_) else f"rank {rank}"
+
     def started(self) -> None:
         """The group's first generation trains: replacements may join from now on."""
-        if self.inplace is not None:
+        if self.inplace is not None and self.in_place_allowed:
             self.inplace.started()
 
     # ---- a step ------------------------------------------------------------------------------
@@ -172,7 +218,12 @@ class Resilience:
 
     def recover(self, state: TrainState, exc: BaseException) -> bool:
         """A lost peer with survivors-keep-training on: re-form the group and go on (False: fail as usual)."""
-        if self.inplace is None or not failures.is_peer_lost(exc):
+        if self.inplace is None or not self.in_place_allowed or not failures.is_peer_lost(exc):
+            return False
+        self._recoveries_at.append(state.step)
+        if self._recoveries_at.count(state.step) > MAX_RECOVERIES_AT_ONE_STEP:
+            log.warning("lost a peer at step %d again after %d in-place recoveries there: the failure repeats, so "
+                        "the job restarts from its checkpoint instead", state.step, MAX_RECOVERIES_AT_ONE_STEP)
             return False
         in_flight = time.monotonic() - self._step_started
         lost = [s.member.replica for s in self.board.silent()] if self.board is not None else []

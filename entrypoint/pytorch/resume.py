@@ -1,8 +1,15 @@
-"""The hooks loop's checkpoints: what a save holds, which checkpoint a resume takes, and what that cost."""
+"""The hooks loop's checkpoints: what a save holds, which checkpoint a resume takes, and what that cost.
+
+A replicated model (DDP, Horovod, one process) is saved by the chief alone (``state.pt``); a sharded one by every
+rank (its shards, ``sharded_io.py``). Resume takes the newest committed checkpoint that verifies and loads, of
+either format (``restore.py``), at any world size: the chief picks, and for a sharded model every rank takes part
+in each attempt (``dcp.load`` is a collective), so a checkpoint that fails on any rank is skipped on all.
+"""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from entrypoint.errors import ConfigError
@@ -10,40 +17,55 @@ from entrypoint.lifecycle import lost_work
 from entrypoint.outputs import checkpoints, storage
 from entrypoint.outputs.storage import Location
 from entrypoint.planning.plan import Plan
+from entrypoint.pytorch import restore
 from entrypoint.pytorch import state as rng
 from entrypoint.pytorch.collectives import Collectives
 from entrypoint.pytorch.defaults import HookContext
+from entrypoint.pytorch.sharded_io import is_sharded_checkpoint
 from entrypoint.pytorch.state import TrainState
 
 log = logging.getLogger("entrypoint.pytorch")
 
 
 class LoopCheckpoints:
-    """Saves through the checkpoint I/O seam (chief only) and resumes every rank from the chief's choice."""
+    """Saves through the checkpoint I/O seam and resumes every rank from the chief's choice."""
 
-    def __init__(self, plan: Plan, comm: Collectives, ctx: HookContext, io: checkpoints.CheckpointWriter) -> None:
-        self.plan, self.comm, self.ctx, self.io = plan, comm, ctx, io
+    def __init__(self, plan: Plan, comm: Collectives, ctx: HookContext, io: checkpoints.CheckpointWriter,
+                 sharded: bool = False) -> None:
+        self.plan, self.comm, self.ctx, self.io, self.sharded = plan, comm, ctx, io, sharded
+        self.batch_size = 1  # set by the loop: the per-rank batch size (to read an older checkpoint's position)
 
-    def payload(self, state: TrainState) -> dict[str, Any]:
-        """Everything a rank needs to continue from ``state`` (the chief's, in a checkpoint or sent live)."""
+    def use(self, io: checkpoints.CheckpointWriter, sharded: bool) -> None:
+        """Save and load through ``io`` (the sharded writer once the model turned out to be sharded)."""
+        self.io, self.sharded = io, sharded
+
+    def extra(self, state: TrainState) -> dict[str, Any]:
+        """Everything but the model's and optimizer's tensors: position, history, scheduler, world size."""
         return {
-            "model": state.model.state_dict(), "optimizer": state.optimizer.state_dict(),
             "scheduler": state.scheduler.state_dict() if state.scheduler is not None else None,
-            "step": state.step, "epoch": state.epoch, "batch": state.batch, "world_size": self.ctx.world_size,
-            "history": state.history, "recoveries": state.recoveries, "metrics": state.metrics,
-            "skipped": state.skipped,
+            "step": state.step, "epoch": state.epoch, "batch": state.batch, "sample": state.sample,
+            "world_size": self.ctx.world_size, "history": state.history, "recoveries": state.recoveries,
+            "metrics": state.metrics, "skipped": state.skipped,
         }
 
+    def payload(self, state: TrainState) -> dict[str, Any]:
+        """Everything a rank needs to continue from a replicated ``state`` (in a checkpoint, or sent live)."""
+        return {"model": state.model.state_dict(), "optimizer": state.optimizer.state_dict(),
+                "optimizer_fqns": restore.optimizer_fqns(state.model, state.optimizer), **self.extra(state)}
+
     def save(self, state: TrainState) -> None:
-        """Every rank gives its RNG state; the chief hands the full state to the checkpoint I/O."""
+        """Every rank gives its RNG state; the chief saves a replicated model, every rank its shards."""
         rngs = self.comm.gather_object(rng.rng_state())
         state.saved_step = state.step
-        if not self.ctx.is_chief:
-            return
-        meta = {"step": state.step, "epoch": state.epoch, "batch": state.batch, "framework": self.plan.framework,
-                "reached_at": lost_work.reached_at()}
-        self.io.save(checkpoints.checkpoint_path(self.ctx.checkpoint_dir, state.step),
-                     {**self.payload(state), "rng": rngs}, meta)
+        path = checkpoints.checkpoint_path(self.ctx.checkpoint_dir, state.step)
+        meta = {"step": state.step, "epoch": state.epoch, "batch": state.batch, "sample": state.sample,
+                "framework": self.plan.framework, "reached_at": lost_work.reached_at(),
+                "world_size": self.ctx.world_size, "sharded": self.sharded}
+        if self.sharded:
+            self.io.save(path, {"shards": restore.sharded_state(state.model, state.optimizer),
+                                "extra": {**self.extra(state), "rng": rngs}}, meta)
+        elif self.ctx.is_chief:
+            self.io.save(path, {**self.payload(state), "rng": rngs}, meta)
 
     def resume(self, state: TrainState) -> None:
         """The chief picks the checkpoint (the newest that verifies and loads) and tells every rank what it cost."""
@@ -51,7 +73,8 @@ class LoopCheckpoints:
         if self.ctx.is_chief:
             try:
                 found = checkpoints.load_newest(self.ctx.checkpoint_dir, self.plan.options.resume_from,
-                                                lambda path: self.load(path, state), self.io.retention)
+                                                self._loader(state), self.io.retention,
+                                                check=(lambda _path: None) if self.sharded else None)
                 lost = None
                 if found is not None:
                     reached = checkpoints.read_marker(found[0]).get("reached_at")
@@ -59,34 +82,105 @@ class LoopCheckpoints:
                 choice = (str(found[0]) if found else None, None, lost.to_dict() if lost else None)
             except ConfigError as exc:
                 choice = (None, (exc.source, exc.problem), None)
+            finally:
+                if self.sharded:
+                    self.comm.broadcast_object(None)  # the others stop following the chief's attempts
+        elif self.sharded:
+            self._follow(state)
         path_text, error, cost = self.comm.broadcast_object(choice)
         if error is not None:
             raise ConfigError(*error)
         if path_text is None:
             return
-        if not self.ctx.is_chief:
+        if not self.ctx.is_chief and not self.sharded:
             self.load(storage.path(path_text), state)
         log.info("resumed from %s at step %d (epoch %d, batch %d)", path_text, state.step, state.epoch, state.batch)
         if cost is not None:
             state.recoveries.append(cost)
             log.info("%s", lost_work.Recovery(**cost).line())
 
+    def _loader(self, state: TrainState) -> Callable[[Location], None]:
+        """How the chief tries a candidate: alone for a replicated model, with every rank for a sharded one."""
+        if not self.sharded:
+            return lambda path: self.load(path, state)
+
+        def attempt(path: Location) -> None:
+            self.comm.broadcast_object(str(path))
+            outcome = self._attempt(path, state)
+            failed = [o for o in self.comm.gather_object(outcome) if o is not None]
+            if failed:
+                raise checkpoints.CheckpointError(failed[0])
+
+        return attempt
+
+    def _follow(self, state: TrainState) -> None:
+        """A sharded model's other ranks: take part in every candidate the chief tries, until it says stop."""
+        while (path_text := self.comm.broadcast_object(None)) is not None:
+            self.comm.gather_object(self._attempt(storage.path(path_text), state))
+
+    def _attempt(self, path: Location, state: TrainState) -> str | None:
+        """Verify this rank's share of ``path``'s files, then (if every rank's share verified) load ``path`` into
+        this rank's shards; None, or why it failed (every rank runs the same collectives)."""
+        verified = [problem for problem in self.comm.gather_object(self._verify_share(path)) if problem]
+        if verified:
+            return verified[0]
+        try:
+            self.load(path, state)
+        except BaseException as exc:  # torch.distributed.checkpoint's CheckpointException is a BaseException
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                raise
+            return _why(exc)
+        return None
+
+    def _verify_share(self, path: Location) -> str | None:
+        try:
+            checkpoints.verify(path, share=(self.ctx.rank, self.ctx.world_size))
+        except Exception as exc:
+            return _why(exc)
+        return None
+
     def load(self, path: Location, state: TrainState) -> None:
-        """A committed checkpoint into ``state`` (this rank's RNG too, when the world size is the same)."""
-        saved = self.io.load(path, self.ctx.device)
-        adopt(state, saved)
+        """A committed checkpoint of either format into ``state`` (this rank's RNG too, at the same world size)."""
+        restore.check_shapes(state.model, path)
+        if is_sharded_checkpoint(path) and self.sharded:
+            loaded = self.io.load(path, {"shards": restore.sharded_state(state.model, state.optimizer)})
+            restore.apply_sharded(state.model, state.optimizer, loaded["shards"])
+            saved = loaded["extra"]
+        elif is_sharded_checkpoint(path):
+            saved = restore.read_sharded_whole(path, state.model, state.optimizer)
+        else:
+            saved = restore.read_replicated(path, state.model, state.optimizer, self.sharded, self.ctx.device)
+        adopt_position(state, saved, self.batch_size * saved.get("world_size", self.ctx.world_size))
         state.saved_step = state.step
-        if saved.get("world_size") == self.ctx.world_size and saved.get("rng"):
+        saved_world = saved.get("world_size")
+        if saved_world == self.ctx.world_size and saved.get("rng"):
             rng.set_rng_state(saved["rng"][self.ctx.rank])
+        elif saved_world and self.ctx.is_chief:
+            log.info("resharded from world %s to %d: %s of epoch %d's samples done, the rest shared by %d ranks",
+                     saved_world, self.ctx.world_size, state.sample, state.epoch + 1, self.ctx.world_size)
+
+
+def _why(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())[:300]
+    return text if isinstance(exc, checkpoints.CheckpointError) else f"{type(exc).__name__}: {text}"
 
 
 def adopt(state: TrainState, saved: dict[str, Any]) -> None:
-    """Make ``state`` the one ``saved`` describes (a checkpoint's payload, or the chief's sent live)."""
+    """Make ``state`` the replicated one ``saved`` describes (the chief's state sent live to a healed rank)."""
     state.model.load_state_dict(saved["model"])
     state.optimizer.load_state_dict(saved["optimizer"])
+    adopt_position(state, saved, 0)
+
+
+def adopt_position(state: TrainState, saved: dict[str, Any], samples_per_step: int) -> None:
+    """Position, scheduler, history and what recoveries cost, from a checkpoint's (or the chief's) state.
+
+    ``samples_per_step`` is what the saving job consumed per step: an older checkpoint gives only its batches.
+    """
     if state.scheduler is not None and saved.get("scheduler") is not None:
         state.scheduler.load_state_dict(saved["scheduler"])
     state.step, state.epoch, state.batch = saved["step"], saved["epoch"], saved["batch"]
+    state.sample = int(saved.get("sample", saved["batch"] * samples_per_step))
     state.history = dict(saved.get("history") or {})
     state.recoveries = list(saved.get("recoveries") or [])
     state.metrics = dict(saved.get("metrics") or {})

@@ -51,7 +51,8 @@ class TrainState:
     ddp: nn.Module | None = None
     step: int = 0
     epoch: int = 0
-    batch: int = 0  # position inside ``epoch`` (batches done)
+    batch: int = 0  # position inside ``epoch``: batches this run's ranks did
+    sample: int = 0  # position inside ``epoch``: samples the whole job consumed (any world size; ``data.py``)
     saved_step: int = -1
     skipped: list[int] = field(default_factory=list)  # steps whose update was skipped (non-finite loss)
     recoveries: list[dict[str, Any]] = field(default_factory=list)  # what each resume after a failure cost

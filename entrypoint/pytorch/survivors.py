@@ -81,12 +81,20 @@ class InPlace:
                  plan: Plan, me: tuple[str, str]) -> None:
         self.membership, self.comm, self.checkpoints, self.plan, self.me = membership, comm, checkpoints, plan, me
         self.fingerprint: dict[str, Any] = {}
+        self.joining = False
+
+    def form(self) -> bool:
+        """Form generation 0 before anything is built, unless a job is in progress: then this process replaces a
+        lost one (True), and joins once its model exists (``enter``)."""
+        self.joining = self.membership.joining()
+        if not self.joining:
+            self.comm.form_group(self.membership.pg_store(0))
+        return self.joining
 
     def enter(self, state: TrainState) -> Healing | None:
-        """Form generation 0 (None), or join a job in progress as a replacement, healed from rank 0 (how)."""
+        """Generation 0 is formed (None), or join the job in progress as a replacement, healed from rank 0 (how)."""
         self.fingerprint = model_fingerprint(state, self.plan, self.comm.world_size)
-        if not self.membership.joining():
-            self.comm.form_group(self.membership.pg_store(0))
+        if not self.joining:
             return None
         self.membership.join(self.fingerprint)
         self.comm.form_group(self.membership.pg_store())

@@ -1,8 +1,10 @@
 """The digits hooks, misbehaving on request (options after ``--``), for the failure and preemption tests.
 
 ``--fault raise`` raises at ``--at-step`` with every secret it can reach in the message; ``--fault exit``
-calls ``sys.exit(0)`` in ``build_model``; ``--fault hang`` blocks rank 0 at ``--at-step``; ``--fault nan`` makes
-the loss NaN from ``--at-step`` on (``nan-once``: at that step only), on ``--fault-rank`` (default: every rank);
+calls ``sys.exit(0)`` in ``build_model``; ``--fault hang-building`` never returns from ``build_datasets`` (on
+``--fault-replica`` only, if given); ``--eval-samples N`` keeps N evaluation samples; ``--fault hang`` blocks
+rank 0 at ``--at-step``; ``--fault nan`` makes the loss NaN from ``--at-step`` on (``nan-once``: at that step
+only), on ``--fault-rank`` (default: every rank);
 ``--step-sleep`` slows every step so a test can interrupt mid-epoch; ``--blob-a/--blob-b`` are echoed back by length.
 """
 
@@ -20,11 +22,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.data import Subset
 
 from trainers import digits_torch
 
 DEFAULTS = {"epochs": 2, "batch_size": 32}
-build_datasets = digits_torch.build_datasets
 build_optimizer = digits_torch.build_optimizer
 _state: dict[str, Any] = {"steps": 0}
 
@@ -32,7 +34,10 @@ _state: dict[str, Any] = {"steps": 0}
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The digits options plus the faults."""
     digits_torch.add_arguments(parser)
-    parser.add_argument("--fault", choices=["none", "raise", "exit", "hang", "nan", "nan-once"], default="none")
+    parser.add_argument("--fault", choices=["none", "raise", "exit", "hang", "nan", "nan-once", "hang-building"],
+                        default="none")
+    parser.add_argument("--fault-replica", default="", help="only this replica (TRAINER_REPLICA) misbehaves")
+    parser.add_argument("--eval-samples", type=int, default=0, help="keep only this many evaluation samples")
     parser.add_argument("--fault-rank", type=int, default=-1)
     parser.add_argument("--at-step", type=int, default=5)
     parser.add_argument("--step-sleep", type=float, default=0.0)
@@ -42,6 +47,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-token", default="")
     parser.add_argument("--blob-a", default="")
     parser.add_argument("--blob-b", default="")
+
+
+def build_datasets(args: argparse.Namespace, ctx: Any) -> tuple[Any, Any]:
+    """The digits; ``--fault hang-building`` never returns (on ``--fault-replica``, else everywhere)."""
+    if args.fault == "hang-building" and args.fault_replica in ("", os.environ.get("TRAINER_REPLICA")):
+        print("build_datasets: sleeping forever", flush=True)
+        while True:
+            time.sleep(3600)
+    train, val = digits_torch.build_datasets(args, ctx)
+    return train, (Subset(val, range(args.eval_samples)) if args.eval_samples else val)
 
 
 def build_model(args: argparse.Namespace, ctx: Any) -> nn.Module:

@@ -32,8 +32,8 @@ def test_two_replicas_train_in_sync_and_only_the_chief_writes(tmp_path: Path) ->
     assert result["final_step"] == result["expected_steps"] > 0
     assert result["metrics"]["accuracy"] >= 0.90
     # One export, one checkpoint series, one hypertune file: the chief's.
-    assert sorted(p.name for p in (trial_dir / "model").iterdir()) == ["model.pt", "state_dict.pt",
-                                                                       "training_summary.json"]
+    assert sorted(p.name for p in (trial_dir / "model").iterdir()) == ["model.pt", "model.safetensors",
+                                                                       "state_dict.pt", "training_summary.json"]
     assert list(tmp_path.glob("**/model.pt")) == [trial_dir / "model" / "model.pt"]
     series = checkpoints.committed(trial_dir / "checkpoints")
     assert series and series[-1][0] == result["final_step"]

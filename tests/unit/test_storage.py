@@ -101,7 +101,7 @@ def test_none_that_loads_is_a_config_error_naming_the_url(gs: RemotePath) -> Non
 
 def test_pytorch_writers_save_load_and_export_to_gcs(gs: RemotePath) -> None:
     torch = pytest.importorskip("torch")
-    from entrypoint.pytorch import checkpoint_io
+    from entrypoint.pytorch import checkpoint_io, export
 
     model = torch.nn.Linear(4, 3)
     for mode in ("sync", "async"):
@@ -114,15 +114,15 @@ def test_pytorch_writers_save_load_and_export_to_gcs(gs: RemotePath) -> None:
         checkpoints.verify(path)
         loaded = io.load(path, torch.device("cpu"))
         assert loaded["step"] == 20 and torch.equal(loaded["model"]["weight"], model.weight)
-    checkpoint_io.export_model(model, gs / "model", None, None)
-    assert sorted(p.name for p in (gs / "model").iterdir()) == ["model.pt", "state_dict.pt"]
+    export.export_model(model, gs / "model", None, None)
+    assert sorted(p.name for p in (gs / "model").iterdir()) == ["model.pt", "model.safetensors", "state_dict.pt"]
 
     def custom(module: object, directory: Path, ctx: object) -> None:  # a user's hook: torch.save on paths
         torch.save(model.state_dict(), directory / "weights.pt")
         (directory / "assets").mkdir()
         (directory / "assets" / "vocab.txt").write_text("a\nb\n")
 
-    checkpoint_io.export_model(model, gs / "custom", custom, None)
+    export.export_model(model, gs / "custom", custom, None)
     assert (gs / "custom" / "assets" / "vocab.txt").read_text() == "a\nb\n" and (gs / "custom" / "weights.pt").is_file()
 
 
@@ -154,6 +154,13 @@ def test_an_unreachable_store_is_retryable_and_credentials_name_the_bucket() -> 
     missing = failures.classify(StorageError("gs://bkt/job/model", DefaultCredentialsError("secret-path")))
     assert missing.exit_code == 73 and missing.message.startswith("gs://bkt: no Application Default Credentials")
     assert "GOOGLE_APPLICATION_CREDENTIALS" in missing.message and "secret-path" not in missing.message
+    malformed = DefaultCredentialsError("File /k.json is not a valid json file.", ValueError("Expecting value"))
+    malformed.__cause__ = ValueError("Expecting value")
+    for error in (StorageError("gs://bkt/job", malformed), StorageError("gs://bkt/job", malformed, True),
+                  StorageError("gs://bkt/job", DefaultCredentialsError("File /k.json was not found."), True)):
+        unusable = failures.classify(error)  # found but unusable: google-auth's reason, not "none found"
+        assert unusable.exit_code == 73 and "cannot be used (google-auth: File /k.json " in unusable.message
+        assert "no Application Default Credentials found" not in unusable.message
     expired = failures.classify(StorageError("gs://bkt/x", RefreshError("token ya29.SECRET")))
     assert expired.exit_code == 73 and "ya29" not in expired.message
     denied = failures.classify(StorageError("gs://bkt/x", HttpError({"code": 403, "message": "denied"})))

@@ -1,0 +1,255 @@
+"""Sharded training end to end on CPU with gloo: FSDP2 and HSDP train what DDP trains, sharded checkpoints commit
+every rank's files, resume at another world size without skipping or repeating a sample, load across formats,
+survive SIGTERM and a rank killed mid-save, and export one model.safetensors.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from entrypoint.outputs import checkpoints
+from tests.runs import Job, entrypoint, failure_text, last_line, summary, vanish, wait_gone
+
+torch = pytest.importorskip("torch")
+safetensors_torch = pytest.importorskip("safetensors.torch")
+pytestmark = [pytest.mark.pytorch, pytest.mark.slow]
+HOOKS = ["--framework", "pytorch", "--module", "tests.pytorch.sharded_hooks", "--timeout", "120",
+         "--grace-period", "30", "--log-every", "1"]
+
+
+def run_args(job_dir: Path, *extra: str, user: tuple[str, ...] = ()) -> list[str]:
+    return ["run", *HOOKS, "--job-dir", str(job_dir), *extra, "--", *user]
+
+
+def weights(job_dir: Path) -> dict[str, Any]:
+    return dict(safetensors_torch.load_file(str(job_dir / "model" / "model.safetensors")))
+
+
+def assert_close(a: dict[str, Any], b: dict[str, Any], atol: float) -> None:
+    assert sorted(a) == sorted(b)
+    worst = max((a[k] - b[k]).abs().max().item() for k in a)
+    assert worst <= atol, f"the weights differ by up to {worst}"
+
+
+def test_fsdp_at_world_2_trains_the_weights_ddp_trains_and_commits_every_ranks_shards(tmp_path: Path) -> None:
+    runs = {}
+    for strategy in ("ddp", "fsdp"):
+        job_dir = tmp_path / strategy
+        proc = entrypoint(*run_args(job_dir, "--nproc-per-node", "2", "--strategy", strategy, "--epochs", "1",
+                                    "--checkpoint-every", "8"), timeout=600)
+        assert proc.returncode == 0, failure_text(proc)
+        assert f"strategy {strategy}: --strategy {strategy}" in proc.stdout
+        runs[strategy] = job_dir
+    assert_close(weights(runs["ddp"]), weights(runs["fsdp"]), atol=1e-6)  # same seed, same batches
+    sharded = runs["fsdp"]
+    result = summary(sharded / "model")
+    assert result["strategy"] == "fsdp" and result["final_step"] == result["expected_steps"]
+    assert sorted(p.name for p in (sharded / "model").iterdir()) == ["model.safetensors", "training_summary.json"]
+    for step, path in checkpoints.committed(sharded / "checkpoints"):
+        files = checkpoints.read_marker(path)["files"]
+        assert sorted(files) == [".metadata", "__0_0.distcp", "__1_0.distcp", "extra.pt"], step
+        assert all(set(entry) == {"size", "sha256"} for entry in files.values())
+        checkpoints.verify(path)
+
+
+def test_hsdp_across_two_nodes_of_two_processes_trains_what_ddp_trains(tmp_path: Path) -> None:
+    runs = {}
+    for strategy in ("ddp", "hsdp"):
+        out = tmp_path / strategy
+        proc = entrypoint("local", "--workers", "2", "--output-dir", str(out), "--", "run", *HOOKS,
+                          "--nproc-per-node", "2", "--strategy", strategy, "--epochs", "1", "--", "--sgd",
+                          timeout=900)
+        assert proc.returncode == 0, failure_text(proc)
+        runs[strategy] = out
+    assert summary(runs["hsdp"] / "model")["world_size"] == 4
+    assert summary(runs["hsdp"] / "model")["strategy"] == "hsdp"
+    assert_close(weights(runs["ddp"]), weights(runs["hsdp"]), atol=1e-5)  # 4 ranks reduce in another order
+
+
+def consumed(record: Path, steps: int | None = None) -> list[list[int]]:
+    """Each step's indices, of every rank (its first ``steps`` steps, or all of them)."""
+    return [[int(i) for i in line.split()] for f in sorted(record.glob("*.txt"))
+            for line in f.read_text().splitlines()[:steps]]
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_sigterm_commits_every_shard_and_a_world_4_checkpoint_resumes_at_a_smaller_world(
+        tmp_path: Path, world: int) -> None:
+    windows, batch = 256, 8  # world 4: 8 steps per epoch
+    first, record = tmp_path / "job", tmp_path / "record"
+    record.mkdir()
+    user = ("--windows", str(windows), "--record", str(record), "--step-sleep", "0.2")
+    job = Job(*run_args(first, "--nproc-per-node", "4", "--strategy", "fsdp", "--epochs", "2",
+                        "--checkpoint-every", "2", user=user))
+    try:
+        job.wait_for("checkpoint ckpt-00000002 committed")
+        job.send(signal.SIGTERM)
+        assert job.wait(240) == 143, job.output()[-4000:]
+    finally:
+        job.cleanup()
+    stopped = checkpoints.committed(first / "checkpoints")[-1]
+    assert f"stopped by SIGTERM at step {stopped[0]}" in last_line(job)
+    assert sorted(checkpoints.read_marker(stopped[1])["files"]) == [
+        ".metadata", "__0_0.distcp", "__1_0.distcp", "__2_0.distcp", "__3_0.distcp", "extra.pt"]
+    before = consumed(record)
+    assert len(before) == 4 * stopped[0]  # every rank recorded exactly the committed steps
+    shutil.rmtree(record)
+    record.mkdir()
+    proc = entrypoint(*run_args(first, "--nproc-per-node", str(world), "--strategy", "fsdp", "--epochs", "2",
+                                "--checkpoint-every", "2", user=user), timeout=900)
+    assert proc.returncode == 0, failure_text(proc)
+    assert f"resharded from world 4 to {world}" in proc.stdout
+    result = summary(first / "model")
+    assert result["final_step"] == result["expected_steps"] and result["world_size"] == world
+    # The rest of epoch 1 over the new world: no sample seen twice, none skipped but the ragged end.
+    done = stopped[0] * 4 * batch
+    left = (windows - done) // world // batch
+    after = consumed(record, left)
+    seen = [i for step in before + after for i in step]
+    assert len(seen) == len(set(seen)) == done + left * world * batch
+    assert windows - len(seen) < world * batch  # only the ragged end, as drop_last leaves it
+
+
+def test_a_ddp_checkpoint_resumes_sharded_and_a_sharded_one_replicated_as_if_uninterrupted(tmp_path: Path) -> None:
+    common = ("--nproc-per-node", "2", "--epochs", "2", "--checkpoint-every", "4")
+    user = ("--step-sleep", "0.2")
+    reference = tmp_path / "reference"
+    proc = entrypoint(*run_args(reference, "--strategy", "ddp", *common, user=user), timeout=600)
+    assert proc.returncode == 0, failure_text(proc)
+    job_dir = tmp_path / "job"
+    for strategy, stop_at in (("ddp", "ckpt-00000004"), ("fsdp", "ckpt-00000016")):
+        job = Job(*run_args(job_dir, "--strategy", strategy, *common, user=user))
+        try:
+            job.wait_for(f"checkpoint {stop_at} committed")
+            job.send(signal.SIGTERM)
+            assert job.wait(240) == 143, job.output()[-4000:]
+        finally:
+            job.cleanup()
+    proc = entrypoint(*run_args(job_dir, "--strategy", "ddp", *common, user=user), timeout=600)
+    assert proc.returncode == 0, failure_text(proc)
+    assert_close(weights(reference), weights(job_dir), atol=1e-6)
+
+
+def test_a_rank_killed_mid_save_leaves_a_torn_checkpoint_that_the_restart_skips(tmp_path: Path) -> None:
+    out = tmp_path / "job"
+    job = Job("local", "--workers", "2", "--output-dir", str(out), "--", "run", *HOOKS, "--strategy", "fsdp",
+              "--epochs", "1", "--checkpoint-every", "2", "--checkpoint-mode", "sync", "--",
+              "--width", "512", "--layers", "4", "--windows", "128")
+    try:
+        job.wait_for("checkpoint ckpt-00000002 committed", timeout=300)
+        torn = out / "checkpoints" / "ckpt-00000004"
+        deadline = time.monotonic() + 300
+        while not (torn.is_dir() and any(torn.glob("__1_*")) and not checkpoints.is_committed(torn)):
+            assert job.proc.poll() is None and time.monotonic() < deadline, job.output()[-3000:]
+            time.sleep(0.005)
+        vanish(job, "workerpool1-0")
+        assert job.wait(600) == 0, job.output()[-4000:]
+        assert wait_gone(job.marker) == []
+    finally:
+        job.cleanup()
+    output = job.output()
+    assert "workerpool1-0 exited 137 (retryable): restart 1 of 5" in output
+    assert "skipping torn checkpoint" in output or "resumed from" in output
+    assert (out / "model" / "model.safetensors").is_file()
+    for _step, path in checkpoints.committed(out / "checkpoints"):
+        checkpoints.verify(path)
+
+
+def test_compile_with_ddp_and_with_fsdp_reports_the_compile_time(tmp_path: Path) -> None:
+    for strategy in ("ddp", "fsdp"):
+        job_dir = tmp_path / strategy
+        proc = entrypoint(*run_args(job_dir, "--nproc-per-node", "2", "--strategy", strategy, "--compile",
+                                    "--epochs", "1", user=("--layers", "1", "--windows", "64")),
+                          env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}, timeout=900)
+        assert proc.returncode == 0, failure_text(proc)
+        assert summary(job_dir / "model")["details"]["compile_seconds"] > 0
+
+
+def test_shard_units_naming_modules_not_in_the_model_is_one_line(tmp_path: Path) -> None:
+    proc = entrypoint(*run_args(tmp_path / "job", "--nproc-per-node", "2", "--strategy", "fsdp",
+                                user=("--units", "blocks.0", "nope")), timeout=300)
+    assert proc.returncode == 2, failure_text(proc)
+    assert "shard_units: names modules that are not in the model: 'nope'" in last_line(proc)
+
+
+def test_a_checkpoint_of_another_model_is_refused_naming_the_tensor_and_nothing_is_overwritten(
+        tmp_path: Path) -> None:
+    job_dir = tmp_path / "job"
+    proc = entrypoint(*run_args(job_dir, "--nproc-per-node", "2", "--strategy", "fsdp", "--epochs", "1"),
+                      timeout=600)
+    assert proc.returncode == 0, failure_text(proc)
+    before = {p: p.stat().st_mtime_ns for p in (job_dir / "checkpoints").rglob("*")}
+    proc = entrypoint(*run_args(job_dir, "--nproc-per-node", "2", "--strategy", "fsdp", "--epochs", "2",
+                                user=("--width", "32")), timeout=600)
+    assert proc.returncode == 2, failure_text(proc)
+    assert "tok.weight is (64, 64) in the checkpoint but (64, 32) in the model" in last_line(proc)
+    assert {p: p.stat().st_mtime_ns for p in (job_dir / "checkpoints").rglob("*")} == before
+
+
+def test_an_fsdp2_script_in_torchtitans_style_runs_unchanged(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    for args in (["run", "--framework", "pytorch", "--nproc-per-node", "2", "--job-dir", str(out / "node")],
+                 ["local", "--workers", "2", "--output-dir", str(out / "local"), "--", "run", "--framework",
+                  "pytorch"]):
+        proc = entrypoint(*args, "--script", "tests/pytorch/fsdp_script.py", "--", str(tmp_path / args[0]),
+                          timeout=600)
+        assert proc.returncode == 0, failure_text(proc)
+        report = json.loads((tmp_path / args[0] / "report.json").read_text())
+        assert report["world_size"] == 2 and report["sharded"] and report["loss_fell"]
+
+
+def test_a_corrupt_shard_in_the_newest_checkpoint_is_skipped_and_the_previous_one_resumes(tmp_path: Path) -> None:
+    job_dir = tmp_path / "job"
+    args = run_args(job_dir, "--nproc-per-node", "2", "--strategy", "fsdp", "--epochs", "2", "--checkpoint-every",
+                    "8", "--keep-checkpoints", "5")
+    job = Job(*args[:-1], "--", "--step-sleep", "0.1")
+    try:
+        job.wait_for("checkpoint ckpt-00000016 committed")
+        job.send(signal.SIGTERM)
+        assert job.wait(240) == 143, job.output()[-4000:]
+    finally:
+        job.cleanup()
+    newest = checkpoints.committed(job_dir / "checkpoints")[-1][1]
+    shard = newest / "__1_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size, other bytes: only the checksum tells
+    shard.write_bytes(bytes(data))
+    proc = entrypoint(*args, "--step-sleep", "0.1", timeout=600)
+    assert proc.returncode == 0, failure_text(proc)
+    assert f"checkpoint {newest} does not load (CheckpointError: __1_0.distcp does not match its checksum)" in \
+        proc.stdout + proc.stderr
+    assert "resumed from" in proc.stdout and newest.name not in proc.stdout.split("resumed from")[1].split("\n")[0]
+
+
+def test_sharded_checkpoints_and_the_export_go_to_gcs_and_a_restart_resumes_from_there(
+        emulator: Any, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    from entrypoint.outputs.storage import RemotePath
+    from tests.gcs import gs_dir
+
+    out = gs_dir(request)
+    env = {**emulator.env, "TMPDIR": str(tmp_path)}
+    args = ["local", "--workers", "2", "--output-dir", out, "--", "run", *HOOKS, "--strategy", "fsdp",
+            "--epochs", "2", "--checkpoint-every", "8", "--", "--step-sleep", "0.1"]
+    job = Job(*args, env=env)
+    try:
+        job.wait_for("checkpoint ckpt-00000008 committed")
+        job.send(signal.SIGTERM)
+        assert job.wait(240) == 143, job.output()[-4000:]
+    finally:
+        job.cleanup()
+    for _step, path in checkpoints.committed(f"{out}/checkpoints"):
+        assert "__1_0.distcp" in checkpoints.read_marker(path)["files"]
+        checkpoints.verify(path)
+    proc = entrypoint(*args, env=env, timeout=600)
+    assert proc.returncode == 0, failure_text(proc)
+    assert "resumed from gs://" in proc.stdout
+    local = tmp_path / "model.safetensors"
+    local.write_bytes(RemotePath(f"{out}/model/model.safetensors").read_bytes())
+    assert "tok.weight" in safetensors_torch.load_file(str(local))
