@@ -13,18 +13,37 @@ TOOLS_BIN ?= $(TORCH_VENV)/bin
 PIP := pip --disable-pip-version-check
 PYTEST_ARGS ?=
 DEMO_DIR ?= demo-outputs
+# `make test` (docs/testing.md): one `make -j` graph in which each tier waits only for what it needs, with its output
+# in $(LOG_DIR)/<tier>.log, a line when it starts and ends, and its failures printed when it fails (tests/tiers.py).
+LOG_DIR ?= test-logs
+TEST_JOBS ?= 8
+# Run alone (make test-pytorch), a tier also streams its output; make test turns that off (tiers side by side).
+TIER_STREAM ?= --stream
+TIER = $(PYTHON) tests/tiers.py run --log-dir $(LOG_DIR) $(TIER_STREAM)
+# pytest-xdist workers inside each tier (0: none, the tests run in pytest's own process).
+XDIST_PYTORCH ?= 3
+XDIST_TENSORFLOW ?= 2
+XDIST_HOROVOD ?= 2
+XDIST_CONTAINERS ?= 2
+xdist = $(if $(filter-out 0,$(1)),-n $(1))
+# make test: at most this many multi-process tests (markers slow, containers) at once across all tiers and workers
+# (tests/slots.py); the workers' unit tests run beside them. A tier run alone has no limit.
+TEST_SLOTS ?= 3
+TIMED_LABEL ?= make test
 
 .DEFAULT_GOAL := help
-.PHONY: help venv venv-pytorch venv-tensorflow venv-horovod venv-jobs lint lint-python test test-pytorch \
-	test-tensorflow test-horovod test-jobs demo demo-horovod venv-bench bench bench-quick test-bench clean
+.PHONY: help venv venv-pytorch venv-tensorflow venv-horovod venv-jobs lint lint-python test test-tiers test-lint test-timed test-load \
+	test-pytorch test-tensorflow test-horovod test-jobs demo demo-horovod venv-bench bench bench-quick test-bench clean
 
 help:
 	@echo "make demo   - 2-replica emulated Vertex AI cluster training the PyTorch digits example"
-	@echo "make test   - lint, type checks and the whole test suite (sets up its own venvs)"
+	@echo "make test   - lint, type checks and the whole test suite, side by side (sets up its own venvs)"
+	@echo "make test-timed - make test, then its wall time, CPU use and what ran beside what (docs/testing.md)"
 	@echo "make lint   - ruff, mypy and hadolint"
 	@echo "make demo-horovod - the same training with Horovod (builds Horovod once, ~9 min on 2 cores)"
 	@echo "make build  - build every image (needs a Docker engine); see docs/images.md"
 	@echo "make image-test - build the three CPU images here (podman or Docker) and run them (part of make test)"
+	@echo "make image-test-gpu - build the three GPU images here from the GPU locks (not part of make test)"
 
 # One venv per image CPU lock, each with the test tools and this package (editable) on top.
 # $(call lock_venv,VENV,LOCK): create VENV from the exact LOCK plus tests/requirements.txt.
@@ -47,7 +66,7 @@ $(TF_VENV)/.ready: images/tensorflow/requirements-cpu.txt tests/requirements.txt
 # Horovod is built from its sdist with the C++17 fix (images/horovod/build_horovod_wheel.sh), with
 # PyTorch and TensorFlow ops as in the Horovod CPU image; the wheel is cached under
 # ~/.cache/trainer-images/wheels, so only a fresh machine pays the build (~9 minutes on 2 cores); the
-# Horovod image build of `make image-test` (later in `make test`) takes the same wheel instead of compiling.
+# Horovod image build of `make image-test` waits for this venv and takes the same wheel instead of compiling.
 $(HVD_VENV)/.ready: images/horovod/requirements-cpu.txt images/horovod/build_horovod_wheel.sh tests/requirements.txt pyproject.toml
 	$(call lock_venv,$(HVD_VENV),images/horovod/requirements-cpu.txt)
 	HOROVOD_WITH_TENSORFLOW=1 bash images/horovod/build_horovod_wheel.sh $(HVD_VENV)/bin/python $(HVD_VENV)/wheels
@@ -76,27 +95,57 @@ lint-python: venv-pytorch
 	$(TOOLS_BIN)/ruff check entrypoint trainers tests bench images/*.py
 	$(TOOLS_BIN)/mypy
 	$(TOOLS_BIN)/mypy --strict images/*.py  # on its own: images/<name>/ would shadow the frameworks
+	$(TOOLS_BIN)/mypy --strict tests/tiers.py tests/diagnostics.py tests/slots.py  # test infrastructure (docs/testing.md)
 
 lint-docker: venv-pytorch
 lint: lint-python lint-docker
 
 # Each image's CPU lock gets the part of the suite that concerns it (unit and image tests run in the
-# PyTorch venv); pytest exits 5 when a marker selects nothing, which counts as a failure here. The
-# container tests run after the image builds, in test-images (images/images.mk).
+# PyTorch venv), with pytest-xdist workers; pytest exits 5 when a marker selects nothing, which counts as a
+# failure here. The container tests run after the image builds, in test-images (images/images.mk).
 test-pytorch: venv-pytorch
-	$(TORCH_VENV)/bin/python -m pytest -m "not tensorflow and not horovod and not jobs and not containers" $(PYTEST_ARGS)
+	@$(TIER) pytorch -- $(TORCH_VENV)/bin/python -m pytest -m "not tensorflow and not horovod and not jobs and not containers" \
+		$(call xdist,$(XDIST_PYTORCH)) $(PYTEST_ARGS)
 
 test-tensorflow: venv-tensorflow
-	$(TF_VENV)/bin/python -m pytest -m tensorflow $(PYTEST_ARGS)
+	@$(TIER) tensorflow -- $(TF_VENV)/bin/python -m pytest -m tensorflow $(call xdist,$(XDIST_TENSORFLOW)) $(PYTEST_ARGS)
 
 test-horovod: venv-horovod
-	$(HVD_VENV)/bin/python -m pytest -m horovod $(PYTEST_ARGS)
+	@$(TIER) horovod -- $(HVD_VENV)/bin/python -m pytest -m horovod $(call xdist,$(XDIST_HOROVOD)) $(PYTEST_ARGS)
 
 # Specs from `entrypoint job`, checked by google-cloud-aiplatform's and Kubeflow's own types, and run by local --spec.
 test-jobs: venv-jobs
-	$(JOBS_VENV)/bin/python -m pytest -m jobs $(PYTEST_ARGS)
+	@$(TIER) jobs -- $(JOBS_VENV)/bin/python -m pytest -m jobs $(PYTEST_ARGS)
 
-test: lint test-pytorch test-horovod test-tensorflow test-jobs test-images
+# Everything side by side (TEST_JOBS at once, and on past a failure: every tier reports), then the table of what
+# ran when. The graph: the venvs build at once; lint and each tier start when their venv is ready; the PyTorch and
+# TensorFlow images when podman and the base are; the Horovod image after venv-horovod, whose wheel it takes; the
+# container tests after their images. Nothing is built twice.
+test:
+	@mkdir -p $(LOG_DIR); since=$$(date +%s); status=0; \
+	rm -rf $(LOG_DIR)/slots; export TEST_SLOTS=$(TEST_SLOTS) TEST_SLOTS_DIR=$(abspath $(LOG_DIR))/slots; \
+	$(MAKE) --no-print-directory -k -j$(TEST_JOBS) TIER_STREAM= test-tiers || status=$$?; \
+	echo "make test: $$([ $$status -eq 0 ] && echo passed || echo FAILED) (logs in $(LOG_DIR)/):"; \
+	$(PYTHON) tests/tiers.py table --log-dir $(LOG_DIR) --since $$since; exit $$status
+
+test-tiers: test-pytorch test-horovod test-tensorflow test-images test-jobs test-lint
+
+test-lint: venv-pytorch
+	@$(TIER) lint -- $(MAKE) --no-print-directory lint
+
+# `make test` measured: wall time, CPU use, and the tiers table (docs/testing.md), in $(LOG_DIR)/timing.md.
+test-timed:
+	$(PYTHON) tests/tiers.py measure --log-dir $(LOG_DIR) --label "$(TIMED_LABEL)" -- $(MAKE) --no-print-directory test
+
+# Green under load: `make test` LOAD_RUNS times in a row with a busy loop on LOAD_HOGS core(s) beside it, each
+# measured (appended to $(LOG_DIR)/timings.md); stops at the first red run.
+LOAD_RUNS ?= 3
+LOAD_HOGS ?= 1
+test-load:
+	for run in $$(seq 1 $(LOAD_RUNS)); do \
+		$(PYTHON) tests/tiers.py measure --log-dir $(LOG_DIR) --hog $(LOAD_HOGS) \
+			--label "under load ($(LOAD_HOGS) busy loop), run $$run of $(LOAD_RUNS)" -- $(MAKE) --no-print-directory test; \
+	done
 
 # A real distributed training: 2 replicas of an emulated Vertex AI cluster (chief + worker, DDP over gloo).
 demo: venv-pytorch
@@ -139,6 +188,6 @@ test-bench: venv-bench
 	$(BENCH_VENV)/bin/python -m pytest tests/bench $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV_DIR) $(DEMO_DIR) outputs .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV_DIR) $(DEMO_DIR) $(LOG_DIR) outputs .pytest_cache .mypy_cache .ruff_cache
 
 -include images/images.mk

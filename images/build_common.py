@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # Every image is a folder with a Dockerfile (images/<name>/Dockerfile): the one list of images, which
 # images.mk, cloudbuild.yaml's test and the image tests derive the same way.
 IMAGES = tuple(sorted(p.parent.name for p in (ROOT / "images").glob("*/Dockerfile")))
+VARIANTS = ("cpu", "gpu")  # make image-test builds the CPU variants (and runs them); make image-test-gpu the GPU ones
 INSTALL = "apt-get install -y podman runc mmdebstrap"
 
 
@@ -29,6 +30,6 @@ def is_ci() -> bool:
     return os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
-def image_ref(image: str) -> str:
-    """The local tag of an image's CPU variant."""
-    return f"localhost/trainer-{image}:cpu"
+def image_ref(image: str, variant: str = "cpu") -> str:
+    """The local tag of an image's variant."""
+    return f"localhost/trainer-{image}:{variant}"

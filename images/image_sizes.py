@@ -27,19 +27,22 @@ def largest_layers(engine: Engine, ref: str, count: int = 5) -> list[tuple[int, 
     return sorted(((size, " ".join(created_by.split())) for size, created_by in rows), reverse=True)[:count]
 
 
-def load_budget() -> tuple[float, dict[str, int]]:
+BUDGET_KEYS = {"cpu": "bytes", "gpu": "gpu_bytes"}  # the budget file's map for each variant
+
+
+def load_budget(variant: str = "cpu") -> tuple[float, dict[str, int]]:
     data = json.loads(BUDGET_FILE.read_text())
-    return float(data["margin"]), {name: int(size) for name, size in data["bytes"].items()}
+    return float(data["margin"]), {name: int(size) for name, size in data[BUDGET_KEYS[variant]].items()}
 
 
-def budget_problem(image: str, size: int) -> str | None:
-    """Why ``size`` breaks the image's budget, or None."""
-    margin, budget = load_budget()
+def budget_problem(image: str, size: int, variant: str = "cpu") -> str | None:
+    """Why ``size`` breaks the budget of the image's variant, or None."""
+    margin, budget = load_budget(variant)
     if image not in budget:
-        return f"{image} has no entry in {BUDGET_FILE.relative_to(ROOT)}"
+        return f"{image} has no entry in {BUDGET_FILE.relative_to(ROOT)}'s {BUDGET_KEYS[variant]}"
     limit = budget[image] * (1 + margin)
     if size > limit:
-        return (f"{image_ref(image)} is {_gb(size)}, over its budget {_gb(budget[image])} + {margin:.0%} "
+        return (f"{image_ref(image, variant)} is {_gb(size)}, over its budget {_gb(budget[image])} + {margin:.0%} "
                 f"({BUDGET_FILE.relative_to(ROOT)}): find what grew in its largest layers, cut it, or raise the "
                 f"budget in the same change")
     return None
@@ -49,17 +52,19 @@ def _gb(size: int) -> str:
     return f"{size / 1e9:.2f} GB" if size >= 1e8 else f"{size / 1e6:.1f} MB"
 
 
-def size_report(engine: Engine, images: Sequence[str]) -> list[str]:
+def size_report(engine: Engine, images: Sequence[str], variant: str = "cpu") -> list[str]:
     """Print each image's size and largest layers; return the budget problems."""
     problems = []
     for image in images:
-        if not engine.exists(image_ref(image)):
-            raise Failure(f"{image_ref(image)} is not built: run `make image-test` (or local_build.py build {image})")
-        size = image_size(engine, image_ref(image))
-        print(f"{image_ref(image)}: {_gb(size)} ({size} bytes)")
-        for layer_size, created_by in largest_layers(engine, image_ref(image)):
+        ref = image_ref(image, variant)
+        if not engine.exists(ref):
+            target, gpu = ("image-test", "") if variant == "cpu" else ("image-test-gpu", " --gpu")
+            raise Failure(f"{ref} is not built: run `make {target}` (or local_build.py build{gpu} {image})")
+        size = image_size(engine, ref)
+        print(f"{ref}: {_gb(size)} ({size} bytes)")
+        for layer_size, created_by in largest_layers(engine, ref):
             print(f"  {_gb(layer_size):>9}  {created_by[:110]}")
-        problem = budget_problem(image, size)
+        problem = budget_problem(image, size, variant)
         if problem:
             problems.append(problem)
     return problems

@@ -7,7 +7,8 @@
 #   make push PROJECT_ID=my-project TAG=v0.1.0   # build, then push to Artifact Registry
 #   make cloudbuild PROJECT_ID=my-project        # the same on Cloud Build (cloudbuild.yaml)
 #   make image-test                              # the three CPU images built and run here (podman or Docker)
-#   make image-clean                             # remove them, their local base and its layer cache
+#   make image-test-gpu                          # the three GPU images built here (not part of make test)
+#   make image-clean                             # remove them, their local bases and their layer cache
 
 REGION ?= us-central1
 PROJECT_ID ?= my-project
@@ -35,7 +36,9 @@ image_build = DOCKER_BUILDKIT=1 $(DOCKER) build --file images/$(1)/Dockerfile \
 	--build-arg VERSION=$(IMAGE_VERSION) --build-arg REVISION=$(IMAGE_REVISION) \
 	$(DOCKER_BUILD_ARGS) --tag $(REGISTRY)/$(3):$(TAG) .
 
-.PHONY: build $(BUILD_TARGETS) push cloudbuild lint-docker image-test test-images image-clean
+.PHONY: build $(BUILD_TARGETS) push cloudbuild lint-docker image-test test-images image-clean \
+	image-engine image-base image-pytorch image-tensorflow image-horovod test-containers test-containers-main \
+	test-containers-horovod image-test-gpu
 
 build: $(BUILD_TARGETS)
 
@@ -63,20 +66,55 @@ lint-docker:
 # ---- image tests: the CPU variants built on this machine from the same Dockerfiles and locks ----------
 # images/local_build.py makes a Debian bookworm base once (mmdebstrap), builds localhost/trainer-<image>:cpu
 # with cloudbuild.yaml's CPU build arguments plus the local base, its Python and the wheel sources (torch's
-# +cpu wheel; the Horovod wheel `make venv-horovod` cached, when its key is the image's: Horovod compiles
-# once), and reports sizes against images/size-budget.json; tests/containers/ then runs the images. Layers
-# and the base stay cached in the engine's storage: only a cold machine pays the full build.
-image-test: venv-pytorch
-	$(PYTHON) images/local_build.py build
-	$(TORCH_VENV)/bin/python -m pytest -m containers tests/containers $(PYTEST_ARGS)
+# +cpu wheel; the Horovod wheel `make venv-horovod` cached: Horovod compiles once, so the Horovod image waits
+# for that venv), and reports sizes against images/size-budget.json; tests/containers/ then runs the images:
+# those of the PyTorch and TensorFlow images as soon as these are built, the Horovod ones after its image. Layers
+# and the base stay cached in the engine's storage: only a cold machine pays the full build. Each step is a make
+# target, so `make test` (-j) builds the images beside the test tiers.
+#
+# image-engine installs podman where it can (root with apt-get). Without an engine: one line saying what to
+# install, and the image builds and tests are skipped; under CI=true that is a failure.
+ENGINE_STATE = $(LOG_DIR)/engine.state
+HAVE_ENGINE = test "$$(cat $(ENGINE_STATE) 2>/dev/null)" != none
+CONTAINER_TESTS = $(TORCH_VENV)/bin/python -m pytest -m containers tests/containers $(call xdist,$(XDIST_CONTAINERS)) \
+	$(PYTEST_ARGS)
 
-# Part of `make test`: installs podman where it can (root with apt-get). Without an engine: one line
-# saying what to install, and the image tests are skipped; under CI=true that is a failure.
-test-images:
-	@status=0; $(PYTHON) images/local_build.py engine --install || status=$$?; \
-	if [ $$status -eq 3 ]; then exit 0; fi; \
-	if [ $$status -ne 0 ]; then exit $$status; fi; \
-	$(MAKE) --no-print-directory image-test
+image-engine:
+	@mkdir -p $(LOG_DIR); status=0; $(PYTHON) images/local_build.py engine --install || status=$$?; \
+	if [ $$status -eq 3 ]; then echo none > $(ENGINE_STATE); exit 0; fi; \
+	if [ $$status -ne 0 ]; then exit $$status; fi; echo found > $(ENGINE_STATE)
+
+image-base: image-engine
+	@$(HAVE_ENGINE) || exit 0; $(PYTHON) images/local_build.py base
+
+image-pytorch: image-base
+	@$(HAVE_ENGINE) || exit 0; $(TIER) image-pytorch -- $(PYTHON) images/local_build.py build pytorch
+
+image-tensorflow: image-base
+	@$(HAVE_ENGINE) || exit 0; $(TIER) image-tensorflow -- $(PYTHON) images/local_build.py build tensorflow
+
+image-horovod: image-base venv-horovod
+	@$(HAVE_ENGINE) || exit 0; $(TIER) image-horovod -- $(PYTHON) images/local_build.py build horovod
+
+test-containers-main: venv-pytorch image-pytorch image-tensorflow
+	@$(HAVE_ENGINE) || { echo "no container engine: the container tests are skipped"; exit 0; }; \
+	$(TIER) containers -- $(CONTAINER_TESTS) -k "not horovod"
+
+test-containers-horovod: venv-pytorch image-horovod
+	@$(HAVE_ENGINE) || exit 0; $(TIER) containers-horovod -- $(CONTAINER_TESTS) -k horovod
+
+test-containers: test-containers-main test-containers-horovod
+image-test: test-containers
+test-images: image-test  # the part of `make test`
+
+# The GPU variants, built here once in a while (not in `make test`: several GB of CUDA wheels from PyPI): on the
+# local Debian base with the GPU locks (proving they resolve), Horovod compiled with NCCL operations on a CUDA
+# devel base made from PyPI's CUDA 13.0 wheels (images/cuda_base.py). Each build's smoke check, then a container
+# per image, report torch's CUDA version, torchvision's ops, Horovod's NCCL ops and TensorFlow's CUDA build; the
+# sizes are checked against the GPU budget in images/size-budget.json.
+image-test-gpu: image-base
+	@$(HAVE_ENGINE) || { echo "no container engine: $@ needs podman or Docker" >&2; exit 1; }
+	$(PYTHON) images/local_build.py build --gpu
 
 image-clean:
 	$(PYTHON) images/local_build.py clean

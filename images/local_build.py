@@ -1,17 +1,20 @@
 #!/usr/bin/env python3
-"""Build the CPU variant of every trainer image on this machine from the real Dockerfiles (make image-test).
+"""Build the trainer images on this machine from the real Dockerfiles: the CPU variants (make image-test, part of
+make test) and, once in a while, the GPU variants (make image-test-gpu).
 
 Only build arguments differ from the release build of cloudbuild.yaml: the base (a Debian bookworm root
 file system made here with mmdebstrap, because no registry can be pulled from), its Python (3.11), and
 where two wheels come from: torch's +cpu wheel (the host's pip find-links directory, served as a local
 index) and Horovod's (the host's wheel cache, which `make venv-horovod` fills, served so that the image
-build takes a wheel built for exactly its key instead of compiling Horovod a second time).
+build takes a wheel built for exactly its key instead of compiling Horovod a second time). The GPU variants
+install their GPU locks from PyPI on the same Debian base (the nvidia-* wheels carry the CUDA runtime); Horovod's
+builder stage compiles on a local CUDA devel base made from PyPI's CUDA wheels (cuda_base.py).
 
-    python3 images/local_build.py engine [--install]   # which engine would be used (podman is installed if root)
-    python3 images/local_build.py base                 # localhost/debian:bookworm, made once, refreshed monthly
-    python3 images/local_build.py build [IMAGE ...]    # localhost/trainer-<image>:cpu, then the size report
-    python3 images/local_build.py sizes                # size, 5 largest layers and budget of each image
-    python3 images/local_build.py clean                # the images, the base and every layer built on it
+    python3 images/local_build.py engine [--install]      # which engine would be used (podman is installed if root)
+    python3 images/local_build.py base                    # localhost/debian:bookworm, made once, refreshed monthly
+    python3 images/local_build.py build [--gpu] [IMAGE ...]  # localhost/trainer-<image>:cpu|gpu, then the sizes
+    python3 images/local_build.py sizes [--gpu] [IMAGE ...]  # size, 5 largest layers and budget of each image
+    python3 images/local_build.py clean                   # the images, the bases and every layer built on them
 
 Docker is used where `docker info` works, otherwise podman (CONTAINER_ENGINE=docker|podman forces one).
 Every failure ends in one line saying what failed and what to do, and a non-zero exit.
@@ -21,6 +24,7 @@ same settings. This file is the command line and the builds; the rest sits besid
     build_common.py       the repository, the image names, Failure (the one line) and the log line
     container_engine.py   finding, and where possible installing, docker or podman, and their flags
     debian_base.py        the local base localhost/debian:bookworm (mmdebstrap), its label and age
+    cuda_base.py          the GPU builds' CUDA devel base, from PyPI's CUDA 13.0 wheels (Horovod's compile only)
     wheel_sources.py      torch's +cpu wheel and Horovod's wheel cache, served on 127.0.0.1
     image_sizes.py        each image's size, largest layers and budget (size-budget.json)
 
@@ -30,6 +34,7 @@ They import one another by plain name: run as a script, images/ is on sys.path (
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import subprocess
 import sys
@@ -38,45 +43,52 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 
-from build_common import IMAGES, INSTALL, ROOT, Failure, image_ref, is_ci, log
+from build_common import IMAGES, INSTALL, ROOT, VARIANTS, Failure, image_ref, is_ci, log
 from container_engine import Engine, require_engine
+from cuda_base import CUDA_DEVEL_REF, ensure_cuda_devel
 from debian_base import BASE_PYTHON, BASE_REF, base_label, ensure_base, remove_built_on
 from image_sizes import size_report
-from wheel_sources import WheelSources, horovod_wheel_cache, local_torch_wheel, wheel_index
+from wheel_sources import WheelSources, horovod_wheel_cache, local_torch_wheel, wheel_index, wheel_port
 
 EXIT_NO_ENGINE = 3  # `engine` without an engine and outside CI: the caller skips the image tests
 
 
 # ---- builds --------------------------------------------------------------------------------------
 
-def release_build_args(image: str) -> dict[str, str]:
-    """What cloudbuild.yaml passes the CPU variant (tests/images/test_local_build.py keeps them equal)."""
+def release_build_args(image: str, variant: str = "cpu") -> dict[str, str]:
+    """What cloudbuild.yaml passes the variant (tests/images/test_local_build.py keeps them equal); the GPU
+    variant without the Reduction Server plugin, whose apt repository cannot be reached here."""
     version = re.search(r'^version = "(.+)"', (ROOT / "pyproject.toml").read_text(), re.M)
     revision = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False)
     return {
-        "VARIANT": "cpu",
+        "VARIANT": variant,
         "REDUCTION_SERVER": "0",
         "VERSION": version.group(1) if version else "0.0.0",
         "REVISION": revision.stdout.strip() if revision.returncode == 0 else "unknown",
     }
 
 
-def local_build_args(image: str, sources: WheelSources) -> dict[str, str]:
-    """The only differences from a release build: the base, its Python and the wheel sources."""
-    args = {"CPU_IMAGE": BASE_REF, "PYTHON_VERSION": BASE_PYTHON}
+def local_build_args(image: str, sources: WheelSources, variant: str = "cpu") -> dict[str, str]:
+    """The only differences from a release build: the bases, their Python and the wheel sources."""
     dockerfile = (ROOT / "images" / image / "Dockerfile").read_text()
-    if sources.torch_index and "ARG TORCH_CPU_INDEX_URL" in dockerfile:
-        args["TORCH_CPU_INDEX_URL"] = sources.torch_index
+    if variant == "gpu":
+        args = {"CUDA_IMAGE": BASE_REF, "PYTHON_VERSION": BASE_PYTHON}
+        if "ARG CUDA_DEVEL_IMAGE" in dockerfile:
+            args["CUDA_DEVEL_IMAGE"] = CUDA_DEVEL_REF
+    else:
+        args = {"CPU_IMAGE": BASE_REF, "PYTHON_VERSION": BASE_PYTHON}
+        if sources.torch_index and "ARG TORCH_CPU_INDEX_URL" in dockerfile:
+            args["TORCH_CPU_INDEX_URL"] = sources.torch_index
     if sources.horovod_cache and "ARG HOROVOD_WHEEL_URL" in dockerfile:
         args["HOROVOD_WHEEL_URL"] = sources.horovod_cache
     return args
 
 
-def build_command(engine: Engine, image: str, sources: WheelSources) -> list[str]:
-    args = {**release_build_args(image), **local_build_args(image, sources)}
+def build_command(engine: Engine, image: str, sources: WheelSources, variant: str = "cpu") -> list[str]:
+    args = {**release_build_args(image, variant), **local_build_args(image, sources, variant)}
     flags = [f"--build-arg={k}={v}" for k, v in args.items()]
     return engine.command("build", *engine.build_flags(), f"--file=images/{image}/Dockerfile", *flags,
-                          f"--tag={image_ref(image)}", ".")
+                          f"--tag={image_ref(image, variant)}", ".")
 
 
 def _reachable(url: str) -> str | None:
@@ -88,36 +100,71 @@ def _reachable(url: str) -> str | None:
         return str(getattr(exc, "reason", exc))
 
 
-def diagnose(image: str, code: int) -> Failure:
+def diagnose(image: str, code: int, variant: str = "cpu") -> Failure:
     """The one line for a failed build: an unreachable source if that is the cause, else the step above."""
     for name, url in (("PyPI", "https://pypi.org/simple/pip/"),
                       ("Debian's archive", "http://deb.debian.org/debian/dists/bookworm/InRelease")):
         reason = _reachable(url)
         if reason is not None:
-            return Failure(f"building {image_ref(image)} failed (exit {code}): {name} ({url}) is unreachable "
+            return Failure(f"building {image_ref(image, variant)} failed (exit {code}): {name} ({url}) is unreachable "
                            f"({reason}); the builds install from it: fix the network or proxy, then rerun")
-    return Failure(f"building {image_ref(image)} failed (exit {code}) at the step shown above: "
-                   f"fix it, then rerun `make image-test`")
+    target = "image-test" if variant == "cpu" else "image-test-gpu"
+    return Failure(f"building {image_ref(image, variant)} failed (exit {code}) at the step shown above: "
+                   f"fix it, then rerun `make {target}`")
 
 
-def build(engine: Engine, images: Sequence[str]) -> None:
+def build(engine: Engine, images: Sequence[str], variant: str = "cpu") -> None:
     ensure_base(engine)
-    wheel, horovod_cache = local_torch_wheel(), horovod_wheel_cache()
-    log(f"torch wheel: {wheel or 'the Dockerfile default TORCH_CPU_INDEX_URL'}")
+    if variant == "gpu" and "horovod" in images:
+        ensure_cuda_devel(engine)
+    wheel, horovod_cache = local_torch_wheel() if variant == "cpu" else None, horovod_wheel_cache()
+    if variant == "cpu":
+        log(f"torch wheel: {wheel or 'the Dockerfile default TORCH_CPU_INDEX_URL'}")
     cached = sorted(p.parent.name for p in horovod_cache.glob("horovod-*/key.txt"))
     log(f"Horovod wheel cache {horovod_cache}: {', '.join(cached) or 'empty'} (a wheel of the image's key is "
         "used instead of compiling)")
     started = time.monotonic()
-    with wheel_index(wheel, horovod_cache) as sources:
-        for image in images:
-            command = build_command(engine, image, sources)
-            log(f"building {image_ref(image)}: {' '.join(command)}")
+    for image in images:
+        with wheel_index(wheel, horovod_cache, wheel_port(image)) as sources:
+            command = build_command(engine, image, sources, variant)
+            log(f"building {image_ref(image, variant)}: {' '.join(command)}")
             began = time.monotonic()
             code = subprocess.run(command, cwd=ROOT, check=False).returncode
             if code != 0:
-                raise diagnose(image, code)
-            log(f"built {image_ref(image)} in {_minutes(time.monotonic() - began)}")
-    log(f"built {', '.join(images)} in {_minutes(time.monotonic() - started)}")
+                raise diagnose(image, code, variant)
+            log(f"built {image_ref(image, variant)} in {_minutes(time.monotonic() - began)}")
+    log(f"built {', '.join(images)} ({variant}) in {_minutes(time.monotonic() - started)}")
+
+
+# What a GPU image must report with no GPU at hand (the builds' smoke checks assert the same): torch's CUDA build and
+# torchvision's C++ ops, Horovod's NCCL operations, TensorFlow's CUDA build; printed as one JSON line per image.
+GPU_FACTS = {
+    "pytorch": "import json, torch, torchvision; torchvision.ops.nms(torch.zeros(0, 4), torch.zeros(0), 0.5); "
+               "print(json.dumps({'torch': torch.__version__, 'cuda': torch.version.cuda, "
+               "'cudnn': torch.backends.cudnn.version(), 'torchvision': torchvision.__version__, 'nms': True}))",
+    "horovod": "import json, torch, torchvision, horovod, horovod.torch as hvd; "
+               "torchvision.ops.nms(torch.zeros(0, 4), torch.zeros(0), 0.5); "
+               "print(json.dumps({'torch': torch.__version__, 'cuda': torch.version.cuda, "
+               "'horovod': horovod.__version__, 'nccl_ops': bool(hvd.nccl_built()), "
+               "'cuda_ops': bool(hvd.cuda_built()), 'gloo': bool(hvd.gloo_built()), 'nms': True}))",
+    "tensorflow": "import json, tensorflow as tf; info = tf.sysconfig.get_build_info(); "
+                  "print(json.dumps({'tensorflow': tf.__version__, 'built_with_cuda': tf.test.is_built_with_cuda(), "
+                  "'cuda': info.get('cuda_version'), 'cudnn': info.get('cudnn_version')}))",
+}
+
+
+def gpu_facts(engine: Engine, image: str) -> dict[str, object]:
+    """Run the GPU image once (no GPU needed) and read what it reports; a Failure if it lacks its CUDA build."""
+    ref = image_ref(image, "gpu")
+    out = engine.output("run", "--rm", *engine.run_flags(), "--entrypoint", "python", ref, "-c", GPU_FACTS[image],
+                        timeout=600)
+    facts: dict[str, object] = json.loads(out.strip().splitlines()[-1])
+    log(f"{ref}: {json.dumps(facts)}")
+    wrong = {"pytorch": not facts.get("cuda"), "horovod": not (facts.get("cuda") and facts.get("nccl_ops")),
+             "tensorflow": not facts.get("built_with_cuda")}[image]
+    if wrong:
+        raise Failure(f"{ref} is not a CUDA build: {json.dumps(facts)}")
+    return facts
 
 
 def _minutes(seconds: float) -> str:
@@ -128,12 +175,13 @@ def _minutes(seconds: float) -> str:
 
 def clean(engine: Engine) -> None:
     label = base_label(engine)
-    for image in IMAGES:
-        subprocess.run(engine.command("rmi", "--force", image_ref(image)), capture_output=True, check=False)
+    refs = [image_ref(image, variant) for image in IMAGES for variant in VARIANTS]
+    for ref in [*refs, CUDA_DEVEL_REF]:
+        subprocess.run(engine.command("rmi", "--force", ref), capture_output=True, check=False)
     if label is not None:
         remove_built_on(engine, label)
         subprocess.run(engine.command("rmi", "--force", BASE_REF), capture_output=True, check=False)
-    log(f"removed the trainer images, {BASE_REF} and every layer built on it")
+    log(f"removed the trainer images, {BASE_REF}, {CUDA_DEVEL_REF} and every layer built on them")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -142,9 +190,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     engine_cmd = sub.add_parser("engine", help="print the engine; exit 3 (outside CI) when there is none")
     engine_cmd.add_argument("--install", action="store_true", help=f"as root with apt-get: {INSTALL}")
     sub.add_parser("base", help=f"make {BASE_REF} unless a current one exists")
-    build_cmd = sub.add_parser("build", help="build the CPU images, then report their sizes")
-    build_cmd.add_argument("images", nargs="*", metavar="IMAGE", help=f"some of {', '.join(IMAGES)} (default: all)")
-    sub.add_parser("sizes", help="size and largest layers of each image, checked against the budget")
+    build_cmd = sub.add_parser("build", help="build the CPU (or GPU) images, then report their sizes")
+    sizes_cmd = sub.add_parser("sizes", help="size and largest layers of each image, checked against the budget")
+    for cmd in (build_cmd, sizes_cmd):
+        cmd.add_argument("images", nargs="*", metavar="IMAGE", help=f"some of {', '.join(IMAGES)} (default: all)")
+        cmd.add_argument("--gpu", action="store_true", help="the GPU variants (localhost/trainer-<image>:gpu)")
     sub.add_parser("clean", help=f"remove the images, {BASE_REF} and every layer built on it")
     args = parser.parse_args(argv)
     try:
@@ -160,9 +210,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             clean(engine)
         else:
             images = getattr(args, "images", None) or IMAGES
+            variant = "gpu" if args.gpu else "cpu"
             if args.command == "build":
-                build(engine, images)
-            problems = size_report(engine, images)
+                build(engine, images, variant)
+            if variant == "gpu":
+                for image in images:
+                    gpu_facts(engine, image)
+            problems = size_report(engine, images, variant)
             for problem in problems:
                 print(f"local_build: {problem}", file=sys.stderr)
             return 1 if problems else 0

@@ -16,11 +16,17 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from build_common import ROOT, log
+from build_common import IMAGES, ROOT, log
 from debian_base import BASE_PYTHON
 
-# The local wheel index is a build argument: a fixed port keeps it, and so the layer cache, the same.
+# The local wheel index is a build argument: a fixed port keeps it, and so the layer cache, the same. Each image
+# has its own (WHEEL_PORT + its index in IMAGES), so images built side by side (make -j test) each serve their own.
 WHEEL_PORT = int(os.environ.get("TRAINER_WHEEL_PORT", "38417"))
+
+
+def wheel_port(image: str) -> int:
+    """The port the wheels are served on while ``image`` builds."""
+    return WHEEL_PORT + IMAGES.index(image)
 # images/horovod/build_horovod_wheel.sh's cache: <key>/key.txt and <key>/horovod-*.whl per build key.
 HOROVOD_CACHE_PATH = "horovod"  # where the index serves it
 
@@ -71,8 +77,9 @@ class WheelSources:
 
 
 @contextlib.contextmanager
-def wheel_index(wheel: Path | None, horovod_cache: Path | None = None) -> Iterator[WheelSources]:
-    """Serve ``wheel`` as a one-package simple index and ``horovod_cache`` as it is, on 127.0.0.1 (the
+def wheel_index(wheel: Path | None, horovod_cache: Path | None = None,
+                port: int = WHEEL_PORT) -> Iterator[WheelSources]:
+    """Serve ``wheel`` as a one-package simple index and ``horovod_cache`` as it is, on 127.0.0.1:``port`` (the
     builds use the host network). The Horovod URL is given even for a cache that does not exist yet: the
     build then compiles, and the build argument (so the layer cache) stays the same either way."""
     if wheel is None and horovod_cache is None:
@@ -92,9 +99,9 @@ def wheel_index(wheel: Path | None, horovod_cache: Path | None = None) -> Iterat
 
         handler = functools.partial(Quiet, directory=tmp)
         try:
-            server = http.server.ThreadingHTTPServer(("127.0.0.1", WHEEL_PORT), handler)
+            server = http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
         except OSError:
-            log(f"port {WHEEL_PORT} is busy: serving the wheels on another one (the layer cache will miss)")
+            log(f"port {port} is busy: serving the wheels on another one (the layer cache will miss)")
             server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
         with server:
             threading.Thread(target=server.serve_forever, daemon=True).start()

@@ -11,7 +11,11 @@ import pytest
 from entrypoint.cluster import envvars
 
 ROOT = Path(__file__).resolve().parents[1]
-pytest_plugins = ["tests.gcs"]  # the `emulator` fixture: a GCS server for the gs:// tests
+pytest_plugins = [
+    "tests.gcs",  # the `emulator` fixture: a GCS server for the gs:// tests
+    "tests.diagnostics",  # a failed test reports its processes' output by replica and its failure records
+    "tests.slots",  # TEST_SLOTS: at most that many multi-process tests at once across make test's tiers
+]
 _PREFIXES = ("OMPI_", "PMI_", "PET_", "HOROVOD_", "AIP_", "CLOUD_ML_", "TORCHELASTIC_", "TRAINER_")
 CLUSTER_VARS = tuple(
     sorted({v for n in dir(envvars) if n.isupper() and isinstance(v := getattr(envvars, n), str)}
@@ -43,3 +47,10 @@ def subprocess_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 PYTHON = sys.executable
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Multi-process (``slow``) tests first, each group in its usual order: with pytest-xdist (`make test`) the long
+    ones start at once and the many short unit tests fill the workers' gaps at the end, instead of one long test
+    starting last and running alone. The same order on every worker, as xdist requires."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

@@ -37,8 +37,8 @@ def _load(*names: str) -> list[ModuleType]:
         sys.path.remove(folder)
 
 
-driver, common, engines, base, wheels, sizes = _load(
-    "local_build", "build_common", "container_engine", "debian_base", "wheel_sources", "image_sizes")
+driver, common, engines, base, wheels, sizes, cuda = _load(
+    "local_build", "build_common", "container_engine", "debian_base", "wheel_sources", "image_sizes", "cuda_base")
 Engine = engines.Engine
 UID = 1000  # the images' trainer user (TRAINER_UID)
 JOB_TIMEOUT = 300  # seconds for one containerised job; each takes 10-60 s on 2 idle cores

@@ -53,7 +53,7 @@ def key(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
 def test_a_wheel_served_for_this_key_is_used_instead_of_compiling(tmp_path: Path, key: tuple[str, str]) -> None:
     name, material = key
     cache = served_cache(tmp_path, material, name)
-    with wheels.wheel_index(None, cache) as sources:
+    with wheels.wheel_index(None, cache, port=0) as sources:  # any free port: never the builds' own
         proc = script(tmp_path / "out", tmp_path, HOROVOD_WHEEL_URL=str(sources.horovod_cache))
     assert proc.returncode == 0, proc.stderr
     assert "served for this key" in proc.stdout
@@ -70,7 +70,7 @@ def test_anything_else_falls_back_to_the_source_build(tmp_path: Path, key: tuple
         (wheel,) = (cache / name).glob("*.whl")
         with zipfile.ZipFile(wheel, "w") as empty:
             empty.writestr("horovod/__init__.py", "")
-    with wheels.wheel_index(None, cache) as sources:
+    with wheels.wheel_index(None, cache, port=0) as sources:  # any free port: never the builds' own
         proc = script(tmp_path / "out", tmp_path, HOROVOD_WHEEL_URL=str(sources.horovod_cache))
     # The fallback is the source build, which needs the sdist: no index here, so it stops there.
     assert proc.returncode != 0

@@ -1,5 +1,5 @@
-"""images/local_build.py (make image-test), without an engine: the local CPU builds differ from the release
-builds in cloudbuild.yaml only by the build arguments the issue allows, and bad input ends in one line."""
+"""images/local_build.py (make image-test, make image-test-gpu), without an engine: the local builds differ from the
+release builds in cloudbuild.yaml only by the build arguments the issue allows, and bad input ends in one line."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from dockerfile_parse import DockerfileParser
 
-from tests.containers.engine import base, common, driver, engines, sizes, wheels
+from tests.containers.engine import base, common, cuda, driver, engines, sizes, wheels
 from tests.images.test_cloudbuild import build_steps, flag
 
 pytestmark = pytest.mark.images
@@ -22,14 +22,21 @@ ROOT = Path(__file__).resolve().parents[2]
 # The only differences a local build may have: the base, its Python, and where torch's +cpu wheel and
 # Horovod's wheel come from.
 LOCAL_ONLY = {"CPU_IMAGE", "PYTHON_VERSION", "TORCH_CPU_INDEX_URL", "HOROVOD_WHEEL_URL"}
+# The GPU variants: the CUDA bases replaced by the local Debian base (and Horovod's devel base by the local CUDA
+# devel base), the GPU locks installed from PyPI as in the release.
+LOCAL_ONLY_GPU = {"CUDA_IMAGE", "CUDA_DEVEL_IMAGE", "PYTHON_VERSION", "HOROVOD_WHEEL_URL"}
 SOURCES = wheels.WheelSources("http://127.0.0.1:38417/simple/", "http://127.0.0.1:38417/horovod/")
 
 
-def cloud_cpu_args(image: str) -> dict[str, str]:
-    """The --build-arg values of cloudbuild.yaml's CPU build step for ``image``."""
+def cloud_args(image: str, variant: str = "cpu") -> dict[str, str]:
+    """The --build-arg values of cloudbuild.yaml's build step for ``image``'s ``variant``."""
     (step,) = [s for s in build_steps() if flag(s, "file") == [f"images/{image}/Dockerfile"]
-               and "VARIANT=cpu" in flag(s, "build-arg")]
+               and f"VARIANT={variant}" in flag(s, "build-arg")]
     return dict(arg.split("=", 1) for arg in flag(step, "build-arg"))
+
+
+def cloud_cpu_args(image: str) -> dict[str, str]:
+    return cloud_args(image, "cpu")
 
 
 def _git_head() -> str:
@@ -42,9 +49,10 @@ def dockerfile_args(image: str) -> set[str]:
     return {ins["value"].split("=", 1)[0] for ins in parser.structure if ins["instruction"] == "ARG"}
 
 
+@pytest.mark.parametrize("variant", common.VARIANTS)
 @pytest.mark.parametrize("image", common.IMAGES)
-def test_local_builds_pass_cloud_builds_cpu_arguments(image: str) -> None:
-    cloud, local = cloud_cpu_args(image), driver.release_build_args(image)
+def test_local_builds_pass_cloud_builds_arguments(image: str, variant: str) -> None:
+    cloud, local = cloud_args(image, variant), driver.release_build_args(image, variant)
     assert set(local) == set(cloud)
     for name, value in cloud.items():
         if not value.startswith("${"):  # substitutions: the Makefile/driver fill in the same values
@@ -66,6 +74,37 @@ def test_everything_else_is_a_local_only_argument_the_dockerfile_declares(image:
 
 
 @pytest.mark.parametrize("image", common.IMAGES)
+@pytest.mark.parametrize("sources", [wheels.WheelSources(), SOURCES])
+def test_gpu_builds_differ_only_by_their_bases(image: str, sources: Any) -> None:
+    local = driver.local_build_args(image, sources, "gpu")
+    assert set(local) <= LOCAL_ONLY_GPU
+    assert set(local) <= dockerfile_args(image)
+    assert local["CUDA_IMAGE"] == base.BASE_REF and local["PYTHON_VERSION"] == base.BASE_PYTHON
+    # the devel base where the Dockerfile compiles (Horovod's NCCL operations), made from PyPI's CUDA wheels
+    assert local.get("CUDA_DEVEL_IMAGE") == (cuda.CUDA_DEVEL_REF if image == "horovod" else None)
+    command = driver.build_command(engines.Engine("podman", ("podman",)), image, sources, "gpu")
+    assert f"--tag=localhost/trainer-{image}:gpu" in command and "--build-arg=VARIANT=gpu" in command
+
+
+def test_the_cuda_devel_base_takes_the_gpu_locks_runtime_and_nccl() -> None:
+    pins, dockerfile, digest = cuda.recipe()
+    lock = (ROOT / "images" / "horovod" / "requirements.txt").read_text().splitlines()
+    for name in cuda.FROM_LOCK:
+        (pin,) = [p for p in pins if p.lower().startswith(f"{name}==")]
+        assert pin in lock  # the headers and libraries of exactly what the image's torch loads
+    assert all("==" in pin for pin in pins)  # exact pins only
+    assert f"FROM {base.BASE_REF}\n" in dockerfile and f"{cuda.RECIPE_LABEL}={digest}" in dockerfile
+    assert "libnccl-dev" in dockerfile  # what the Horovod Dockerfile's builder installs with apt-get
+    assert "libnccl-dev" in (ROOT / "images" / "horovod" / "Dockerfile").read_text()
+
+
+@pytest.mark.parametrize("image", common.IMAGES)
+def test_images_built_side_by_side_serve_their_wheels_on_their_own_port(image: str) -> None:
+    ports = {wheels.wheel_port(i) for i in common.IMAGES}
+    assert len(ports) == len(common.IMAGES) and wheels.wheel_port(image) >= wheels.WHEEL_PORT
+
+
+@pytest.mark.parametrize("image", common.IMAGES)
 def test_build_command_uses_the_real_dockerfile_and_the_repository_context(image: str) -> None:
     engine = engines.Engine("podman", ("podman",))
     command = driver.build_command(engine, image, SOURCES)
@@ -77,14 +116,15 @@ def test_build_command_uses_the_real_dockerfile_and_the_repository_context(image
     assert build_args <= set(cloud_cpu_args(image)) | LOCAL_ONLY
 
 
-def test_size_budget_covers_every_image_with_a_margin() -> None:
+@pytest.mark.parametrize("variant", common.VARIANTS)
+def test_size_budget_covers_every_image_with_a_margin(variant: str) -> None:
     data: dict[str, Any] = json.loads(sizes.BUDGET_FILE.read_text())
-    assert set(data["bytes"]) == set(common.IMAGES)
+    assert set(data[sizes.BUDGET_KEYS[variant]]) == set(common.IMAGES)
     assert 0 < data["margin"] <= 0.25
-    margin, budget = sizes.load_budget()
+    margin, budget = sizes.load_budget(variant)
     image, size = "pytorch", budget["pytorch"]
-    assert sizes.budget_problem(image, size) is None
-    assert sizes.budget_problem(image, int(size * (1 + margin)) + 1) is not None
+    assert sizes.budget_problem(image, size, variant) is None
+    assert sizes.budget_problem(image, int(size * (1 + margin)) + 1, variant) is not None
 
 
 def local_build(*args: str, **env: str) -> subprocess.CompletedProcess[str]:

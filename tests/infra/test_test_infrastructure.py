@@ -1,0 +1,88 @@
+"""The test infrastructure of `make test` (docs/testing.md): tests/tiers.py (a tier logged, timed and reported),
+tests/diagnostics.py (a failed test says where to look) and tests/slots.py (a limit on multi-process tests)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from tests import diagnostics, slots, tiers
+from tests.conftest import ROOT, subprocess_env
+
+
+def test_a_failed_tier_prints_its_failures_records_its_times_and_keeps_its_exit_code(tmp_path: Path) -> None:
+    script = ("print('collected'); print('=' * 5 + ' FAILURES ' + '=' * 5); print('___ test_x ___'); "
+              "print('E  assert 1 == 2'); print('=' * 3 + ' 1 failed, 2 passed in 0.1s ' + '=' * 3); "
+              "raise SystemExit(1)")
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "tiers.py"), "run", "demo", "--log-dir", str(tmp_path),
+                           "--", sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "[tiers] demo: FAILED (exit 1)" in proc.stdout and "1 failed, 2 passed" in proc.stdout
+    assert "[demo] E  assert 1 == 2" in proc.stdout and "[demo] collected" not in proc.stdout  # the failures only
+    (record,) = [json.loads(line) for line in (tmp_path / "tiers.jsonl").read_text().splitlines()]
+    assert record["tier"] == "demo" and record["exit"] == 1 and record["wall"] >= 0 and record["cpu"] >= 0
+    assert (tmp_path / "demo.log").read_text().startswith("collected\n")
+
+
+def test_the_table_says_what_ran_beside_what() -> None:
+    records = [{"tier": "a", "start": 0.0, "end": 100.0, "wall": 100.0, "cpu": 50.0, "exit": 0, "result": None},
+               {"tier": "b", "start": 10.0, "end": 20.0, "wall": 10.0, "cpu": 5.0, "exit": 1, "result": "1 failed"},
+               {"tier": "c", "start": 100.0, "end": 130.0, "wall": 30.0, "cpu": 5.0, "exit": 0, "result": None}]
+    rows = tiers.tier_table(records)
+    assert rows[2] == "| a | 0m00s | 1m40s | 1m40s | 0m50s | b | passed |"
+    assert rows[3] == "| b | 0m10s | 0m20s | 0m10s | 0m05s | a | **failed (1)**: 1 failed |"
+    assert rows[4].startswith("| c | 1m40s | 2m10s |") and "| - |" in rows[4]
+
+
+def test_a_failed_test_reports_its_processes_by_replica_and_its_failure_records(tmp_path: Path) -> None:
+    test = tmp_path / "test_demo.py"
+    test.write_text(
+        "import json, subprocess, sys\n"
+        "def test_demo(tmp_path):\n"
+        "    (tmp_path / 'job' / 'failures').mkdir(parents=True)\n"
+        "    (tmp_path / 'job' / 'failures' / '1.json').write_text(json.dumps({'replica': 'workerpool1-0', "
+        "'class': 'peer_lost', 'exit_code': 129, 'message': 'lost workerpool0'}))\n"
+        "    p = subprocess.Popen([sys.executable, '-c', \"print('[workerpool0-0] chief says hi'); "
+        "print('[workerpool1-0] worker says bye')\"], stdout=subprocess.PIPE, text=True)\n"
+        "    lines = [line for line in p.stdout]\n"
+        "    assert p.wait() == 0 and len(lines) == 2  # the test reads its pipe as usual\n"
+        "    assert False\n")
+    proc = subprocess.run([sys.executable, "-m", "pytest", str(test), "-q", "-p", "no:cacheprovider",
+                           "-p", "tests.diagnostics", "--rootdir", str(tmp_path)],
+                          cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stdout
+    assert "where to look: the 1 process(es) the test started, by replica" in proc.stdout
+    assert "--- [workerpool0-0]: 1 lines" in proc.stdout and "[workerpool1-0] worker says bye" in proc.stdout
+    assert "job/failures/1.json: workerpool1-0 rank None step None: peer_lost exit 129: lost workerpool0" in proc.stdout
+
+
+def test_replica_tails_keep_the_last_lines_of_each_replica() -> None:
+    lines = [f"[workerpool0-0] {i}" for i in range(50)] + ["[local] workerpool1-0 exited 137"]
+    shown = diagnostics.replica_tails(lines)
+    assert shown[0] == "--- [workerpool0-0]: 50 lines, the last 30" and shown[1] == "[workerpool0-0] 20"
+    assert shown[-2:] == ["--- [local]: 1 lines", "[local] workerpool1-0 exited 137"]
+
+
+def test_one_slot_is_held_by_one_test_at_a_time(tmp_path: Path) -> None:
+    inside: list[int] = []
+    overlaps: list[int] = []
+
+    def hold() -> None:
+        with slots.slot(tmp_path, 1):
+            inside.append(1)
+            overlaps.append(len(inside))
+            time.sleep(0.3)
+            inside.pop()
+
+    threads = [threading.Thread(target=hold) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert overlaps == [1, 1, 1]
+    assert sorted(os.listdir(tmp_path)) == ["slot-0"]
