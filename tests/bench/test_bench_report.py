@@ -96,3 +96,16 @@ def test_memory_compares_the_larger_rank_and_the_export_rise_with_the_largest_te
                                                           (190, 1.9, False), (120, 1.2, True)]
     assert rows[4].target == "<= largest + 32 MiB" and "ranks 2500 / 2400 MiB" in rows[1].note
     assert all(r.met is None for r in training_rows(runs, MALLOCS, "tiny", 2))  # targets only at ~100M
+
+
+def test_the_sharded_gpt_row_is_per_device_and_says_what_ran() -> None:
+    from bench.gpu import sharded_row
+
+    runs = [{"tokens_per_second": 400.0, "world_size": 2, "strategy": "fsdp", "compile_seconds": 30.0},
+            {"tokens_per_second": 300.0, "world_size": 1, "strategy": "default",
+             "strategy_reason": "--strategy fsdp on a single process: nothing to shard"}]
+    row = sharded_row("fsdp", runs[:1], bare=100.0, cuda=True)
+    assert (row.median, row.ratio, row.group, row.note) == (400.0, 2.0, "sharded, world 2",
+                                                             "ran as fsdp; compiling took 30 s")
+    row = sharded_row("fsdp", runs[1:], bare=100.0, cuda=True)
+    assert row.ratio == 3.0 and "ran as default (--strategy fsdp on a single process" in row.note
