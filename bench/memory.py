@@ -218,7 +218,7 @@ def jobs(steps: int, horovod: bool, quick: bool) -> dict[str, tuple[str, dict[st
             "entrypoint run --framework horovod --nproc-per-node 2": lambda d: [
                 *run, *hvd, "--nproc-per-node", "2", "--job-dir", str(d), *after],
             "horovodrun -np 2 --gloo": lambda d: [
-                horovodrun, "-np", "2", "-H", "localhost:2", "--gloo", "--gloo-timeout-seconds", "120",
+                *python(), horovodrun, "-np", "2", "-H", "localhost:2", "--gloo", "--gloo-timeout-seconds", "120",
                 "-p", str(free_port()), *python(), HVD_SCRIPT, *after[1:]]})
     return found
 
