@@ -76,6 +76,12 @@ def test_checkpoint_targets_are_on_asynchronous_saves_at_100m_parameters() -> No
                                                   ("DCP async_save (FSDP)", False), ("DCP save", None)]
     assert rows[1].median == 0.45 and rows[1].ratio == 0.09 and rows[1].target == "<= 0.1"
     assert all(r.met is None for r in rows_of("1M", seconds, 1_000_000))
+    nan = float("nan")
+    remote = {"ours async gs://": [(nan, nan), (0.2, 4.0)], "ours sync gs://": [(nan, nan)]}
+    rows = rows_of("110M", remote, 110_000_000, {"ours async gs://": ["HttpError: 400"], "ours sync gs://": ["x"]})
+    assert (rows[0].runs, rows[0].ratio, rows[0].met) == ([0.2], 0.05, True)
+    assert rows[0].note.endswith("; 1 save(s) failed (counting warm-up), the last: HttpError: 400")
+    assert (rows[1].runs, rows[1].ratio, rows[1].met) == ([], None, None)
 
 
 def _training_job(rank0: float, rank1: float, rise: float | None = None) -> dict[str, Any]:
