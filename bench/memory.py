@@ -12,7 +12,9 @@ set (``VmHWM``) is kept. Training processes name themselves (the scripts touch `
   records its own ``VmHWM`` when training ends (its first evaluation batch: before the epoch's checkpoint and
   the export); the row is the larger of the two ranks. Target: FSDP at most 0.6x DDP per rank. glibc's malloc
   decides much of it (its dynamic mmap threshold sends FSDP's per-block all-gather buffers to a heap that then
-  fragments), so both run twice: with glibc's defaults and with ``MALLOC_MMAP_THRESHOLD_=131072``.
+  fragments), so both run twice: with glibc's defaults and with ``MALLOC_MMAP_THRESHOLD_=131072``. These jobs
+  run in the PyTorch venv whichever venv the family runs in: where TensorFlow is installed (the Horovod venv),
+  the chief's ``torch.utils.tensorboard`` imports it (+0.6 GiB on rank 0 alone).
 - Export: in the FSDP runs, rank 0's peak resident set rise while the entrypoint writes ``model.safetensors``
   (streamed tensor by tensor, ``entrypoint/pytorch/export.py``), next to the largest tensor. Target: at most the
   largest tensor plus a fixed buffer (``EXPORT_BUFFER_MIB``).
@@ -44,6 +46,7 @@ from bench.common import (
     interleave,
     median,
     python,
+    pytorch_python,
 )
 
 DDP_SCRIPT, HVD_SCRIPT = str(REPO / "bench" / "ddp_script.py"), str(REPO / "bench" / "hvd_script.py")
@@ -143,8 +146,9 @@ def peak_training(cmd: list[str], env: dict[str, str], job: Path) -> dict[str, A
 
 
 def training_command(strategy: str, config: str, steps: int, job: Path) -> list[str]:
-    """``entrypoint run`` of the GPT hooks module on 2 processes; the FSDP runs also measure the export."""
-    return [*python(), "-m", "entrypoint", "run", "--framework", "pytorch", "--module", "bench.gpt_hooks",
+    """``entrypoint run`` of the GPT hooks module on 2 processes, in the PyTorch venv (the Horovod one also holds
+    TensorFlow, which ``torch.utils.tensorboard`` imports on the chief: +0.6 GiB); FSDP also measures the export."""
+    return [*pytorch_python(), "-m", "entrypoint", "run", "--framework", "pytorch", "--module", "bench.gpt_hooks",
             "--nproc-per-node", "2", "--strategy", strategy, "--job-dir", str(job), "--batch-size", "1",
             "--log-every", "1000000", "--", "--config", config, "--steps", str(steps), "--warmup", "0", "--batch",
             "1", *(["--export"] if strategy == "fsdp" else [])]
@@ -264,9 +268,9 @@ def run(quick: bool) -> FamilyResult:
                         f"(MiB; each process in the note, from the last run); {steps} DDP steps; {repeats} "
                         "interleaved round(s); /proc sampled every 50 ms")
     result.notes.append(f"training: bench.gpt_hooks, config '{config}', AdamW, {train_steps} steps of batch 1 per "
-                        "rank, on CPU over gloo; each rank's VmHWM when training ends (before the epoch's checkpoint "
-                        "and the export), the larger rank's in the table; FSDP target <= "
-                        f"{FSDP_TARGET:g}x DDP in each malloc setting")
+                        f"rank, on CPU over gloo, with {pytorch_python()[0]}; each rank's VmHWM when training ends "
+                        "(before the epoch's checkpoint and the export), the larger rank's in the table; FSDP target "
+                        f"<= {FSDP_TARGET:g}x DDP in each malloc setting")
     result.notes.append("export: rank 0's VmHWM rise (reset through /proc/self/clear_refs) while the entrypoint "
                         "writes model.safetensors; on CPU every gathered tensor passes through gloo's all-gather, "
                         "which allocates a flat copy of its output beside it")
