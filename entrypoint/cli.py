@@ -18,6 +18,7 @@ from entrypoint.options import RunOptions
 from entrypoint.outputs.locations import resolve_outputs
 from entrypoint.outputs.logs import resolve_format, to_stderr
 from entrypoint.outputs.progress import setup_logging
+from entrypoint.planning import registry
 from entrypoint.planning.plan import Plan, make_plan
 from entrypoint.planning.runargs import (
     Parser,
@@ -71,7 +72,7 @@ def _one_line_errors(command: Callable[[Sequence[str]], int], argv: Sequence[str
         failure, secrets = failures.classify(exc), secret_values()
         if failure.traceback and not isinstance(exc, TrainerError):  # not one of ours: where it came from helps
             print(failures.redact(failure.traceback, secrets), file=sys.stderr, end="")
-        to_stderr(f"entrypoint: error: {failures.redact(failure.message, secrets)}")
+        to_stderr(failures.error_line(failures.redact(failure.message, secrets)))
         return failure.exit_code
 
 
@@ -85,7 +86,8 @@ def _run(argv: Sequence[str], ctx: failures.FailureContext) -> int:
                                   tensorboard_dir=None, trial=None).job_dir
     plan = build_plan(options)
     describe_failures(ctx, plan)
-    log_format = resolve_format(options.log_format, settings, plan.topology.source, plan.framework)
+    log_format = resolve_format(options.log_format, settings, plan.topology.source,
+                                registry.get(plan.framework).prefixed_output)
     os.environ[ev.TRAINER_LOG_FORMAT] = log_format  # every process of the run writes the same format
     setup_logging(fmt=log_format, trial=plan.topology.trial)
     from entrypoint.doctor import preflight

@@ -7,14 +7,14 @@ agent the entry is also wrapped with torch's ``record`` (the funnel writes torch
 
 from __future__ import annotations
 
-from entrypoint.cluster.environments.settings import read_handoff
 from entrypoint.lifecycle.runner import run_worker
 from entrypoint.lifecycle.shutdown import end
+from entrypoint.planning import handoff
 
 
 def main() -> int:
     """Run this worker; its exit code."""
-    handed = read_handoff()
+    handed = handoff.read()
     if handed.error_file is None:
         return run_worker(handed)
     from torch.distributed.elastic.multiprocessing.errors import record

@@ -11,7 +11,9 @@ import os
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-IMAGES = ("pytorch", "tensorflow", "horovod")
+# Every image is a folder with a Dockerfile (images/<name>/Dockerfile): the one list of images, which
+# images.mk, cloudbuild.yaml's test and the image tests derive the same way.
+IMAGES = tuple(sorted(p.parent.name for p in (ROOT / "images").glob("*/Dockerfile")))
 INSTALL = "apt-get install -y podman runc mmdebstrap"
 
 

@@ -23,8 +23,10 @@ DOCKER ?= docker
 DOCKER_BUILD_ARGS ?=
 HADOLINT ?= $(TOOLS_BIN)/hadolint
 
-IMAGES := pytorch tensorflow horovod
+# Every images/<name>/Dockerfile is an image (images/build_common.py derives the same list).
+IMAGES := $(sort $(patsubst images/%/Dockerfile,%,$(wildcard images/*/Dockerfile)))
 IMAGE_REFS := $(foreach i,$(IMAGES),$(REGISTRY)/$(i):$(TAG) $(REGISTRY)/$(i)-cpu:$(TAG))
+BUILD_TARGETS := $(foreach i,$(IMAGES),build-$(i) build-$(i)-cpu)
 
 # $(call image_build,<image>,<gpu|cpu>,<repository name>): the build cloudbuild.yaml runs for it.
 image_build = DOCKER_BUILDKIT=1 $(DOCKER) build --file images/$(1)/Dockerfile \
@@ -33,23 +35,18 @@ image_build = DOCKER_BUILDKIT=1 $(DOCKER) build --file images/$(1)/Dockerfile \
 	--build-arg VERSION=$(IMAGE_VERSION) --build-arg REVISION=$(IMAGE_REVISION) \
 	$(DOCKER_BUILD_ARGS) --tag $(REGISTRY)/$(3):$(TAG) .
 
-.PHONY: build build-pytorch build-pytorch-cpu build-tensorflow build-tensorflow-cpu \
-	build-horovod build-horovod-cpu push cloudbuild lint-docker image-test test-images image-clean
+.PHONY: build $(BUILD_TARGETS) push cloudbuild lint-docker image-test test-images image-clean
 
-build: build-pytorch build-pytorch-cpu build-tensorflow build-tensorflow-cpu build-horovod build-horovod-cpu
+build: $(BUILD_TARGETS)
 
-build-pytorch:
-	$(call image_build,pytorch,gpu,pytorch)
-build-pytorch-cpu:
-	$(call image_build,pytorch,cpu,pytorch-cpu)
-build-tensorflow:
-	$(call image_build,tensorflow,gpu,tensorflow)
-build-tensorflow-cpu:
-	$(call image_build,tensorflow,cpu,tensorflow-cpu)
-build-horovod:
-	$(call image_build,horovod,gpu,horovod)
-build-horovod-cpu:
-	$(call image_build,horovod,cpu,horovod-cpu)
+# build-<image> (GPU) and build-<image>-cpu for every image.
+define image_targets
+build-$(1):
+	$$(call image_build,$(1),gpu,$(1))
+build-$(1)-cpu:
+	$$(call image_build,$(1),cpu,$(1)-cpu)
+endef
+$(foreach i,$(IMAGES),$(eval $(call image_targets,$(i))))
 
 # Authenticate once: gcloud auth configure-docker $(REGION)-docker.pkg.dev
 push: build

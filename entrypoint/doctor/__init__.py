@@ -17,12 +17,10 @@ from entrypoint.doctor import checks
 from entrypoint.doctor.checks import Finding
 from entrypoint.doctor.facts import NodeFacts, checkpoint_bytes, host_of, node_facts, path_facts, resolvable
 from entrypoint.errors import TrainerError
+from entrypoint.planning import registry
 from entrypoint.planning.plan import Plan
 
 log = logging.getLogger("entrypoint")
-LOADER_FRAMEWORKS = ("pytorch", "horovod")  # their hooks loop (pytorch/loop.py) starts DataLoader workers
-LOADER_DEFAULT_GPU_WORKERS = 2  # pytorch/loop.py's default: 2 workers on GPU, 0 on CPU
-SCRIPT_WORKERS = 1  # a script's own DataLoader is assumed to start one worker (--data-workers N says otherwise)
 
 
 class PreflightError(TrainerError):
@@ -46,20 +44,23 @@ class Demand:
 
 
 def demand(plan: Plan, node: NodeFacts) -> Demand:
-    """DataLoader workers, collectives and GPUs of this node's part of the plan."""
+    """DataLoader workers, collectives and GPUs of this node's part of the plan (the framework's record says
+    which DataLoader workers its loop starts, what a script of it is assumed to start, and its CPU backend)."""
     usable = checks.usable_gpus(plan.gpus_per_node, node.driver_gpus) if node.image_cuda else 0
     hooks = plan.code is not None and plan.code.kind == "hooks"
     chosen = plan.options.data_workers
+    framework = registry.get(plan.framework)
+    loader = framework.data_loader
     workers, cappable = 0, False
-    if plan.framework in LOADER_FRAMEWORKS and hooks:
-        workers, cappable = (chosen if chosen is not None else LOADER_DEFAULT_GPU_WORKERS if usable else 0), True
-    elif plan.framework in LOADER_FRAMEWORKS:
-        workers = chosen if chosen is not None else SCRIPT_WORKERS
+    if loader is not None and hooks:
+        workers, cappable = (chosen if chosen is not None else plan.loader_workers(bool(usable))), True
+    elif loader is not None:
+        workers = chosen if chosen is not None else loader.script
     distributed = plan.world_size > 1
     nccl = bool(usable) and (distributed or usable > 1)
     return Demand(workers=workers, cappable=cappable, nccl=nccl,
                   nccl_shm=nccl and (plan.nproc_per_node > 1 or usable > 1),
-                  gloo=distributed and not usable and plan.framework in LOADER_FRAMEWORKS, usable_gpus=usable)
+                  gloo=distributed and not usable and framework.cpu_collectives == "gloo", usable_gpus=usable)
 
 
 def run_checks(plan: Plan, settings: PlatformSettings, cheap: bool) -> tuple[list[Finding], int | None]:

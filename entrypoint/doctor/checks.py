@@ -13,6 +13,7 @@ from typing import Any, Literal
 from entrypoint import errors
 from entrypoint.doctor.facts import UNLIMITED, PathFacts, Space
 from entrypoint.errors import FailureClass
+from entrypoint.planning import registry
 
 Status = Literal["ok", "warning", "error", "skipped"]
 MIB = 1 << 20
@@ -144,8 +145,8 @@ def gpus(framework: str, nproc: int, planned: int, driver_gpus: int, image_cuda:
         return Finding("gpus", "skipped", f"no GPU: {count(nproc, 'process', 'processes')} on CPU")
     usable = usable_gpus(planned, driver_gpus)
     listed = count(usable, "usable GPU") + (f" of {driver_gpus}" if usable != driver_gpus else "")
-    if framework == "tensorflow":
-        return Finding("gpus", "ok", f"{listed}, driven by one TensorFlow process")
+    if registry.get(framework).gpus_per_process == "all":
+        return Finding("gpus", "ok", f"{listed}, driven by one {registry.get(framework).label} process")
     if usable and nproc > usable:
         return Finding("gpus", "error", f"{nproc} processes planned on this node but {listed}: a process without its "
                        "own GPU fails with 'invalid device ordinal'",

@@ -139,13 +139,20 @@ def path_facts(uri: str) -> PathFacts:
 
 
 def checkpoint_bytes(checkpoint_dir: str) -> int | None:
-    """Size of the newest committed checkpoint (from its marker's manifest), None without one."""
+    """Size of the newest committed checkpoint whose files are the sizes its marker says, None without one.
+
+    A marker whose sizes the files do not have (a corrupt manifest, a truncated file) is not trusted: resume
+    skips that checkpoint, so its size says nothing about the next one (the files on disk do)."""
     try:
         found = checkpoints.committed(local_path(checkpoint_dir), warn=False)
-        if not found:
-            return None
-        files = checkpoints.read_marker(found[-1][1]).get("files") or {}
-        return sum(int(f.get("size", 0)) for f in files.values()) or None
+        for _step, path in reversed(found):
+            try:
+                checkpoints.check_sizes(path)
+            except (checkpoints.CheckpointError, OSError, ValueError, TypeError, AttributeError):
+                continue
+            files = checkpoints.read_marker(path).get("files") or {}
+            return sum(int(f.get("size", 0)) for f in files.values()) or None
+        return None
     except (OSError, ValueError, TypeError, AttributeError, TrainerError, StorageError):
         return None  # unknown: the run itself reports a store it cannot reach
 

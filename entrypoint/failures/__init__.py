@@ -4,7 +4,15 @@ The names below are the package's interface: ``failures.classify(exc)``, ``failu
 ``failures.finish(ctx, record)``, ``failures.FailureContext``.
 """
 
-from entrypoint.failures.classify import Failure, classify, code_class, exit_failure, is_peer_lost
+from entrypoint.failures.classify import (
+    Failure,
+    PeerSigns,
+    add_peer_source,
+    classify,
+    code_class,
+    exit_failure,
+    is_peer_lost,
+)
 from entrypoint.failures.finish import (
     FailureContext,
     finish,
@@ -15,12 +23,18 @@ from entrypoint.failures.finish import (
     redact,
     write_record,
 )
+from entrypoint.failures.records import LAST_LINE_CHARS, clip, error_line
 
 __all__ = [
+    "LAST_LINE_CHARS",
     "Failure",
     "FailureContext",
+    "PeerSigns",
+    "add_peer_source",
     "classify",
+    "clip",
     "code_class",
+    "error_line",
     "exit_failure",
     "finish",
     "finish_child",

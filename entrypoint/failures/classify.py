@@ -2,6 +2,13 @@
 
 ``classify`` is the only place an exception becomes a failure class and an exit code; ``code_class`` reads a
 bare exit status (a child that left no record, a script's own exit code) with the same table (``errors.py``).
+
+A lost peer is told by where the failure happened and its type, never by words alone: a type a framework
+declares as its own lost peer (``Framework.peer_errors``: torch's ``DistNetworkError``, Horovod's
+``HorovodInternalError``, TensorFlow's ``UnavailableError``...), or a runtime or connection error raised where a
+collective or the job's store runs (``Framework.peer_modules``: ``torch.distributed``, ``horovod``...) that
+names a connection or a timeout. This module knows no framework: ``planning.registry`` adds the registered
+frameworks' signs (``add_peer_source``), so a new framework's lost peer is retryable once it declares them.
 """
 
 from __future__ import annotations
@@ -10,7 +17,7 @@ import errno
 import os
 import shutil
 import traceback
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,19 +27,43 @@ from entrypoint.outputs import storage
 from entrypoint.outputs.locations import local_path
 from entrypoint.outputs.storage import StorageError
 
-_MAX_MESSAGE = 400
+_MAX_MESSAGE = 8000  # a record keeps the whole message (the last line clips it: records.clip), bar a pathological one
 _MAX_TRACEBACK_LINES = 60
 _MAX_TRACEBACK_CHARS = 8000
-# Messages of torch.distributed (gloo, nccl), Horovod and the OS that mean a peer is gone or stuck.
+# What a collective or a store says when a peer is gone or stuck (gloo, nccl, Horovod, the OS): read only of an
+# error raised where a collective or the store runs (a framework's ``peer_modules``), never of the user's own.
 _PEER_MESSAGES = (
     "connection closed by peer", "connection reset by peer", "broken pipe", "connection refused",
     "timed out waiting", "timeout waiting", "wait timeout", "socket timeout", "collective operation timeout",
     "communicator was aborted", "remote process exited", "ncclremoteerror", "ncclsystemerror",
     "horovod has been shut down", "gloo context", "read error", "connection closed",
 )
-_PEER_TYPES = ("DistNetworkError", "DistStoreError", "DistBackendError", "HorovodInternalError",
-               "HostsUpdatedInterrupt", "RendezvousTimeoutError", "RendezvousClosedError", "RendezvousConnectionError")
-_TF_PEER_TYPES = ("DeadlineExceededError", "UnavailableError", "AbortedError")
+
+
+@dataclass(frozen=True)
+class PeerSigns:
+    """What a framework's lost peer looks like: its exception types, and where its collectives and store run.
+
+    ``errors``: dotted names (``torch.distributed.DistNetworkError``); a type matches by its name and its top
+    package (``torch``), wherever the package defines it. ``modules``: module prefixes (``torch.distributed``).
+    """
+
+    errors: tuple[str, ...] = ()
+    modules: tuple[str, ...] = ()
+
+
+_sources: list[Callable[[], Iterable[PeerSigns]]] = []
+
+
+def add_peer_source(source: Callable[[], Iterable[PeerSigns]]) -> None:
+    """Consult ``source()`` (the registered frameworks' signs, read when a failure is classified) from now on."""
+    if source not in _sources:
+        _sources.append(source)
+
+
+def peer_signs() -> list[PeerSigns]:
+    """Every registered sign of a lost peer (none until a framework registry adds its own)."""
+    return [signs for source in _sources for signs in source()]
 
 
 @dataclass(frozen=True)
@@ -88,6 +119,12 @@ def _storage_failure(exc: StorageError) -> Failure:
     (one line naming the bucket and what to set); anything else (unreachable, 5xx, timeouts) is retryable."""
     cause, code = exc.cause, getattr(exc.cause, "code", None)
     kind = type(cause).__name__
+    if kind == "DefaultCredentialsError" and (exc.key_file_named or cause.__cause__ is not None):
+        # found, but unusable (a malformed or missing key file): google-auth's own words say what is wrong with it
+        where = "the key file GOOGLE_APPLICATION_CREDENTIALS names" if exc.key_file_named else "the credentials found"
+        said = cause.args[0] if cause.args and isinstance(cause.args[0], str) else str(cause)  # (message, cause)
+        return Failure(errors.OUTPUT_NOT_WRITABLE, f"{exc.bucket}: {where} cannot be used (google-auth: "
+                       f"{_first_line(said)[:300]}); fix it, or {_SET_CREDENTIALS}")
     if kind == "DefaultCredentialsError":
         return Failure(errors.OUTPUT_NOT_WRITABLE, f"{exc.bucket}: no Application Default Credentials found "
                        f"({_SET_CREDENTIALS})")
@@ -117,14 +154,28 @@ def _os_failure(exc: OSError, outputs: Iterable[str]) -> Failure | None:
 
 
 def _is_peer_failure(exc: BaseException, text: str) -> bool:
-    cls = type(exc)
-    if cls.__name__ in _PEER_TYPES or any(c.__name__ in _PEER_TYPES for c in cls.__mro__):
+    """A framework's own lost-peer type, or a runtime / OS error out of a collective or the store naming a
+    connection or a timeout (the user's own ``RuntimeError("timed out waiting")`` is the user's)."""
+    signs = peer_signs()
+    types = {(name.split(".", 1)[0], name.rsplit(".", 1)[-1]) for s in signs for name in s.errors}
+    if any((c.__module__.split(".", 1)[0], c.__name__) in types for c in type(exc).__mro__):
         return True
-    if cls.__module__.startswith("tensorflow") and cls.__name__ in _TF_PEER_TYPES:
-        return True
+    if not isinstance(exc, (RuntimeError, OSError)):
+        return False
+    where = raised_in(exc)
+    inside = any(where == m or where.startswith(m + ".") for s in signs for m in s.modules)
     lowered = text.lower()
-    return isinstance(exc, (RuntimeError, ConnectionError, TimeoutError)) and any(
-        m in lowered for m in _PEER_MESSAGES)
+    return inside and any(m in lowered for m in _PEER_MESSAGES)
+
+
+def raised_in(exc: BaseException) -> str:
+    """The module whose code raised ``exc`` (its innermost Python frame; a C++ call counts as its caller's)."""
+    tb = exc.__traceback__
+    if tb is None:
+        return ""
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return str(tb.tb_frame.f_globals.get("__name__", ""))
 
 
 def _under(path: str, outputs: Iterable[str]) -> bool:

@@ -21,8 +21,8 @@ from pathlib import Path
 
 from entrypoint.errors import ExitCode, FailureClass
 from entrypoint.failures.classify import Failure, classify, exit_failure
-from entrypoint.failures.records import FailureRecord, read_records, root_cause, store_record
-from entrypoint.outputs import logs
+from entrypoint.failures.records import FailureRecord, clip, read_records, root_cause, store_record
+from entrypoint.outputs import logs, redaction
 
 log = logging.getLogger("entrypoint")
 
@@ -41,13 +41,14 @@ class FailureContext:
     error_file: str | None = None  # torch elastic's TORCHELASTIC_ERROR_FILE, when a worker of its agent
     termination_log: bool = False  # Kubernetes: the message also goes to /dev/termination-log
     started: float = field(default_factory=time.time)
+    before: frozenset[str] = frozenset()  # records present when this process started: never this run's (local)
     step: int | None = None  # the training step this process reached (the hooks loops keep it current)
 
 
 def redact(text: str, secrets: Iterable[str]) -> str:
-    """``text`` with every secret value replaced by ``***`` and control characters made visible."""
-    for secret in sorted(secrets, key=len, reverse=True):
-        text = text.replace(secret, "***")
+    """``text`` with every secret value (raw, or escaped as repr() and JSON write it) replaced by ``***``, and
+    control characters made visible."""
+    text = redaction.hide(text, secrets)
     return "".join(c if c.isprintable() or c in "\n\t" else "?" for c in text)
 
 
@@ -90,11 +91,11 @@ def finish(ctx: FailureContext, own: FailureRecord, *, stored: bool = True, blam
         store_record(ctx.job_dir, own)
     cause = blame or own
     if ctx.top_level and cause.consequence:
-        earlier = root_cause([r for r in read_records(ctx.job_dir, ctx.started)
+        earlier = root_cause([r for r in read_records(ctx.job_dir, ctx.started, ctx.before)
                               if r.pid != own.pid or r.reported_by])
         if earlier is not None and not earlier.consequence:
-            logs.to_stderr(f"entrypoint: {own.replica} failed with {own.failure_class} ({own.message}) because of "
-                           f"an earlier failure")
+            logs.to_stderr(f"entrypoint: {own.replica} failed with {own.failure_class} ({clip(own.message, 200)}) "
+                           "because of an earlier failure")
             cause = earlier
     line = cause.noted(note).last_line()
     logs.error_line(line)
@@ -110,10 +111,11 @@ def finish_child(ctx: FailureContext, code: int, who: str | None = None, note: s
     The child gets a record on its behalf if it left none (killed by a signal, a script's exit code); the
     last line names the root cause among every record written since the supervisor started.
     """
-    records = read_records(ctx.job_dir, ctx.started)
+    records = read_records(ctx.job_dir, ctx.started, ctx.before)
     if not records or (who is not None and all(r.replica != who for r in records)):
         written = write_record(replace(ctx, replica=who, rank=None) if who else ctx, exit_failure(code))
-        records = read_records(ctx.job_dir, ctx.started) or [written]  # written, or not even a record could be
+        # written, or not even a record could be
+        records = read_records(ctx.job_dir, ctx.started, ctx.before) or [written]
     cause = root_cause(records)
     assert cause is not None
     return finish(ctx, cause, blame=cause, note=note)

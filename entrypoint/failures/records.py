@@ -26,6 +26,11 @@ from entrypoint.outputs.storage import Location, StorageError
 
 FAILURES_DIR = "failures"
 SCHEMA_VERSION = 1
+# A last line is at most this long: a long message (a value's repr, a very long name) is cut in its middle
+# (``clip``); the record keeps the whole message.
+LAST_LINE_CHARS = 400
+_MIN_MESSAGE_CHARS = 120  # what a message keeps however long the line's own words (replica, host) are
+_CUT = " [...] "
 _CLOCK_SKEW = 2.0  # seconds: a peer's record written just before our start still belongs to this run
 
 
@@ -72,11 +77,12 @@ class FailureRecord:
         return replace(self, message=f"{self.message}; {note}") if note else self
 
     def last_line(self) -> str:
-        """The one line a failing job ends with."""
+        """The one line a failing job ends with, at most ``LAST_LINE_CHARS`` long (the message is clipped)."""
         rank = "" if self.rank is None else f", rank {self.rank}"
         kind = "retryable" if self.retryable else "permanent"
-        return (f"entrypoint: error: {self.failure_class} on {self.replica}{rank}, host {self.host}: "
-                f"{self.message} (exit {self.exit_code}, {kind})")
+        head = f"entrypoint: error: {self.failure_class} on {self.replica}{rank}, host {self.host}: "
+        tail = f" (exit {self.exit_code}, {kind})"
+        return head + clip(self.message, LAST_LINE_CHARS - len(head) - len(tail)) + tail
 
     def to_json(self) -> dict[str, Any]:
         """The record as written (``class`` and ``retryable`` spelled out; no ``reported_by`` unless set)."""
@@ -102,6 +108,24 @@ class FailureRecord:
             return replace(record, exit_code=int(record.exit_code), time=float(record.time))
         except (TypeError, ValueError):
             return None
+
+
+def clip(message: str, limit: int) -> str:
+    """``message`` on one line, cut in its middle to at most ``limit`` characters (never fewer than 120 kept):
+    its start and its end (an exception's type and its last words, a note) stay."""
+    line = " ".join(message.split())
+    limit = max(limit, _MIN_MESSAGE_CHARS)
+    if len(line) <= limit:
+        return line
+    keep = limit - len(_CUT)
+    front = keep * 2 // 3
+    return line[:front] + _CUT + line[len(line) - (keep - front):]
+
+
+def error_line(message: str) -> str:
+    """A command's one-line error (``describe``, ``doctor``, ``local``, ``job``: no record), capped like a last line."""
+    head = "entrypoint: error: "
+    return head + clip(message, LAST_LINE_CHARS - len(head))
 
 
 def record_dir(job_dir: str) -> Location:
@@ -135,18 +159,29 @@ def store_record(job_dir: str, record: FailureRecord) -> Location | None:
     return None
 
 
-def read_records(job_dir: str | None, since: float) -> list[FailureRecord]:
-    """Every failure record written since ``since`` (minus a little clock skew), oldest first."""
+def record_names(job_dir: str | None) -> frozenset[str]:
+    """The names of the failure records in the job dir now (a supervisor's "before I started")."""
     if job_dir is None:
-        return []
-    found = []
-    place = record_dir(job_dir)
+        return frozenset()
+    return frozenset(str(p) for p in _listed(record_dir(job_dir)))
+
+
+def _listed(place: Location) -> list[Location]:
     if isinstance(place, storage.RemotePath) and place.unreachable():
         return []
     try:
-        paths = sorted(str(p) for p in place.glob("*.json"))
+        return sorted(place.glob("*.json"), key=str)
     except (OSError, StorageError, TrainerError):
         return []
+
+
+def read_records(job_dir: str | None, since: float, before: frozenset[str] = frozenset()) -> list[FailureRecord]:
+    """Every failure record written since ``since`` (minus a little clock skew), oldest first; none of ``before``
+    (the records that were there already when the reader started, whatever their time says)."""
+    if job_dir is None:
+        return []
+    found = []
+    paths = [str(p) for p in _listed(record_dir(job_dir)) if str(p) not in before]
     for name in paths:
         try:
             record = FailureRecord.from_json(json.loads(storage.path(name).read_text()))

@@ -14,7 +14,7 @@ from entrypoint.cluster.topology import ClusterTopology
 from entrypoint.options import RunOptions, non_negative_int, positive_float
 from entrypoint.outputs.locations import OutputDirs
 from entrypoint.planning.registry import Flag, Framework, NodePlan
-from entrypoint.pytorch.framework import plan_torch_node
+from entrypoint.pytorch.framework import CUDA_MAJOR, DATA_LOADER, plan_torch_node
 
 HOROVOD_FUSION_THRESHOLD_DEFAULT = 134217728  # 128 MiB, Vertex's Reduction Server recommendation
 HOROVOD_CYCLE_TIME_DEFAULT_MS = 5.0
@@ -57,4 +57,16 @@ FRAMEWORK = Framework(
     worker="entrypoint.horovod.worker:run",
     flags=FLAGS,
     user_variables=(*ev.HOROVOD_TUNING, ev.TF_USE_LEGACY_KERAS),
+    title="Horovod",
+    data_loader=DATA_LOADER,  # the PyTorch hooks loop, through Horovod's collectives
+    cpu_collectives="gloo",
+    local_rank_variable=ev.HOROVOD_LOCAL_RANK,  # our launcher starts each worker with it (horovod/launch.py)
+    prefixed_output=True,  # the launcher prints each worker's lines behind "[rank-N] "
+    chosen_alone=False,  # it rides on torch (and TensorFlow): name it with --framework
+    image="horovod",
+    cuda_major=CUDA_MAJOR,  # built on the PyTorch image's CUDA (docs/horovod.md)
+    kubeflow_kinds=("pytorchjob", "trainjob"),  # our launcher needs only PET_*'s node rank, count and master
+    # a peer lost mid-collective (HorovodInternalError), an elastic host change; raised where its ops run
+    peer_errors=("horovod.common.exceptions.HorovodInternalError", "horovod.common.exceptions.HostsUpdatedInterrupt"),
+    peer_modules=("horovod", "entrypoint.horovod"),
 )

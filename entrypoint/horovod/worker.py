@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from entrypoint.cluster.environments.settings import read_handoff
 from entrypoint.errors import PeerError
 from entrypoint.failures import FailureContext
+from entrypoint.planning import handoff
 from entrypoint.planning.plan import Plan
 from entrypoint.planning.usercode import run_script
 
@@ -27,7 +27,7 @@ def run(plan: Plan, failure_context: FailureContext) -> int:
     if torch.cuda.is_available():
         torch.cuda.set_device(hvd.local_rank())
     try:
-        comm = HorovodCollectives(read_handoff().horovod_rendezvous)  # what horovodrun or our launcher handed
+        comm = HorovodCollectives(handoff.read().horovod_rendezvous)  # what horovodrun or our launcher handed
         Trainer(plan, comm, failure_context).fit()  # checks hvd.rank() is the plan's
     finally:
         hvd.shutdown()

@@ -12,19 +12,24 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from entrypoint.errors import ConfigError, ExitCode
-from entrypoint.jobs import formats, kubeflow, network, pods, pyformat, tuning, vertexopts, yamltext
-from entrypoint.jobs.kubeflow import KINDS, KubeflowRequest
-from entrypoint.jobs.rules import readable
-from entrypoint.jobs.trainjob import build_trainjob
-from entrypoint.jobs.vertex import (
-    DEFAULT_MACHINE,
-    DEFAULT_REGION,
-    VertexRequest,
-    build,
-    split_run_args,
-    with_run_option,
+from entrypoint.jobs import (
+    formats,
+    kubeflow,
+    network,
+    pods,
+    pyformat,
+    roles,
+    tuning,
+    vertexopts,
+    vertexpools,
+    yamltext,
 )
+from entrypoint.jobs.args import readable, with_run_option
+from entrypoint.jobs.kubeflow import KINDS, KubeflowRequest
+from entrypoint.jobs.trainjob import build_trainjob
+from entrypoint.jobs.vertex import DEFAULT_MACHINE, DEFAULT_REGION, VertexRequest, build
 from entrypoint.planning import registry
+from entrypoint.planning.runargs import split_user_args
 
 USAGE = "python -m entrypoint job {vertex,vertex-tuning,kubeflow} --image URI [options] -- RUN ARGS"
 TUNING_FORMATS = ("json", "gcloud-config", "python")
@@ -71,6 +76,7 @@ def _vertex_options(p: argparse.ArgumentParser, formats_: tuple[str, ...]) -> No
     p.add_argument("--project", help="for the gcloud-command and python formats (default: gcloud's)")
     p.add_argument("--format", choices=formats_, default="json")
     vertexopts.add_arguments(p)
+    vertexpools.add_arguments(p)
 
 
 def parser() -> _Parser:
@@ -89,18 +95,21 @@ def parser() -> _Parser:
     _common(kf)
     kubeflow.add_arguments(kf)
     pods.add_arguments(kf)
+    roles.add_arguments(kf)
     return top
 
 
 def _request(ns: argparse.Namespace, run_args: tuple[str, ...]) -> tuple[VertexRequest, list[str]]:
-    extras, warnings = vertexopts.pool_extras(ns)
+    extras, warnings = vertexpools.pool_extras(ns, ns.region)
+    settings = vertexopts.settings(ns, ns.region)
+    warnings += vertexpools.cross_check(settings, extras)
     req = VertexRequest(
         image=ns.image, run_args=run_args, framework=ns.framework, workers=ns.workers,
         machine_type=ns.machine_type, accelerator=ns.accelerator, ps=ns.ps, ps_machine_type=ns.ps_machine_type,
         evaluators=ns.evaluators, reduction_servers=ns.reduction_servers,
         reduction_server_machine_type=ns.reduction_server_machine_type, display_name=ns.display_name,
-        base_output_dir=ns.base_output_dir, region=ns.region, settings=vertexopts.settings(ns, ns.region),
-        extras=extras,
+        base_output_dir=ns.base_output_dir, region=ns.region, settings=settings, extras=extras,
+        evaluator=vertexpools.evaluator_machines(ns),
     )
     return req, warnings
 
@@ -124,7 +133,7 @@ def _vertex(ns: argparse.Namespace, run_args: tuple[str, ...]) -> tuple[str, lis
 def tuning_run_args(run_args: tuple[str, ...], metric: str) -> tuple[tuple[str, ...], list[str]]:
     """The trials' args: run's --hypertune-metric the study's, and a '--' for the values Vertex appends."""
     notes = []
-    ours = run_args[: run_args.index("--")] if "--" in run_args else run_args
+    ours, _ = split_user_args(run_args)
     given = [ours[i + 1] for i, a in enumerate(ours[:-1]) if a == "--hypertune-metric"]
     given += [a.split("=", 1)[1] for a in ours if a.startswith("--hypertune-metric=")]
     if given and given[-1] != metric:
@@ -158,21 +167,28 @@ def _vertex_tuning(ns: argparse.Namespace, run_args: tuple[str, ...]) -> tuple[s
     return text, notes + more_notes, warnings
 
 
-def _kubeflow(ns: argparse.Namespace, run_args: tuple[str, ...]) -> str:
+def _kubeflow(ns: argparse.Namespace, run_args: tuple[str, ...]) -> tuple[str, list[str]]:
+    base = pods.from_namespace(ns)
+    labels, annotations, gang, warnings = kubeflow.metadata_options(ns)
+    if any(v.kind == "gcs" for v in base.volumes) and base.service_account is None:
+        warnings.append("--volume gcs: the pods read the bucket as their Kubernetes service account (Workload "
+                        "Identity): give --service-account")
     req = KubeflowRequest(
         kind=ns.kind, image=ns.image, run_args=run_args, framework=ns.framework, workers=ns.workers,
         ps=ns.ps, evaluators=ns.evaluators, name=ns.name, namespace=ns.namespace,
         backoff_limit=ns.backoff_limit, clean_pod_policy=ns.clean_pod_policy,
         ttl_seconds_after_finished=ns.ttl_seconds_after_finished,
-        active_deadline_seconds=ns.active_deadline_seconds, runtime=ns.runtime, pods=pods.from_namespace(ns),
+        active_deadline_seconds=ns.active_deadline_seconds, runtime=ns.runtime, pods=base,
+        role_pods=roles.role_options(ns, ns.kind, base), labels=labels, annotations=annotations, gang=gang,
     )
     manifest = build_trainjob(req) if ns.kind == "trainjob" else kubeflow.build_v1(req)
-    return kubeflow.header(ns.kind) + yamltext.dump(manifest)
+    return kubeflow.header(req) + yamltext.dump(manifest), warnings
 
 
 def main(argv: Sequence[str]) -> int:
     """Print the job; ConfigError (exit 2) for an invalid combination."""
-    ours, run_args = split_run_args(argv)
+    ours, after = split_user_args(argv)  # everything after the first '--' (its own '--' too) is the run args
+    run_args = tuple(after)
     if not ours or ours[0] in ("-h", "--help"):
         parser().print_help()
         return ExitCode.OK if ours else ExitCode.CONFIG
@@ -184,7 +200,7 @@ def main(argv: Sequence[str]) -> int:
     elif ns.target == "vertex-tuning":
         text, notes, warnings = _vertex_tuning(ns, run_args)
     else:
-        text = _kubeflow(ns, run_args)
+        text, warnings = _kubeflow(ns, run_args)
     for note in notes:
         print(f"entrypoint: note: {note}", file=sys.stderr)
     for warning in warnings:

@@ -1,4 +1,11 @@
-"""The four ways ``job vertex`` writes a job: REST JSON, gcloud --config YAML, a gcloud command, Python."""
+"""The four ways ``job vertex`` writes a job: REST JSON, gcloud --config YAML, a gcloud command, Python.
+
+gcloud's own limits (read in gcloud 528.0.0's code and RELEASE_NOTES): ``hp-tuning-jobs create`` decodes its
+--config with the track's API messages, so a field the GA messages lack is refused there (pscInterfaceConfig:
+``gcloud beta`` knows it; lustreMounts: neither track), while ``custom-jobs create`` passes such fields through;
+``--max-trial-count`` / ``--parallel-trial-count`` default to 1 and overwrite the file's counts up to 415.0.0;
+``--persistent-resource-id`` is GA from 472.0.0 and beta from 444.0.0; ``--enable-dashboard-access`` from 415.0.0.
+"""
 
 from __future__ import annotations
 
@@ -38,8 +45,16 @@ def render_gcloud_config(job: JobSpec, region: str, command: str = "custom-jobs"
         raise ConfigError("--format gcloud-config", f"gcloud's --config rejects empty worker pools, and this job "
                           f"skips {skipped}; use --format json{', gcloud-command' if document is None else ''}")
     flags = [f"--region={region}", f"--display-name={job.display_name}", *resource_flags(job.settings)]
+    if document is not None and command == "hp-tuning-jobs":
+        if any(p.lustre_mounts for p in job.present()):
+            raise ConfigError("--format gcloud-config", "gcloud ai hp-tuning-jobs create refuses lustreMounts in "
+                              "its --config (GA and beta); use --format json or python")
+        # gcloud up to 415.0.0 overwrites the file's counts with these flags' default, 1: say them on the line.
+        flags += [f"--max-trial-count={document['maxTrialCount']}",
+                  f"--parallel-trial-count={document['parallelTrialCount']}"]
     words = " ".join(shlex.quote(f) for f in flags).replace("\n", " ")  # one comment line
-    header = f"# gcloud ai {command} create {words} --config=THIS_FILE\n"
+    track = "beta " if job.settings.psc_network_attachment else ""  # the GA messages lack pscInterfaceConfig
+    header = f"# gcloud {track}ai {command} create {words} --config=THIS_FILE\n"
     return header + yamltext.dump(document if document is not None else job.rest_job_spec())
 
 
@@ -77,8 +92,10 @@ def _unsayable(job: JobSpec) -> list[str]:
         ("--spot/--flex-start/--max-wait/--timeout/--restart-job-on-worker-restart/--disable-retries",
          bool(s.rest_scheduling())),
         ("--reserved-ip-range", bool(s.reserved_ip_ranges)), ("--tensorboard", bool(s.tensorboard)),
-        ("--env", any(p.env for p in pools)), ("--boot-disk-type/--boot-disk-size", any(
+        ("--env", any(p.env for p in pools)), ("--boot-disk-type/--boot-disk-size (diskSpec)", any(
             p.disk_type or p.disk_size_gb for p in pools)), ("--reservation", any(p.reservation for p in pools)),
+        ("--nfs-mount/--lustre-mount", any(p.nfs_mounts or p.lustre_mounts for p in pools)),
+        ("--psc-network-attachment", bool(s.psc_network_attachment)), ("--experiment", bool(s.experiment)),
     ]
     return [name for name, present in found if present]
 
@@ -87,6 +104,7 @@ def _settings_flags(s: JobSettings) -> list[str]:
     words = [f"--service-account={s.service_account}"] if s.service_account else []
     words += [f"--network={s.network}"] if s.network else []
     words += ["--enable-web-access"] if s.enable_web_access else []
+    words += ["--enable-dashboard-access"] if s.enable_dashboard_access else []
     words += [f"--persistent-resource-id={s.persistent_resource_id}"] if s.persistent_resource_id else []
     return words + resource_flags(s)
 
@@ -113,6 +131,9 @@ def render_gcloud_command(job: JobSpec, region: str, project: str | None) -> tup
     words += [_pool_flag(job.pool(i)) for i in range(len(job.pools))]
     if run_args:
         words.append("--args=" + gcloud_list(run_args))
-    return "gcloud ai custom-jobs create " + " \\\n  ".join(shlex.quote(w) for w in words) + "\n", warnings
+    # --persistent-resource-id: GA from gcloud 472.0.0, beta from 444.0.0 (when the field came): beta takes it on all.
+    command = "gcloud beta ai custom-jobs create " if job.settings.persistent_resource_id else \
+        "gcloud ai custom-jobs create "
+    return command + " \\\n  ".join(shlex.quote(w) for w in words) + "\n", warnings
 
 

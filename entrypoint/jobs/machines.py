@@ -13,6 +13,15 @@ Sources (public Google Cloud documentation, read 2026):
 - GPU architectures CUDA 13 dropped (Maxwell, Pascal, Volta: compute capability below 7.5):
   https://docs.nvidia.com/cuda/cuda-toolkit-release-notes/ ; compute capabilities per GPU:
   https://developer.nvidia.com/cuda-gpus
+- N1 vCPUs and memory per GPU model and count ("GPUs for N1 general-purpose machine types"):
+  https://cloud.google.com/compute/docs/gpus ; N1 memory per vCPU (standard 3.75 GB, highmem 6.5, highcpu 0.9):
+  https://cloud.google.com/compute/docs/general-purpose-machines#n1_machines
+- Boot disks: DiskSpec ("pd-ssd", "pd-standard" or "hyperdisk-balanced"; A3 Ultra defaults to Hyperdisk):
+  https://cloud.google.com/vertex-ai/docs/reference/rest/v1/DiskSpec ; Hyperdisk per machine series (none on N1;
+  A3 Ultra and A4 boot from Hyperdisk only): https://cloud.google.com/compute/docs/disks/hyperdisks and
+  https://cloud.google.com/compute/docs/accelerator-optimized-machines
+- A4X (a4x-highgpu-4g, 4 x GB200 on Arm Grace CPUs; "All training jobs must use a container image that is built
+  for the ARM architecture"): https://cloud.google.com/vertex-ai/docs/training/training-clusters/compute-resources
 """
 
 from __future__ import annotations
@@ -74,6 +83,28 @@ PREDEFINED: dict[str, dict[str, tuple[int, ...]]] = {
 # Families that take no GPUs at all.
 NO_GPU_FAMILIES = ("e2", "n2", "n2d", "n4", "c2", "c2d", "c3", "c3d", "c4", "t2d", "t2a", "m1", "m2", "m3")
 TPU_MACHINE_PREFIXES = ("cloud-tpu", "ct5lp-", "ct4p-", "ct5p-", "ct6e-")
+# Arm (NVIDIA Grace) machines: our images are built for x86-64 only (images/*/requirements*.txt lock x86_64 wheels).
+ARM_MACHINE_PREFIXES = ("a4x-",)
+ARM_ACCELERATORS = ("NVIDIA_GB200",)
+
+# N1 with GPUs: the most vCPUs and memory (GB) each GPU model and count allows.
+N1_GPU_LIMITS: dict[str, dict[int, tuple[int, int]]] = {
+    "NVIDIA_TESLA_T4": {1: (48, 312), 2: (48, 312), 4: (96, 624)},
+    "NVIDIA_TESLA_V100": {1: (12, 78), 2: (24, 156), 4: (48, 312), 8: (96, 624)},
+    "NVIDIA_TESLA_P4": {1: (24, 156), 2: (48, 312), 4: (96, 624)},
+    "NVIDIA_TESLA_P100": {1: (16, 104), 2: (32, 208), 4: (96, 624)},
+}
+N1_GB_PER_VCPU = {"standard": 3.75, "highmem": 6.5, "highcpu": 0.9}
+
+# Boot disk types a machine series cannot boot from (DiskSpec.bootDiskType).
+HYPERDISK_ONLY = ("a3-ultragpu-", "a4-highgpu-")  # A3 Ultra, A4: Hyperdisk only
+HYPERDISK_DEFAULT = ("a3-ultragpu-",)  # DiskSpec's default there is hyperdisk-balanced already
+NO_HYPERDISK_FAMILIES = ("n1",)  # N1 (with or without GPUs) takes Persistent Disk only
+HYPERDISK = "hyperdisk-balanced"
+
+# Dynamic Workload Scheduler (scheduling.strategy FLEX_START) provisions these GPUs only: L4, A100, H100, H200, B200.
+FLEX_START_GPUS = ("NVIDIA_L4", "NVIDIA_TESLA_A100", "NVIDIA_A100_80GB", "NVIDIA_H100_80GB", "NVIDIA_H100_MEGA_80GB",
+                   "NVIDIA_H200_141GB", "NVIDIA_B200")
 
 _NAME = re.compile(r"[a-z][a-z0-9]*(-[a-z0-9]+)+")
 _CUSTOM = re.compile(r"(?:(?P<family>[a-z][a-z0-9]*)-)?custom-(?P<cpus>\d+)-(?P<mem>\d+)(?P<ext>-ext)?")
@@ -114,6 +145,9 @@ def check_machine_type(flag: str, name: str) -> list[str]:
     """Raise ConfigError for a machine type that cannot exist; return warnings for one this table does not know."""
     if name.startswith(TPU_MACHINE_PREFIXES):
         raise ConfigError(flag, f"{name} is a TPU machine type; our images have no TPU runtime (GPU or CPU only)")
+    if name.startswith(ARM_MACHINE_PREFIXES):
+        raise ConfigError(flag, f"{name} is A4X, whose CPUs are Arm (NVIDIA Grace): our images are built for x86-64 "
+                          "and cannot run there")
     if not _NAME.fullmatch(name):
         raise ConfigError(flag, "is not a machine type name (e.g. n1-standard-8, a2-highgpu-1g)")
     machine = parse_machine_type(name)
@@ -165,6 +199,9 @@ def check_accelerator(flag: str, machine_type: str, accelerator: tuple[str, int]
     accelerator_name(kind, flag)
     if kind.startswith("TPU_"):
         raise ConfigError(flag, f"{kind}: our images have no TPU runtime (GPU or CPU only)")
+    if kind in ARM_ACCELERATORS:
+        raise ConfigError(flag, f"{kind} comes on A4X, whose CPUs are Arm (NVIDIA Grace): our images are built for "
+                          "x86-64 and cannot run there")
     if kind == "NVIDIA_TESLA_K80":
         raise ConfigError(flag, "NVIDIA_TESLA_K80 has reached end of support on Google Cloud; use T4, L4 or newer")
     if count < 1:
@@ -182,6 +219,7 @@ def check_accelerator(flag: str, machine_type: str, accelerator: tuple[str, int]
         if count not in allowed:
             raise ConfigError(flag, f"{count} x {kind} is not valid on {machine_type}: "
                               f"use {', '.join(map(str, allowed))}")
+        _check_n1_size(flag, machine_type, kind, count)
     elif fam in NO_GPU_FAMILIES:
         raise ConfigError(flag, f"{machine_type} takes no GPUs; use an N1, A2, A3, A4 or G2 machine type")
 
@@ -194,3 +232,55 @@ def cuda_refusal(kind: str, cuda_major: int) -> str | None:
         return None
     newer = " (Turing and newer: T4, L4, A100, H100, ...)" if minimum == 7.5 else ""
     return f"{kind} (compute capability {capability}) cannot run CUDA {cuda_major}, which needs {minimum}{newer}"
+
+
+def n1_memory_gb(machine_type: str) -> float | None:
+    """An N1 type's memory: a custom type's from its name, a predefined one's from its class and vCPUs."""
+    machine = parse_machine_type(machine_type)
+    if machine.memory_mb is not None:
+        return machine.memory_mb / 1024
+    klass = machine_type.split("-")[1] if machine_type.count("-") == 2 else ""
+    if machine.vcpus is None or klass not in N1_GB_PER_VCPU:
+        return None
+    return machine.vcpus * N1_GB_PER_VCPU[klass]
+
+
+def _check_n1_size(flag: str, machine_type: str, kind: str, count: int) -> None:
+    """N1 with GPUs: at most the vCPUs and memory that GPU model and count allow (1 V100: 12 vCPUs, 78 GB)."""
+    limit = N1_GPU_LIMITS.get(kind, {}).get(count)
+    cpus, memory = vcpus(machine_type), n1_memory_gb(machine_type)
+    if limit is None:
+        return
+    if cpus is not None and cpus > limit[0]:
+        raise ConfigError(flag, f"{count} x {kind} allows at most {limit[0]} vCPUs on N1, and {machine_type} has "
+                          f"{cpus}: use fewer vCPUs or more GPUs")
+    if memory is not None and memory > limit[1]:
+        raise ConfigError(flag, f"{count} x {kind} allows at most {limit[1]} GB of memory on N1, and {machine_type} "
+                          f"has {memory:g} GB")
+
+
+def boot_disk_refusal(machine_type: str, disk_type: str | None) -> str | None:
+    """Why a machine cannot boot from ``disk_type`` (None when it can, or when the type is the default)."""
+    if disk_type is None:
+        return None
+    if machine_type.startswith(HYPERDISK_ONLY) and disk_type != HYPERDISK:
+        return f"{machine_type} (A3 Ultra / A4) boots from Hyperdisk only: use {HYPERDISK}"
+    if family(machine_type) in NO_HYPERDISK_FAMILIES and disk_type.startswith("hyperdisk"):
+        return f"{machine_type}: N1 takes no Hyperdisk; use pd-ssd or pd-standard"
+    return None
+
+
+def default_boot_disk(machine_type: str) -> str | None:
+    """The boot disk type a machine must be given when none is, else None: Hyperdisk on A4, where DiskSpec's default
+    (pd-ssd on every machine but A3 Ultra, whose default is hyperdisk-balanced already) cannot boot it."""
+    return HYPERDISK if machine_type.startswith(HYPERDISK_ONLY) and not machine_type.startswith(
+        HYPERDISK_DEFAULT) else None
+
+
+def flex_start_refusal(accelerator: tuple[str, int] | None) -> str | None:
+    """Why Dynamic Workload Scheduler cannot provision a pool's GPUs (None when it can)."""
+    if accelerator is None:
+        return "it provisions GPU machines only (L4, A100, H100, H200, B200)"
+    if accelerator[0] not in FLEX_START_GPUS:
+        return f"it provisions L4, A100, H100, H200 and B200 GPUs only, not {accelerator[0]}"
+    return None

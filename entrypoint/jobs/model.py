@@ -10,6 +10,8 @@ from entrypoint.cluster.environments.vertex import VERTEX_POOLS
 POOL_NAMES = tuple(VERTEX_POOLS)  # workerpool0 (chief), 1 (workers), 2 (ps or reducers), 3 (evaluators)
 POOL_ROLES = ("chief", "workers", "parameter servers or Reduction Server", "evaluators")
 RESERVATION_KEY = "compute.googleapis.com/reservation-name"
+NFS_FIELDS = ("server", "path", "mountPoint")
+LUSTRE_FIELDS = ("instanceIp", "volumeHandle", "filesystem", "mountPoint")
 
 
 @dataclass(frozen=True)
@@ -27,6 +29,8 @@ class PoolSpec:
     disk_type: str | None = None
     disk_size_gb: int | None = None
     reservation: tuple[str, tuple[str, ...]] | None = None  # (reservationAffinityType, values)
+    nfs_mounts: tuple[tuple[str, str, str], ...] = ()  # (server, path, mountPoint): /mnt/nfs/<mountPoint>
+    lustre_mounts: tuple[tuple[str, str, str, str], ...] = ()  # (instanceIp, volumeHandle, filesystem, mountPoint)
 
     @property
     def name(self) -> str:
@@ -57,6 +61,10 @@ class PoolSpec:
         if self.env:
             container["env"] = [{"name": k, "value": v} for k, v in self.env]
         pool: dict[str, Any] = {"machineSpec": machine, "replicaCount": self.replicas, "containerSpec": container}
+        if self.nfs_mounts:
+            pool["nfsMounts"] = [dict(zip(NFS_FIELDS, m, strict=True)) for m in self.nfs_mounts]
+        if self.lustre_mounts:
+            pool["lustreMounts"] = [dict(zip(LUSTRE_FIELDS, m, strict=True)) for m in self.lustre_mounts]
         disk = {k: v for k, v in (("bootDiskType", self.disk_type), ("bootDiskSizeGb", self.disk_size_gb)) if v}
         if disk:
             pool["diskSpec"] = disk
@@ -80,6 +88,11 @@ class JobSettings:
     persistent_resource_id: str | None = None
     labels: tuple[tuple[str, str], ...] = ()
     kms_key: str | None = None
+    psc_network_attachment: str | None = None  # pscInterfaceConfig.networkAttachment
+    psc_dns_peering: tuple[tuple[str, str, str], ...] = ()  # (domain, targetProject, targetNetwork)
+    experiment: str | None = None  # the Experiment's full resource name
+    experiment_run: str | None = None  # ... and its run's
+    enable_dashboard_access: bool = False
 
     def rest_scheduling(self) -> dict[str, Any]:
         """Scheduling, camelCase; durations as proto JSON writes them (``3600s``)."""
@@ -102,8 +115,22 @@ class JobSettings:
             ("reservedIpRanges", list(self.reserved_ip_ranges) or None),
             ("tensorboard", self.tensorboard),
             ("enableWebAccess", self.enable_web_access or None),
+            ("pscInterfaceConfig", self.rest_psc()),
+            ("experiment", self.experiment),
+            ("experimentRun", self.experiment_run),
+            ("enableDashboardAccess", self.enable_dashboard_access or None),
         ]
         return {k: v for k, v in items if v is not None}
+
+    def rest_psc(self) -> dict[str, Any] | None:
+        """PscInterfaceConfig, camelCase (None without a network attachment)."""
+        if self.psc_network_attachment is None:
+            return None
+        out: dict[str, Any] = {"networkAttachment": self.psc_network_attachment}
+        if self.psc_dns_peering:
+            out["dnsPeeringConfigs"] = [{"domain": d, "targetProject": p, "targetNetwork": n}
+                                        for d, p, n in self.psc_dns_peering]
+        return out
 
     def rest_resource_fields(self) -> dict[str, Any]:
         """The fields of the resource itself (CustomJob, HyperparameterTuningJob): labels and encryptionSpec."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import re
 
+from entrypoint.jobs.images import parse_image
 from entrypoint.jobs.machines import family, vcpus
 
 BANDWIDTH_SOURCE = "https://cloud.google.com/compute/docs/gpus/gpu-network-bandwidth"
@@ -99,9 +100,8 @@ def carries_plugin(image_uri: str) -> bool:
 
     Our builds with ``REDUCTION_SERVER=1`` are tagged ``...-rs`` (docs/images.md); a CPU variant never has it.
     """
-    name = image_uri.rsplit("/", 1)[-1].split("@", 1)[0]
-    repo, _, tag = name.partition(":")
-    if repo.endswith("-cpu"):
+    image = parse_image(image_uri)
+    if image.cpu:
         return False
-    words = re.split(r"[-_.]", f"{repo}-{tag}".lower())
+    words = re.split(r"[-_.]", f"{image.name}-{image.tag}".lower())
     return "rs" in words or "reductionserver" in words or "reduction" in words

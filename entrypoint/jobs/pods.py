@@ -1,10 +1,13 @@
-"""The pod side of ``job kubeflow``: resources, a memory-backed /dev/shm, placement, env, identity.
+"""The pod side of ``job kubeflow``: resources, a memory-backed /dev/shm, volumes, placement, env, identity, metadata.
 
 Shared by the training operator's PyTorchJob / TFJob (a pod template per replica) and Trainer v2's TrainJob
 (``trainer.resourcesPerNode`` / ``trainer.env`` and a runtime patch of the pod). Kubernetes' own rules:
-resource quantities (https://kubernetes.io/docs/reference/kubernetes-api/common-definitions/quantity/),
-tolerations (https://kubernetes.io/docs/concepts/scheduling-eviction/taint-and-toleration/), emptyDir with
-``medium: Memory`` (https://kubernetes.io/docs/concepts/storage/volumes/#emptydir).
+resource quantities (https://kubernetes.io/docs/reference/kubernetes-api/common-definitions/quantity/; a request
+above its limit is refused: ResourceRequirements, "Requests cannot exceed Limits"), tolerations
+(https://kubernetes.io/docs/concepts/scheduling-eviction/taint-and-toleration/), emptyDir with ``medium: Memory``
+(https://kubernetes.io/docs/concepts/storage/volumes/#emptydir), label and annotation keys
+(https://kubernetes.io/docs/concepts/overview/working-with-objects/labels/#syntax-and-character-set),
+``schedulerName`` and ``priorityClassName`` (PodSpec).
 """
 
 from __future__ import annotations
@@ -17,9 +20,13 @@ from typing import Any
 from entrypoint.cluster import envvars as ev
 from entrypoint.cluster.environments.settings import is_secret_name
 from entrypoint.errors import ConfigError
+from entrypoint.jobs import volumes
 from entrypoint.jobs.vertexopts import parse_pairs
+from entrypoint.jobs.volumes import Volume
 
 _QUANTITY = re.compile(r"(\d+(\.\d+)?|\.\d+)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?")
+_SUFFIX = {"m": 10**-3, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
+           "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60, "": 1}
 _LABEL_KEY = re.compile(r"([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
 _LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
 _DNS_1123 = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
@@ -46,6 +53,11 @@ class PodOptions:
     env_secrets: tuple[tuple[str, str, str], ...] = ()  # (variable, secret name, key)
     service_account: str | None = None
     image_pull_secrets: tuple[str, ...] = ()
+    volumes: tuple[Volume, ...] = ()
+    labels: tuple[tuple[str, str], ...] = ()  # the pods' (template.metadata.labels)
+    annotations: tuple[tuple[str, str], ...] = ()  # the pods' (template.metadata.annotations)
+    scheduler_name: str | None = None
+    priority_class: str | None = None
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -66,24 +78,70 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="container env from a Kubernetes Secret's key, repeatable")
     g.add_argument("--service-account", metavar="NAME", help="the pods' Kubernetes service account")
     g.add_argument("--image-pull-secret", action="append", default=[], metavar="NAME", help="repeatable")
+    g.add_argument("--volume", action="append", default=[], metavar="pvc:CLAIM:/PATH|hostpath:/HOST:/PATH|"
+                   "gcs:BUCKET:/PATH[:ro]", help="a volume mounted in every pod (gcs: GKE's Cloud Storage FUSE CSI "
+                   "driver, :mount-options=A,B), repeatable")
+    g.add_argument("--pod-label", action="append", default=[], metavar="KEY=VALUE", help="on every pod, repeatable")
+    g.add_argument("--pod-annotation", action="append", default=[], metavar="KEY=VALUE",
+                   help='on every pod, repeatable (e.g. sidecar.istio.io/inject=false in Kubeflow namespaces)')
+    g.add_argument("--scheduler-name", metavar="NAME", help="the pods' scheduler (e.g. volcano for gang scheduling)")
+    g.add_argument("--priority-class", metavar="NAME", help="the pods' PriorityClass (and the gang's, with "
+                   "--min-available)")
 
 
-def _quantity(value: str | None, flag: str) -> str | None:
+def quantity(value: str | None, flag: str) -> str | None:
     if value is not None and not _QUANTITY.fullmatch(value):
         raise ConfigError(flag, "expected a Kubernetes quantity such as 8, 500m, 32Gi")
     return value
 
 
-def _toleration(text: str) -> tuple[tuple[str, str], ...]:
+def amount(quantity: str) -> float:
+    """A quantity's value (``500m`` -> 0.5, ``32Gi`` -> 34359738368)."""
+    match = _QUANTITY.fullmatch(quantity)
+    assert match is not None
+    return float(match[1]) * _SUFFIX[match[3] or ""]
+
+
+def check_requests(opts: PodOptions, where: str = "") -> None:
+    """A request above its limit is refused by the API server ("Requests cannot exceed Limits")."""
+    for resource, request, limit in (("cpu", opts.cpu, opts.cpu_limit), ("memory", opts.memory, opts.memory_limit)):
+        if request and limit and amount(request) > amount(limit):
+            raise ConfigError(f"--{resource}/--{resource}-limit", f"{where}the {resource} request is above its limit; "
+                              "Kubernetes refuses the pod (requests cannot exceed limits)")
+
+
+def metadata(items: list[str], flag: str, labels: bool) -> tuple[tuple[str, str], ...]:
+    """Labels or annotations: keys [prefix/]name; label values <= 63 of [-A-Za-z0-9_.]; annotation values free."""
+    pairs = parse_pairs(items, flag, split_commas=False)
+    for key, value in pairs:
+        name = key.rsplit("/", 1)[-1]
+        if not _LABEL_KEY.fullmatch(key) or len(name) > 63 or len(key) - len(name) > 254:
+            raise ConfigError(flag, f"{key[:60]}: not a valid key ([prefix/]name, the name at most 63)")
+        if labels and not _LABEL_VALUE.fullmatch(value):
+            raise ConfigError(flag, f"{key}: a label value has at most 63 letters, digits, '-', '_' or '.'")
+    return tuple(pairs)
+
+
+def toleration(text: str, flag: str = "--toleration") -> tuple[tuple[str, str], ...]:
+    """``KEY[=VALUE]:EFFECT`` (kubectl taint's syntax) as a Toleration's fields."""
     left, colon, effect = text.rpartition(":")
     if not colon or effect not in EFFECTS:
-        raise ConfigError("--toleration", f"expected KEY[=VALUE]:EFFECT, EFFECT one of {', '.join(EFFECTS)}")
+        raise ConfigError(flag, f"expected KEY[=VALUE]:EFFECT, EFFECT one of {', '.join(EFFECTS)}")
     key, eq, value = left.partition("=")
     if not _LABEL_KEY.fullmatch(key) or not _LABEL_VALUE.fullmatch(value):
-        raise ConfigError("--toleration", "the taint's key or value is not a valid label key or value")
+        raise ConfigError(flag, "the taint's key or value is not a valid label key or value")
     if eq:
         return (("key", key), ("operator", "Equal"), ("value", value), ("effect", effect))
     return (("key", key), ("operator", "Exists"), ("effect", effect))
+
+
+def node_selector(items: list[str], flag: str = "--node-selector") -> tuple[tuple[str, str], ...]:
+    """``KEY=VALUE`` node labels, checked."""
+    selector = parse_pairs(items, flag, split_commas=False)
+    for key, value in selector:
+        if not _LABEL_KEY.fullmatch(key) or not _LABEL_VALUE.fullmatch(value):
+            raise ConfigError(flag, f"{key[:60]}: not a valid label key and value")
+    return tuple(selector)
 
 
 def _env(ns: argparse.Namespace) -> tuple[tuple[tuple[str, str], ...], tuple[tuple[str, str, str], ...]]:
@@ -113,22 +171,26 @@ def from_namespace(ns: argparse.Namespace) -> PodOptions:
     """The pod options, checked (one ConfigError line naming the option, never a value)."""
     if ns.gpus < 0:
         raise ConfigError("--gpus", "must be >= 0")
-    selector = parse_pairs(ns.node_selector, "--node-selector", split_commas=False)
-    for key, value in selector:
-        if not _LABEL_KEY.fullmatch(key) or not _LABEL_VALUE.fullmatch(value):
-            raise ConfigError("--node-selector", f"{key[:60]}: not a valid label key and value")
     for name in [*ns.image_pull_secret, *([ns.service_account] if ns.service_account else [])]:
         if not _DNS_1123.fullmatch(name) or len(name) > 253:
             raise ConfigError("--service-account/--image-pull-secret", "names are DNS-1123 subdomains (lowercase "
                               "letters, digits, '-', '.')")
     env, secrets = _env(ns)
-    return PodOptions(
-        gpus=ns.gpus, cpu=_quantity(ns.cpu, "--cpu"), cpu_limit=_quantity(ns.cpu_limit, "--cpu-limit"),
-        memory=_quantity(ns.memory, "--memory"), memory_limit=_quantity(ns.memory_limit, "--memory-limit"),
-        shm_size=_quantity(ns.shm_size, "--shm-size"), node_selector=tuple(selector),
-        tolerations=tuple(_toleration(t) for t in ns.toleration), env=env, env_secrets=secrets,
+    for flag, name in (("--scheduler-name", ns.scheduler_name), ("--priority-class", ns.priority_class)):
+        if name is not None and not (_DNS_1123.fullmatch(name) and len(name) <= 253):
+            raise ConfigError(flag, "is a DNS-1123 subdomain (lowercase letters, digits, '-', '.')")
+    opts = PodOptions(
+        gpus=ns.gpus, cpu=quantity(ns.cpu, "--cpu"), cpu_limit=quantity(ns.cpu_limit, "--cpu-limit"),
+        memory=quantity(ns.memory, "--memory"), memory_limit=quantity(ns.memory_limit, "--memory-limit"),
+        shm_size=quantity(ns.shm_size, "--shm-size"), node_selector=node_selector(ns.node_selector),
+        tolerations=tuple(toleration(t) for t in ns.toleration), env=env, env_secrets=secrets,
         service_account=ns.service_account, image_pull_secrets=tuple(ns.image_pull_secret),
+        volumes=volumes.parse(ns.volume), labels=metadata(ns.pod_label, "--pod-label", True),
+        annotations=metadata(ns.pod_annotation, "--pod-annotation", False), scheduler_name=ns.scheduler_name,
+        priority_class=ns.priority_class,
     )
+    check_requests(opts)
+    return opts
 
 
 def resources(opts: PodOptions, gpus: int) -> dict[str, Any]:
@@ -158,16 +220,29 @@ def shm(opts: PodOptions) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
 
 
 def pod_fields(opts: PodOptions) -> dict[str, Any]:
-    """PodSpec fields besides the containers: service account, pull secrets, placement, the shm volume."""
-    volumes, _ = shm(opts)
+    """PodSpec fields besides the containers: service account, pull secrets, scheduling, placement, volumes."""
+    shm_volumes, _ = shm(opts)
     items: list[tuple[str, Any]] = [
         ("serviceAccountName", opts.service_account),
         ("imagePullSecrets", [{"name": n} for n in opts.image_pull_secrets] or None),
+        ("schedulerName", opts.scheduler_name),
+        ("priorityClassName", opts.priority_class),
         ("nodeSelector", dict(opts.node_selector) or None),
         ("tolerations", [dict(t) for t in opts.tolerations] or None),
-        ("volumes", volumes or None),
+        ("volumes", [*shm_volumes, *(v.to_volume() for v in opts.volumes)] or None),
     ]
     return {k: v for k, v in items if v is not None}
+
+
+def volume_mounts(opts: PodOptions) -> list[dict[str, Any]]:
+    """The training container's mounts: /dev/shm, then the --volume ones."""
+    return [*shm(opts)[1], *(v.to_mount() for v in opts.volumes)]
+
+
+def pod_metadata(opts: PodOptions) -> dict[str, Any]:
+    """The pod template's metadata: --pod-label, --pod-annotation and what the volumes need (gke-gcsfuse)."""
+    annotations = {**volumes.pod_annotations(opts.volumes), **dict(opts.annotations)}
+    return {k: v for k, v in (("labels", dict(opts.labels)), ("annotations", annotations)) if v}
 
 
 def container(opts: PodOptions, name: str, image: str, args: list[str], gpus: int) -> dict[str, Any]:
@@ -179,7 +254,6 @@ def container(opts: PodOptions, name: str, image: str, args: list[str], gpus: in
         out["env"] = env_vars(opts)
     if resources(opts, gpus):
         out["resources"] = resources(opts, gpus)
-    _, mounts = shm(opts)
-    if mounts:
-        out["volumeMounts"] = mounts
+    if volume_mounts(opts):
+        out["volumeMounts"] = volume_mounts(opts)
     return out

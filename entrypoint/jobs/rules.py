@@ -1,87 +1,28 @@
-"""What makes a job invalid before it costs anything: pool layout, framework rules, machines.
+"""The platform's rules a job must keep before it costs anything: pool layout, reducers, machines, GPUs and CUDA.
 
-Shared by ``job vertex`` (checking what it built) and ``local --spec`` (checking what it was given).
+Shared by ``job vertex`` (checking what it built) and ``local --spec`` (checking what it was given). What would go
+wrong at run time inside a replica is not re-derived here: ``jobs.planned`` asks the framework's own planner.
 Errors are ConfigError (one line, exit 2); what is merely unwise comes back as warnings.
 """
 
 from __future__ import annotations
 
-import argparse
-import re
-from collections.abc import Sequence
-from typing import NoReturn
-
 from entrypoint.errors import ConfigError
-from entrypoint.jobs import machines, network
+from entrypoint.jobs import machines, network, planned
+from entrypoint.jobs.images import parse_image
 from entrypoint.jobs.model import JobSpec, PoolSpec
+from entrypoint.jobs.vertexpools import MAX_ENV
 from entrypoint.planning import registry
-from entrypoint.planning.runargs import add_run_arguments
 
-# The CUDA major version our GPU images are built on (docs/images.md): torch 2.13's wheels are CUDA 13.
-CUDA_MAJOR = {"pytorch": 13, "horovod": 13, "tensorflow": 12}
-
-
-# argparse names a failed conversion by its function: say what the value must be instead.
-_TYPE_WORDS = {"int": "a whole number", "float": "a number", "positive_int": "a whole number >= 1",
-               "non_negative_int": "a whole number >= 0", "positive_float": "a number > 0",
-               "non_negative_float": "a number >= 0"}
-
-
-def readable(message: str) -> str:
-    """An argparse error without values (they may be secrets) or internal names: what is wrong, by option."""
-    message = re.sub(r"invalid (\w+) value(: '.*?')?",
-                     lambda m: f"expects {_TYPE_WORDS.get(m[1], m[1].strip('_').replace('_', ' '))}", message)
-    message = re.sub(r"invalid choice: '.*?' \(choose from (.*)\)", r"expects one of \1", message)
-    message = re.sub(r"(value|choice): '.*?'", r"\1", message)
-    return re.sub(r", got .*$", "", message)  # ArgumentTypeError texts end with the value
-
-
-class _RunArgsParser(argparse.ArgumentParser):
-    """``run``'s parser, failing with a ConfigError whose text never carries an argument's value."""
-
-    def __init__(self, source: str) -> None:
-        super().__init__(prog="run", add_help=False, exit_on_error=False)
-        self.source = source
-
-    def error(self, message: str) -> NoReturn:
-        """Name the options, never their values (they may be secrets)."""
-        if message.startswith("unrecognized arguments:"):
-            names = sorted({a.split("=", 1)[0] for a in message.split(":", 1)[1].split() if a.startswith("-")})
-            message = (f"not accepted by run: {', '.join(names) or 'positional arguments'} "
-                       "(user arguments go after '--')")
-        raise ConfigError(self.source, f"run args: {readable(message)}")
-
-
-def run_options(args: Sequence[str], source: str) -> argparse.Namespace:
-    """Parse the run args (up to their own ``--``) as ``run`` will, to catch mistakes before the job starts."""
-    args = list(args)
-    ours = args[: args.index("--")] if "--" in args else args
-    parser = _RunArgsParser(source)
-    add_run_arguments(parser)
-    try:
-        return parser.parse_args(ours)
-    except argparse.ArgumentError as exc:  # exit_on_error=False raises some errors instead of calling error()
-        parser.error(str(exc))
-
-
-def infer_framework(explicit: str | None, image_uri: str, from_args: str | None) -> str | None:
-    """--framework, else run's own --framework, else the image's name (``.../pytorch-cpu:tag``)."""
-    if explicit and from_args and explicit != from_args:
-        raise ConfigError("--framework", f"{explicit} here but the run args say --framework {from_args}")
-    if explicit or from_args:
-        return explicit or from_args
-    name = image_uri.rsplit("/", 1)[-1].split("@", 1)[0].split(":", 1)[0]
-    for framework in registry.names():
-        if name == framework or name.startswith(framework + "-"):
-            return framework
-    return None
+FLEX_START = "--flex-start (scheduling.strategy FLEX_START)"
+MAX_FLEX_START_TIMEOUT = 7 * 24 * 3600
 
 
 def _is_gpu(pool: PoolSpec | None) -> bool:
     return pool is not None and pool.accelerator is not None and pool.accelerator[0].startswith("NVIDIA")
 
 
-def _check_reducers(job: JobSpec, source: str, framework: str | None, strategy: str | None) -> list[str]:
+def _check_reducers(job: JobSpec, source: str) -> list[str]:
     reducers = job.pool(2)
     assert reducers is not None
     chief, workers = job.pool(0), job.pool(1)
@@ -91,20 +32,13 @@ def _check_reducers(job: JobSpec, source: str, framework: str | None, strategy: 
     if not (_is_gpu(chief) and (workers is None or _is_gpu(workers))):
         raise ConfigError(source, "a Reduction Server needs GPU training pools (it serves NCCL all-reduce); "
                           "add an accelerator or drop the reducers")
-    if strategy == "ParameterServerStrategy":
-        raise ConfigError(source, "a Reduction Server cannot serve ParameterServerStrategy: workerpool2 is "
-                          "either parameter servers or reducers")
-    if framework == "tensorflow" and strategy != "MultiWorkerMirroredStrategy":
-        raise ConfigError(source, "TensorFlow with a Reduction Server in workerpool2 needs --strategy "
-                          "MultiWorkerMirroredStrategy in the args: without it, workerpool2 reads as parameter "
-                          "servers at run time")
     training = 1 + (workers.replicas if workers else 0)
     if training < 2:
         raise ConfigError(source, "a Reduction Server needs at least 2 training VMs (chief + workers)")
     assert chief is not None
     warnings = []
     if not network.carries_plugin(chief.image_uri):
-        warnings.append(f"{chief.image_uri.rsplit('/', 1)[-1]}: neither its name nor its tag says it carries the "
+        warnings.append(f"{parse_image(chief.image_uri).name}: neither its name nor its tag says it carries the "
                         "Reduction Server NCCL plugin (our REDUCTION_SERVER=1 builds are tagged -rs); without it "
                         "the reducers are billed and idle")
     per_vm = network.training_bandwidth(chief.machine_type, chief.accelerator)
@@ -121,19 +55,19 @@ def _check_reducers(job: JobSpec, source: str, framework: str | None, strategy: 
 
 def image_cuda(image_uri: str, framework: str | None) -> int | None:
     """The CUDA major version of our GPU image for ``framework`` (None for a CPU variant or another image)."""
-    name = image_uri.rsplit("/", 1)[-1].split("@", 1)[0].split(":", 1)[0]
-    if name.endswith("-cpu") or framework not in CUDA_MAJOR:
+    if parse_image(image_uri).cpu or framework not in registry.names():
         return None
-    return CUDA_MAJOR[framework]
+    return registry.get(framework).cuda_major
 
 
 def _check_image_gpus(pool: PoolSpec, source: str, framework: str | None) -> list[str]:
     """Refuse GPUs the image's CUDA cannot run; warn about GPUs a CPU image leaves idle."""
-    if pool.accelerator is None or not pool.accelerator[0].startswith("NVIDIA"):
+    if not _is_gpu(pool):
         return []
-    name = pool.image_uri.rsplit("/", 1)[-1].split("@", 1)[0].split(":", 1)[0]
-    if name.endswith("-cpu"):
-        return [f"{pool.name}: {name} is a CPU image; the {pool.accelerator[0]} GPUs would sit idle"]
+    assert pool.accelerator is not None
+    image = parse_image(pool.image_uri)
+    if image.cpu:
+        return [f"{pool.name}: {image.name} is a CPU image; the {pool.accelerator[0]} GPUs would sit idle"]
     cuda = image_cuda(pool.image_uri, framework)
     why = machines.cuda_refusal(pool.accelerator[0], cuda) if cuda else None
     if why:
@@ -141,17 +75,7 @@ def _check_image_gpus(pool: PoolSpec, source: str, framework: str | None) -> lis
     return []
 
 
-def _check_servers(job: JobSpec, source: str, framework: str | None) -> None:
-    if framework in ("pytorch", "horovod"):
-        raise ConfigError(source, f"parameter servers are TensorFlow only, not {framework}: workerpool2 of a "
-                          f"{framework} job can only be a Reduction Server (Google's reductionserver image)")
-    if job.pool(1) is None:
-        raise ConfigError(source, "ParameterServerStrategy needs at least one worker besides the chief "
-                          "(workerpool1)")
-
-
-def validate(job: JobSpec, source: str, framework: str | None, strategy: str | None = None) -> list[str]:
-    """Raise ConfigError for an invalid job; return warnings for a valid but unwise one."""
+def _check_layout(job: JobSpec, source: str) -> None:
     chief = job.pool(0)
     if chief is None:
         raise ConfigError(source, "workerpool0 (the chief) is missing: every job has one primary replica")
@@ -160,23 +84,70 @@ def validate(job: JobSpec, source: str, framework: str | None, strategy: str | N
     if len(job.pools) > 4:
         raise ConfigError(source, f"{len(job.pools)} worker pools; Vertex AI has 4 (chief, workers, ps/reducers, "
                           "evaluators)")
-    warnings: list[str] = []
     for pool in job.present():
         if pool.replicas < 1:
             raise ConfigError(source, f"{pool.name} has {pool.replicas} replicas; leave an unused pool empty")
+
+
+def _check_flex_start(job: JobSpec, source: str) -> None:
+    """Dynamic Workload Scheduler: L4/A100/H100/H200/B200 only, at most 7 days, one machine configuration in every pool
+    (https://cloud.google.com/vertex-ai/docs/training/schedule-jobs-dws)."""
+    chief = job.pool(0)
+    assert chief is not None
+    why = machines.flex_start_refusal(chief.accelerator)
+    if why:
+        raise ConfigError(source, f"{FLEX_START}: {why}")
+    if job.settings.timeout_s is not None and job.settings.timeout_s > MAX_FLEX_START_TIMEOUT:
+        raise ConfigError(source, f"{FLEX_START}: the job's timeout may be at most 7 days (--timeout 7d)")
+    machine = _configuration(chief)
+    for pool in job.present():
+        if _configuration(pool) != machine:
+            role = "a Reduction Server" if network.is_reduction_server(pool.image_uri) else pool.machine_text()
+            raise ConfigError(source, f"{FLEX_START}: Dynamic Workload Scheduler needs the same machine "
+                              f"configuration in every pool, and {pool.name} is {role}, not {chief.machine_text()}")
+
+
+def _configuration(pool: PoolSpec) -> tuple[object, ...]:
+    return pool.machine_type, pool.accelerator, pool.disk_type, pool.disk_size_gb
+
+
+def _check_pool(pool: PoolSpec, source: str) -> None:
+    """A pool's boot disk, env count and reservation, which the API (or the VMs) refuse."""
+    why = machines.boot_disk_refusal(pool.machine_type, pool.disk_type)
+    if why:
+        raise ConfigError(source, f"{pool.name} boot disk: {why}")
+    if len(pool.env) > MAX_ENV:
+        raise ConfigError(source, f"{pool.name}: {len(pool.env)} environment variables; a container takes at most "
+                          f"{MAX_ENV}")
+    kind, values = pool.reservation or (None, ())
+    if kind == "SPECIFIC_RESERVATION" and any("/reservations/" not in value for value in values):
+        raise ConfigError(source, f"{pool.name}: a specific reservation is named by its full resource name "
+                              "(projects/P/zones/Z/reservations/NAME)")
+
+
+def validate(job: JobSpec, source: str, framework: str | None) -> list[str]:
+    """Raise ConfigError for an invalid job; return warnings for a valid but unwise one."""
+    _check_layout(job, source)
+    chief = job.pool(0)
+    assert chief is not None
+    warnings: list[str] = []
+    for pool in job.present():
         warnings += machines.check_machine_type(f"{source}: {pool.name}", pool.machine_type)
         if not (pool.index == 2 and network.is_reduction_server(pool.image_uri)):
             machines.check_accelerator(f"{source}: {pool.name}", pool.machine_type, pool.accelerator)
+            _check_pool(pool, source)
         if pool.image_uri == chief.image_uri:
             warnings += _check_image_gpus(pool, source, framework)
+        if pool.reservation and pool.reservation[0] == "SPECIFIC_RESERVATION" and job.settings.strategy in (
+                "SPOT", "FLEX_START"):
+            raise ConfigError(source, f"{pool.name}: {job.settings.strategy} VMs cannot consume a reservation")
+    if job.settings.strategy == "FLEX_START":
+        _check_flex_start(job, source)
     servers = job.pool(2)
     if servers is not None and network.is_reduction_server(servers.image_uri):
-        warnings += _check_reducers(job, source, framework, strategy)
-    elif servers is not None:
-        _check_servers(job, source, framework)
+        warnings += _check_reducers(job, source)
+    planned.check_vertex(job, source, framework)
     evaluators = job.pool(3)
-    if evaluators is not None and framework not in (None, "tensorflow"):
-        raise ConfigError(source, f"evaluators (workerpool3) are TensorFlow only, not {framework}")
     if evaluators is not None and evaluators.replicas > 1:
         warnings.append(f"{evaluators.replicas} evaluators: TensorFlow expects a single evaluator")
     return warnings

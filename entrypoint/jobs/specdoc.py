@@ -127,10 +127,13 @@ def _pool(r: _Reader, index: int, raw: dict[str, Any]) -> PoolSpec:
     if kind not in (None, "", "ACCELERATOR_TYPE_UNSPECIFIED"):
         acc_count = machine.get("acceleratorCount", machine.get("accelerator_count"))
         accelerator = (str(kind), count(acc_count, f"{path}.machineSpec.acceleratorCount", 1))
-    for name in ("reservationAffinity", "tpuTopology", "gpuPartitionSize"):
+    for name in ("tpuTopology", "gpuPartitionSize"):
         r.get(machine, name, f"{path}.machineSpec")
-    for name in ("diskSpec", "nfsMounts", "lustreMounts"):
+    for name in ("nfsMounts", "lustreMounts"):
         r.get(raw, name, path)
+    disk = r.obj(r.get(raw, "diskSpec", path), f"{path}.diskSpec")
+    affinity = r.obj(r.get(machine, "reservationAffinity", f"{path}.machineSpec"), f"{path}.machineSpec."
+                     "reservationAffinity")
     container = r.get(raw, "containerSpec", path)
     if container is None:
         what = "runs a Python package (pythonPackageSpec)" if r.get(raw, "pythonPackageSpec", path) else \
@@ -147,7 +150,22 @@ def _pool(r: _Reader, index: int, raw: dict[str, Any]) -> PoolSpec:
         image_uri=image, accelerator=accelerator,
         args=_strings(container.get("args"), f"{at}.args"), command=_strings(container.get("command"), f"{at}.command"),
         env=_env(container.get("env"), f"{at}.env"),
+        disk_type=_field(disk, "bootDiskType") or None,
+        disk_size_gb=count(_field(disk, "bootDiskSizeGb"), f"{path}.diskSpec.bootDiskSizeGb", 0) or None,
+        reservation=_reservation(affinity, f"{path}.machineSpec.reservationAffinity"),
     )
+
+
+def _field(obj: dict[str, Any], camel: str) -> Any:
+    """A field in either spelling (a gcloud file was checked for camelCase already)."""
+    return obj[camel] if camel in obj else obj.get(snake(camel))
+
+
+def _reservation(affinity: dict[str, Any], path: str) -> tuple[str, tuple[str, ...]] | None:
+    kind = _field(affinity, "reservationAffinityType")
+    if not affinity or kind in (None, "TYPE_UNSPECIFIED"):
+        return None
+    return str(kind), _strings(_field(affinity, "values"), f"{path}.values")
 
 
 def _seconds(value: Any, path: str) -> int | None:
@@ -172,7 +190,8 @@ def _job_spec(r: _Reader, spec: dict[str, Any], name: str, resource: dict[str, A
         r.get(scheduling, key, "scheduling")
     output = r.obj(r.get(spec, "baseOutputDirectory", ""), "baseOutputDirectory")
     for key in ("serviceAccount", "network", "reservedIpRanges", "tensorboard", "enableWebAccess",
-                "persistentResourceId", "pscInterfaceConfig", "experiment", "enableDashboardAccess", "models"):
+                "persistentResourceId", "pscInterfaceConfig", "experiment", "experimentRun", "enableDashboardAccess",
+                "models"):
         r.get(spec, key, "")
     for key in ("labels", "encryptionSpec"):
         r.get(resource, key, "")
@@ -202,6 +221,7 @@ def job_from_document(doc: Any) -> Document:
     display = str(name) if name else "spec"
     if is_tuning:
         study = r.obj(r.get(doc, "studySpec", ""), "studySpec")
+        r.seen += [f"studySpec.{key}" for key in study if snake(key) not in ("metrics", "parameters")]
         spec = r.obj(r.get(doc, "trialJobSpec", ""), "trialJobSpec", "CustomJobSpec")
         job = _job_spec(r, spec, display, doc)
         return Document(job, {**study, "maxTrialCount": doc.get("maxTrialCount", doc.get("max_trial_count"))},

@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from entrypoint.errors import ConfigError
-from entrypoint.jobs import machines, network
+from entrypoint.jobs import machines, network, planned
+from entrypoint.jobs.args import infer_framework, run_options, with_run_option
+from entrypoint.jobs.images import parse_image
 from entrypoint.jobs.model import JobSettings, JobSpec, PoolSpec
-from entrypoint.jobs.rules import infer_framework, run_options, validate
-from entrypoint.jobs.vertexopts import PoolExtras
+from entrypoint.jobs.rules import validate
+from entrypoint.jobs.vertexpools import EvaluatorMachines, PoolExtras
 from entrypoint.planning import registry
 
 DEFAULT_MACHINE = "n1-standard-4"
 DEFAULT_REGION = "us-central1"
-TF_REDUCER_STRATEGY = "MultiWorkerMirroredStrategy"
 
 
 @dataclass(frozen=True)
@@ -37,21 +37,22 @@ class VertexRequest:
     region: str = DEFAULT_REGION
     settings: JobSettings = field(default_factory=JobSettings)
     extras: PoolExtras = field(default_factory=PoolExtras)
+    evaluator: EvaluatorMachines = field(default_factory=EvaluatorMachines)
 
 
-def parse_accelerator(text: str | None, machine_type: str) -> tuple[str, int] | None:
+def parse_accelerator(text: str | None, machine_type: str, flag: str = "--accelerator") -> tuple[str, int] | None:
     """``TYPE:COUNT``; without it, the GPUs an accelerator-optimized machine type comes with."""
     if text is None:
         return machines.implied_accelerator(machine_type)
     kind, sep, count = text.partition(":")
     if not sep or not count.isdigit():
-        raise ConfigError("--accelerator", "expected TYPE:COUNT, e.g. NVIDIA_TESLA_T4:1")
-    return machines.accelerator_name(kind.strip(), "--accelerator"), int(count)
+        raise ConfigError(flag, "expected TYPE:COUNT, e.g. NVIDIA_TESLA_T4:1")
+    return machines.accelerator_name(kind.strip(), flag), int(count)
 
 
 def default_display_name(image: str) -> str:
     """The image's name without registry, tag or digest (``pytorch`` for ``.../pytorch:v1``)."""
-    return image.rsplit("/", 1)[-1].split("@", 1)[0].split(":", 1)[0] or "trainer"
+    return parse_image(image).name or "trainer"
 
 
 def reducer_count(req: VertexRequest, accelerator: tuple[str, int] | None) -> tuple[int, str | None]:
@@ -87,36 +88,32 @@ def _check_counts(req: VertexRequest) -> None:
     if req.ps and req.reduction_servers:
         raise ConfigError("--reduction-servers", "a Reduction Server cannot serve ParameterServerStrategy: "
                           "workerpool2 is either --ps or --reduction-servers")
+    if req.evaluators == 0 and req.evaluator != EvaluatorMachines():
+        raise ConfigError("--evaluator-machine-type/--evaluator-accelerator/--evaluator-boot-disk-*",
+                          "are the evaluators' machines: give --evaluators")
     if req.base_output_dir is not None and not req.base_output_dir.startswith("gs://"):
         raise ConfigError("--base-output-dir", "must be a Cloud Storage URI (gs://bucket/path)")
-
-
-def with_run_option(run_args: tuple[str, ...], option: str, value: str) -> tuple[str, ...]:
-    """``run_args`` with ``option value`` added before their own ``--`` (where the user's arguments start)."""
-    at = run_args.index("--") if "--" in run_args else len(run_args)
-    return (*run_args[:at], option, value, *run_args[at:])
-
-
-def _run_args(req: VertexRequest, framework: str, strategy: str | None) -> tuple[tuple[str, ...], list[str]]:
-    """The pools' args: a TensorFlow job with reducers pins its strategy (workerpool2 would read as ps)."""
-    if framework == "tensorflow" and req.reduction_servers and strategy is None:
-        note = (f"TensorFlow with a Reduction Server: the args pin --strategy {TF_REDUCER_STRATEGY} (at run time "
-                "workerpool2 would otherwise read as parameter servers)")
-        return with_run_option(req.run_args, "--strategy", TF_REDUCER_STRATEGY), [note]
-    return req.run_args, []
 
 
 def _pools(req: VertexRequest, accelerator: tuple[str, int] | None,
            args: tuple[str, ...]) -> tuple[list[PoolSpec | None], list[str]]:
     notes: list[str] = []
-    x = req.extras
+    x, ev = req.extras, req.evaluator
 
-    def ours(index: int, replicas: int, machine: str, acc: tuple[str, int] | None) -> PoolSpec | None:
+    def ours(index: int, replicas: int, machine: str, acc: tuple[str, int] | None, disk: str | None = None,
+             size: int | None = None) -> PoolSpec | None:
         if replicas <= 0:
             return None
-        reservation = x.reservation if machine == req.machine_type else None  # a reservation is of one type
-        return PoolSpec(index, replicas, machine, req.image, acc, args, env=x.env, disk_type=x.disk_type,
-                        disk_size_gb=x.disk_size_gb, reservation=reservation)
+        same = (machine, acc) == (req.machine_type, accelerator)
+        reservation = x.reservation if same else None  # a reservation holds one machine configuration
+        implied = machines.default_boot_disk(machine)
+        if not (disk or x.disk_type) and implied:
+            note = f"{machine} boots from {implied} only: its pools' diskSpec.bootDiskType says so"
+            notes.extend([note] if note not in notes else [])
+        return PoolSpec(index, replicas, machine, req.image, acc, args, env=x.env,
+                        disk_type=disk or x.disk_type or implied,
+                        disk_size_gb=size or x.disk_size_gb, reservation=reservation, nfs_mounts=x.nfs_mounts,
+                        lustre_mounts=x.lustre_mounts)
 
     pools = [ours(0, 1, req.machine_type, accelerator), ours(1, req.workers - 1, req.machine_type, accelerator)]
     if req.reduction_servers:
@@ -127,7 +124,10 @@ def _pools(req: VertexRequest, accelerator: tuple[str, int] | None,
     else:
         ps_machine = req.ps_machine_type or req.machine_type
         pools.append(ours(2, req.ps, ps_machine, machines.implied_accelerator(ps_machine)))
-    pools.append(ours(3, req.evaluators, req.machine_type, accelerator))
+    eval_machine = ev.machine_type or req.machine_type
+    eval_acc = parse_accelerator(ev.accelerator, eval_machine, "--evaluator-accelerator") \
+        if ev.machine_type or ev.accelerator else accelerator
+    pools.append(ours(3, req.evaluators, eval_machine, eval_acc, ev.disk_type, ev.disk_size_gb))
     while pools and pools[-1] is None:
         pools.pop()
     return pools, notes
@@ -142,20 +142,26 @@ def build(req: VertexRequest) -> tuple[JobSpec, list[str], list[str]]:
         raise ConfigError("--framework", f"not given, not in the run args, and not the image's name; pass "
                           f"--framework {'|'.join(registry.names())}")
     accelerator = parse_accelerator(req.accelerator, req.machine_type)
-    args, notes = _run_args(req, framework, options.strategy)
-    pools, more = _pools(req, accelerator, args)
     name = req.display_name or default_display_name(req.image)
     if len(name) > 128:
         raise ConfigError("--display-name", "at most 128 characters")
+    pools, notes = _pools(req, accelerator, req.run_args)
     job = JobSpec(name, tuple(pools), req.base_output_dir, req.settings)
-    strategy = options.strategy or (TF_REDUCER_STRATEGY if args != req.run_args else None)
-    return job, notes + more, validate(job, "job vertex", framework, strategy)
+    pin = _reducer_pin(job, framework, options.strategy)
+    if pin is not None:
+        pools, _ = _pools(req, accelerator, with_run_option(req.run_args, "--strategy", pin))
+        job = JobSpec(name, tuple(pools), req.base_output_dir, req.settings)
+        notes.append(f"{registry.get(framework).label} with a Reduction Server: the args pin --strategy {pin} "
+                     "(at run time workerpool2 would otherwise read as parameter servers)")
+    return job, notes, validate(job, "job vertex", framework)
 
 
-def split_run_args(argv: Sequence[str]) -> tuple[list[str], tuple[str, ...]]:
-    """Our options before the first ``--``; everything after it (its own ``--`` included) is the run args."""
-    argv = list(argv)
-    if "--" not in argv:
-        return argv, ()
-    i = argv.index("--")
-    return argv[:i], tuple(argv[i + 1:])
+def _reducer_pin(job: JobSpec, framework: str, forced: str | None) -> str | None:
+    """The strategy to pin when, without one, the chief would read the Reduction Server pool as parameter servers."""
+    servers, chief = job.pool(2), job.pool(0)
+    if servers is None or chief is None or forced is not None or not network.is_reduction_server(servers.image_uri):
+        return None
+    replica = planned.vertex_replicas(job)[0]
+    if planned.plan_replica(replica, framework, "job vertex").server_pool == "reduction_server":
+        return None
+    return planned.reducer_strategy(replica, framework, "job vertex")

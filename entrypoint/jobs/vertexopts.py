@@ -1,42 +1,34 @@
-"""``job vertex`` options every real job needs: scheduling, identity and network, labels, env, disk, CMEK, reservations.
+"""``job vertex`` options of the whole job: scheduling, identity and network, Experiments, labels, CMEK.
 
 Each becomes the CustomJob field of the same meaning (REST reference:
 https://cloud.google.com/vertex-ai/docs/reference/rest/v1/CustomJobSpec and .../v1/projects.locations.customJobs);
-values are checked here so that a malformed one fails before anything is submitted.
+values are checked here so that a malformed one fails before anything is submitted. The pools' own options (env,
+disks, reservations, mounts) are in ``jobs.vertexpools``.
 """
 
 from __future__ import annotations
 
 import argparse
 import re
-from dataclasses import dataclass
 
-from entrypoint.cluster import envvars as ev
-from entrypoint.cluster.environments.settings import is_secret_name
 from entrypoint.errors import ConfigError
 from entrypoint.jobs.model import JobSettings
 
-DISK_TYPES = ("pd-ssd", "pd-standard", "hyperdisk-balanced")
 _DURATION = re.compile(r"(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s?)?")
 _EMAIL = re.compile(r"[^@\s]+@[^@\s]+\.[^@\s]+")
 _NETWORK = re.compile(r"projects/\d+/global/networks/[a-z]([-a-z0-9]*[a-z0-9])?")
 _TENSORBOARD = re.compile(r"projects/[^/]+/locations/(?P<loc>[^/]+)/tensorboards/\d+")
 _KMS = re.compile(r"projects/[^/]+/locations/(?P<loc>[^/]+)/keyRings/[^/]+/cryptoKeys/[^/]+")
 _RESOURCE_ID = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
-_RESERVATION = re.compile(r"(projects/[^/]+/zones/[^/]+/reservations/)?[a-z]([-a-z0-9]*[a-z0-9])?")
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-# Set by Vertex AI in every replica (docs/ENVIRONMENT.md): a job's own value would fight them.
-_VERTEX_SETS = (ev.CLUSTER_SPEC, ev.TF_CONFIG, ev.CLOUD_ML_TRIAL_ID)
-
-
-@dataclass(frozen=True)
-class PoolExtras:
-    """What every pool on our image gets besides machine and args: env, boot disk, reservation."""
-
-    env: tuple[tuple[str, str], ...] = ()
-    disk_type: str | None = None
-    disk_size_gb: int | None = None
-    reservation: tuple[str, tuple[str, ...]] | None = None
+# PscInterfaceConfig.networkAttachment: a name in the job's project and region, or the full name (Shared VPC).
+_ATTACHMENT = re.compile(r"(projects/[^/]+/regions/(?P<region>[^/]+)/networkAttachments/)?[a-z]([-a-z0-9]{0,61}"
+                         r"[a-z0-9])?")
+_DOMAIN = re.compile(r"([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\.)+")  # DnsPeeringConfig.domain: "Must end with a dot."
+# Vertex AI Experiments: metadata contexts of the default store; a run's context id is "<experiment>-<run>"
+# (the SDK's ExperimentRun), at most 121 characters (128 less the SDK's "-tb-run").
+_EXPERIMENT = re.compile(r"(projects/(?P<project>[^/]+)/locations/(?P<loc>[^/]+)/metadataStores/default/contexts/)?"
+                         r"(?P<name>[a-z0-9][a-z0-9-]{0,127})")
+_RUN_ID_MAX = 121
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -60,18 +52,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     n.add_argument("--enable-web-access", action="store_true", help="interactive shells into the replicas")
     n.add_argument("--tensorboard", metavar="projects/P/locations/L/tensorboards/ID",
                    help="a Vertex AI TensorBoard to upload AIP_TENSORBOARD_LOG_DIR to (needs --service-account)")
+    n.add_argument("--psc-network-attachment", metavar="NAME|projects/P/regions/R/networkAttachments/NAME",
+                   help="a Private Service Connect interface into your VPC (pscInterfaceConfig)")
+    n.add_argument("--psc-dns-peering", action="append", default=[], metavar="DOMAIN.=TARGET_PROJECT/TARGET_NETWORK",
+                   help="resolve DOMAIN (ending with a dot) in that VPC network's DNS (repeatable)")
+    n.add_argument("--enable-dashboard-access", action="store_true",
+                   help="the chief container's own dashboard, at the job's web access URIs")
+    x = p.add_argument_group("Vertex AI Experiments")
+    x.add_argument("--experiment", metavar="NAME", help="an existing Experiment (NAME needs --project, or its full "
+                   "resource name); needs --service-account, not with --tensorboard")
+    x.add_argument("--experiment-run", metavar="RUN", help="the Experiment's run to report to")
     r = p.add_argument_group("resources")
     r.add_argument("--labels", action="append", default=[], metavar="KEY=VALUE[,...]", help="job labels")
-    r.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
-                   help="container environment of our pools (repeatable)")
-    r.add_argument("--boot-disk-type", choices=DISK_TYPES, help="default pd-ssd (hyperdisk-balanced on A3 Ultra)")
-    r.add_argument("--boot-disk-size", type=int, metavar="GB", help="boot disk size (default 100)")
     r.add_argument("--kms-key", metavar="projects/P/locations/L/keyRings/R/cryptoKeys/K",
                    help="customer-managed encryption key (in --region)")
     r.add_argument("--persistent-resource-id", metavar="ID", help="run on a persistent resource's machines")
-    r.add_argument("--reservation", metavar="any|none|NAME",
-                   help="reservation affinity of the training pools: any, none, or a reservation "
-                   "(NAME or projects/P/zones/Z/reservations/NAME)")
 
 
 def duration_seconds(text: str, flag: str) -> int:
@@ -115,39 +110,6 @@ def check_labels(labels: list[tuple[str, str]]) -> None:
                               "most 64 lowercase letters, digits, '_' or '-'")
 
 
-def check_env(env: list[tuple[str, str]], flag: str) -> list[str]:
-    """Valid names, none Vertex sets itself; warnings for secret-looking names (their values are in the spec)."""
-    warnings = []
-    for name, _ in env:
-        if not _ENV_NAME.fullmatch(name):
-            raise ConfigError(flag, f"{name[:40]!r} is not an environment variable name")
-        if name in _VERTEX_SETS or name.startswith("AIP_"):
-            raise ConfigError(flag, f"{name} is set by the platform in every replica; do not set it")
-        if is_secret_name(name):
-            warnings.append(f"{flag} {name}: looks like a secret, and its value is stored in the job's spec for "
-                            "anyone who can view the job; read it from Secret Manager in your code instead")
-    return warnings
-
-
-def _reservation(text: str | None) -> tuple[str, tuple[str, ...]] | None:
-    if text is None:
-        return None
-    if text.lower() in ("any", "none"):
-        return ("ANY_RESERVATION" if text.lower() == "any" else "NO_RESERVATION", ())
-    if not _RESERVATION.fullmatch(text):
-        raise ConfigError("--reservation", "expected any, none, NAME or projects/P/zones/Z/reservations/NAME")
-    return ("SPECIFIC_RESERVATION", (text,))
-
-
-def pool_extras(ns: argparse.Namespace) -> tuple[PoolExtras, list[str]]:
-    """--env, --boot-disk-*, --reservation, checked; and warnings."""
-    env = parse_pairs(ns.env, "--env", split_commas=False)
-    warnings = check_env(env, "--env")
-    if ns.boot_disk_size is not None and ns.boot_disk_size < 1:
-        raise ConfigError("--boot-disk-size", "must be a size in GB >= 1")
-    return PoolExtras(tuple(env), ns.boot_disk_type, ns.boot_disk_size, _reservation(ns.reservation)), warnings
-
-
 def _check_identity(ns: argparse.Namespace, region: str) -> None:
     if ns.service_account is not None and not _EMAIL.fullmatch(ns.service_account):
         raise ConfigError("--service-account", "expected a service account e-mail "
@@ -174,6 +136,60 @@ def _check_identity(ns: argparse.Namespace, region: str) -> None:
                           "starting with a letter")
 
 
+def _psc(ns: argparse.Namespace, region: str) -> tuple[tuple[str, str, str], ...]:
+    if ns.psc_network_attachment is None:
+        if ns.psc_dns_peering:
+            raise ConfigError("--psc-dns-peering", "peers DNS through a Private Service Connect interface: give "
+                              "--psc-network-attachment")
+        return ()
+    match = _ATTACHMENT.fullmatch(ns.psc_network_attachment)
+    if match is None:
+        raise ConfigError("--psc-network-attachment", "expected NAME or projects/P/regions/R/networkAttachments/NAME")
+    if match["region"] is not None and match["region"] != region:
+        raise ConfigError("--psc-network-attachment", f"the attachment is in {match['region']}, the job in {region}: "
+                          "a network attachment serves its own region")
+    peering = []
+    for text in ns.psc_dns_peering:
+        domain, eq, target = text.partition("=")
+        project, slash, network = target.partition("/")
+        if not (eq and slash and project and network) or not _DOMAIN.fullmatch(domain):
+            raise ConfigError("--psc-dns-peering", "expected DOMAIN.=TARGET_PROJECT/TARGET_NETWORK, the domain ending "
+                              "with a dot")
+        peering.append((domain, project, network))
+    return tuple(peering)
+
+
+def _experiment(ns: argparse.Namespace, region: str) -> tuple[str | None, str | None]:
+    """Full resource names of --experiment and --experiment-run (the API takes them)."""
+    if ns.experiment is None:
+        if ns.experiment_run is not None:
+            raise ConfigError("--experiment-run", "is a run of an Experiment: give --experiment")
+        return None, None
+    match = _EXPERIMENT.fullmatch(ns.experiment)
+    if match is None:
+        raise ConfigError("--experiment", "expected an Experiment's name (1-128 lowercase letters, digits, '-') or "
+                          "projects/P/locations/L/metadataStores/default/contexts/NAME")
+    if match["loc"] is not None and match["loc"] != region:
+        raise ConfigError("--experiment", f"the Experiment is in {match['loc']}, the job in {region}")
+    project = match["project"] or ns.project
+    if project is None:
+        raise ConfigError("--experiment", "the API takes the Experiment's full resource name: give --project (or "
+                          "the full name)")
+    if ns.tensorboard is not None:
+        raise ConfigError("--experiment", "an Experiment has its own TensorBoard: not with --tensorboard (the SDK "
+                          "refuses 'experiment' and 'tensorboard' together)")
+    if ns.service_account is None:
+        raise ConfigError("--experiment", "reporting to an Experiment needs --service-account (the SDK requires one)")
+    name = f"projects/{project}/locations/{region}/metadataStores/default/contexts/{match['name']}"
+    if ns.experiment_run is None:
+        return name, None
+    run = ns.experiment_run
+    if not re.fullmatch(r"[a-z0-9][a-z0-9-]*", run) or len(f"{match['name']}-{run}") > _RUN_ID_MAX:
+        raise ConfigError("--experiment-run", f"expected lowercase letters, digits and '-', the experiment's name, '-' "
+                          f"and the run at most {_RUN_ID_MAX} characters")
+    return name, f"{name}-{run}"
+
+
 def settings(ns: argparse.Namespace, region: str) -> JobSettings:
     """The job-wide settings from the parsed options; ConfigError for a malformed or contradictory one."""
     if ns.max_wait is not None and not ns.flex_start:
@@ -187,6 +203,7 @@ def settings(ns: argparse.Namespace, region: str) -> JobSettings:
     if timeout == 0:
         raise ConfigError("--timeout", "must be longer than 0s")
     strategy = "SPOT" if ns.spot else "FLEX_START" if ns.flex_start else None
+    experiment, experiment_run = _experiment(ns, region)
     return JobSettings(
         timeout_s=timeout,
         max_wait_s=duration_seconds(ns.max_wait, "--max-wait") if ns.max_wait is not None else None,
@@ -201,4 +218,9 @@ def settings(ns: argparse.Namespace, region: str) -> JobSettings:
         persistent_resource_id=ns.persistent_resource_id,
         labels=tuple(labels),
         kms_key=ns.kms_key,
+        psc_network_attachment=ns.psc_network_attachment,
+        psc_dns_peering=_psc(ns, region),
+        experiment=experiment,
+        experiment_run=experiment_run,
+        enable_dashboard_access=ns.enable_dashboard_access,
     )

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 
 from entrypoint.cluster.topology import Peer
 from entrypoint.errors import PeerError, TrainerError
+from entrypoint.lifecycle.waiting import Wait
 
 log = logging.getLogger("entrypoint")
-LOG_EVERY = 20.0  # seconds between "waiting for" lines
 POLL = 0.5  # seconds between the watch's looks at its connections
 
 
@@ -43,30 +43,26 @@ def dial(address: str, timeout: float = 2.0) -> socket.socket | None:
 
 
 def wait_until_listening(peers: Sequence[Peer], timeout: float, what: str = "servers") -> None:
-    """Block until every peer accepts a connection; log whom it waits for every LOG_EVERY seconds; PeerError
-    naming the missing ones after ``timeout`` seconds. Peers without an address are not waited for."""
+    """Block until every peer accepts a connection, saying whom it waits for (``Wait``); PeerError naming the
+    missing ones after ``timeout`` seconds. Peers without an address are not waited for."""
     waiting = [p for p in peers if p.address]
     if not waiting:
         return
-    deadline, next_log, total = time.monotonic() + timeout, 0.0, len(waiting)
+    wait, total = Wait(timeout), len(waiting)
     while True:
         for peer in list(waiting):
-            conn = dial(str(peer.address), timeout=min(2.0, max(deadline - time.monotonic(), 0.1)))
+            conn = dial(str(peer.address), timeout=min(2.0, max(wait.left, 0.1)))
             if conn is not None:
                 conn.close()
                 waiting.remove(peer)
         if not waiting:
             log.info("all %d %s listen (%s)", total, what, ", ".join(p.name for p in peers if p.address))
             return
-        now = time.monotonic()
-        missing = ", ".join(str(p) for p in waiting)
-        if now >= deadline:
-            raise PeerError(f"{what} never listened within {timeout:g} s (--timeout): {missing}")
-        if now >= next_log:
-            log.info("waiting for %d of %d %s to listen: %s; %.0f s left of --timeout %g", len(waiting), total,
-                     what, missing, deadline - now, timeout)
-            next_log = now + LOG_EVERY
-        time.sleep(min(1.0, max(deadline - time.monotonic(), 0.0)))
+        whom, missing = f"{len(waiting)} of {total} {what} to listen", ", ".join(str(p) for p in waiting)
+        if wait.expired:
+            raise wait.error(whom, missing)
+        wait.say(whom, missing)
+        wait.sleep(1.0)
 
 
 @dataclass(frozen=True)

@@ -58,8 +58,8 @@ class Silent:
 class PeerBoard:
     """Publishes this rank's heartbeat; names the ranks whose heartbeats stopped."""
 
-    def __init__(self, kv: KeyValue, me: Member, members: list[Member]) -> None:
-        self.kv, self.me, self.members = kv, me, members
+    def __init__(self, kv: KeyValue, me: Member, members: list[Member], prefix: str = _PREFIX) -> None:
+        self.kv, self.me, self.members, self.prefix = kv, me, members, prefix
         self.step = 0
         self._count = 0
         self._stop = threading.Event()
@@ -80,7 +80,7 @@ class PeerBoard:
         while not self._stop.wait(INTERVAL):
             self._count += 1
             with contextlib.suppress(Exception), self._lock:  # a store gone is for the verdict to say
-                self.kv.put(f"{_PREFIX}{self.me.rank}", f"{self._count} {self.step}")
+                self.kv.put(f"{self.prefix}{self.me.rank}", f"{self._count} {self.step}")
 
     def _read(self) -> dict[int, tuple[int, int] | None]:
         """Every other rank's (counter, step); None for a rank never heard of. Raises when the store is gone."""
@@ -89,7 +89,7 @@ class PeerBoard:
             if member.rank == self.me.rank:
                 continue
             with self._lock:
-                value = self.kv.fetch(f"{_PREFIX}{member.rank}")
+                value = self.kv.fetch(f"{self.prefix}{member.rank}")
             counter, _, step = (value or "").partition(" ")
             seen[member.rank] = (int(counter), int(step)) if counter.isdigit() and step.isdigit() else None
         return seen

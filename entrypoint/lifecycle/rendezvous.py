@@ -2,8 +2,8 @@
 
 The chief listens on its own cluster port; every other replica resolves the chief's host name and
 connects (retrying: the chief may start later, a new pod's DNS record can lag), says who it is, and
-waits for ``GO``. Both sides log every ``LOG_EVERY`` seconds whom they wait for and how long they still
-wait, and give up at ``--timeout`` with one error naming the missing peers. Then the chief closes the
+waits for ``GO``. Both sides wait through ``waiting.Wait``: they say whom they wait for and how long they
+still wait, and give up at ``--timeout`` with one error naming the missing peers. Then the chief closes the
 port and the framework (torch's store, Horovod's rendezvous server, TensorFlow's server) takes it;
 everyone it waits for is already there.
 
@@ -18,16 +18,15 @@ from __future__ import annotations
 import logging
 import select
 import socket
-import time
 from collections.abc import Callable, Sequence
 
 from entrypoint.cluster.topology import Peer
 from entrypoint.errors import HostUnresolvableError, PeerError
 from entrypoint.lifecycle.listening import wait_until_listening
+from entrypoint.lifecycle.waiting import LOG_EVERY, Wait
 from entrypoint.planning.plan import Plan
 
 log = logging.getLogger("entrypoint")
-LOG_EVERY = 20.0
 _HELLO = "TRAINER-BARRIER/1"
 
 
@@ -58,24 +57,20 @@ def _missing(peers: Sequence[Peer], joined: set[int]) -> str:
 
 def _serve(port: int, peers: Sequence[Peer], key: str, timeout: float) -> None:
     """The chief: accept every peer's hello, then release them all at once."""
-    deadline = time.monotonic() + timeout
+    wait = Wait(timeout)
     server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     joined: dict[int, socket.socket] = {}
     try:
         server.bind(("", port))
         server.listen(len(peers) * 2)
-        next_log = 0.0
         while len(joined) < len(peers) - 1:
-            now = time.monotonic()
-            if now >= deadline:
-                raise PeerError(f"peers never came within {timeout:g} s (--timeout): {_missing(peers, set(joined))}")
-            if now >= next_log:
-                log.info("waiting for %d of %d peers: %s; %.0f s left of --timeout %g", len(peers) - 1 - len(joined),
-                         len(peers) - 1, _missing(peers, set(joined)), deadline - now, timeout)
-                next_log = now + LOG_EVERY
+            whom = f"{len(peers) - 1 - len(joined)} of {len(peers) - 1} peers"
+            if wait.expired:
+                raise wait.error(whom, _missing(peers, set(joined)))
+            wait.say(whom, _missing(peers, set(joined)))
             _drop_gone(joined)
-            ready, _, _ = select.select([server], [], [], min(1.0, max(deadline - now, 0.01)))
+            ready, _, _ = select.select([server], [], [], min(1.0, max(wait.left, 0.01)))
             if ready:
                 _accept(server, key, len(peers), joined)
         for conn in joined.values():
@@ -129,51 +124,41 @@ def _join(address: tuple[str, int], peers: Sequence[Peer], me: int, key: str, ti
     """A worker: resolve and reach the chief (retrying), say hello, wait for GO; say why it waits when that changes."""
     host, port = address
     reach_chief(host, port, timeout, peers[0],
-                lambda deadline: _hello_and_wait(host, port, f"{_HELLO} {key} {me}\n", deadline, peers))
+                lambda wait: _hello_and_wait(host, port, f"{_HELLO} {key} {me}\n", wait, peers))
 
 
-def reach_chief(host: str, port: int, timeout: float, chief: Peer, attempt: Callable[[float], str]) -> None:
-    """Call ``attempt(deadline)`` until it returns "" (done), retrying while the chief's name does not resolve or
-    its port refuses; say whom it waits for and why whenever that changes (and every 20 s); fail at ``--timeout``
-    (HostUnresolvableError if the name never resolved, else PeerError). ``attempt`` returns what went wrong."""
-    deadline = time.monotonic() + timeout
-    resolved, said, next_log = False, "", 0.0
+def reach_chief(host: str, port: int, timeout: float, chief: Peer, attempt: Callable[[Wait], str]) -> None:
+    """Call ``attempt(wait)`` until it returns "" (done), retrying while the chief's name does not resolve or
+    its port refuses; say whom it waits for and why (``Wait``); fail at ``--timeout`` (HostUnresolvableError if
+    the name never resolved, else PeerError). ``attempt`` returns what went wrong, within the wait's deadline."""
+    wait, whom, resolved = Wait(timeout), f"the chief {chief}", False
     while True:
         try:
             socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
             resolved = True
-            problem = attempt(deadline)
+            problem = attempt(wait)
         except socket.gaierror:
             problem = "its host name does not resolve yet"
         except OSError as exc:
             problem = exc.strerror or type(exc).__name__
         if problem == "":
             return
-        now = time.monotonic()
-        if now >= deadline:
-            if not resolved:
-                raise HostUnresolvableError(f"the chief's host name {host!r} did not resolve within {timeout:g} s "
-                                            f"(--timeout); chief {chief}")
-            raise PeerError(f"the chief {chief} never came within {timeout:g} s (--timeout): {problem}")
-        if problem != said or now >= next_log:
-            log.info("waiting for the chief %s: %s; %.0f s left of --timeout %g", chief, problem, deadline - now,
-                     timeout)
-            said, next_log = problem, now + LOG_EVERY
-        time.sleep(min(1.0, max(deadline - now, 0.0)))
+        if wait.expired:
+            raise wait.error(whom, problem, PeerError if resolved else HostUnresolvableError)
+        wait.say(whom, problem)
+        wait.sleep(1.0)
 
 
-def _hello_and_wait(host: str, port: int, hello: str, deadline: float, peers: Sequence[Peer]) -> str:
+def _hello_and_wait(host: str, port: int, hello: str, wait: Wait, peers: Sequence[Peer]) -> str:
     """Connect, say hello, and wait for GO: "" once released, else what went wrong."""
-    with socket.create_connection((host, port), timeout=min(3.0, max(deadline - time.monotonic(), 0.1))) as sock:
+    with socket.create_connection((host, port), timeout=min(3.0, max(wait.left, 0.1))) as sock:
         sock.sendall(hello.encode())
-        received, next_log = b"", time.monotonic() + LOG_EVERY
-        while (now := time.monotonic()) < deadline:
-            ready, _, _ = select.select([sock], [], [], max(min(next_log, deadline) - now, 0.01))
+        received = b""
+        while not wait.expired:
+            ready, _, _ = select.select([sock], [], [], max(min(LOG_EVERY, wait.left), 0.01))
             if not ready:
-                if time.monotonic() >= next_log:
-                    log.info("connected to the chief; waiting for the other peers (%d in all); %.0f s left",
-                             len(peers), deadline - time.monotonic())
-                    next_log = time.monotonic() + LOG_EVERY
+                wait.say(f"the other peers ({len(peers)} in all)", f"connected to the chief {peers[0]}, which "
+                         "releases everyone together")
                 continue
             chunk = sock.recv(64)
             if not chunk:
@@ -181,4 +166,4 @@ def _hello_and_wait(host: str, port: int, hello: str, deadline: float, peers: Se
             received += chunk
             if b"\n" in received:
                 return "" if received.split(b"\n", 1)[0].strip() == b"GO" else "the chief answered something else"
-    return "the chief did not release the peers in time"
+    return "connected, but the chief did not release the peers in time"

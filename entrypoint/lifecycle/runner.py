@@ -10,18 +10,22 @@ Launchers and workers are called with the plan and the failure context (``launch
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import tempfile
+from collections.abc import Iterator
 
 from entrypoint import context, failures
 from entrypoint.cluster.environments.settings import Handoff, read_settings, secret_values, secrets_in_args
-from entrypoint.errors import ExitCode
-from entrypoint.lifecycle import rendezvous
+from entrypoint.errors import ConfigError, ExitCode
+from entrypoint.lifecycle import jobrecord, lease, rendezvous, signals
 from entrypoint.outputs.locations import ensure_writable, how_written
 from entrypoint.planning import handoff, registry
 from entrypoint.planning.plan import Plan
 
 log = logging.getLogger("entrypoint")
+REFUSED = "trainer-refused"  # under the temp dir: the record of a job refused its job dir (not in the other's)
 
 
 def describe_failures(ctx: failures.FailureContext, plan: Plan) -> failures.FailureContext:
@@ -45,14 +49,44 @@ def run_node(plan: Plan, ctx: failures.FailureContext) -> int:
              how_written(out.model_dir), how_written(out.checkpoint_dir), how_written(out.tensorboard_dir))
     if user_code.kind != "hooks":  # scripts write into AIP_MODEL_DIR & co. as into a bucket, where every path exists
         ensure_writable([out.model_dir, out.checkpoint_dir, out.tensorboard_dir])
-    rendezvous.meet_peers(plan)
-    os.environ.update(plan.emitted_env())  # what user code and children expect (TF_CONFIG, AIP_*, MASTER_*)
-    with handoff.plan_file(plan) as handed:
-        os.environ.update(handed)
-        code = registry.get(plan.framework).load_launcher()(plan, ctx)
+    with holding_job_dir(plan, ctx) as record:
+        with signals.stop_at_once("meeting the other replicas at the start-up barrier"):
+            rendezvous.meet_peers(plan)
+        os.environ.update(plan.emitted_env())  # what user code and children expect (TF_CONFIG, AIP_*, MASTER_*)
+        with handoff.plan_file(plan) as handed:
+            os.environ.update(handed)
+            code = registry.get(plan.framework).load_launcher()(plan, ctx)
+        if code == ExitCode.OK and record is not None:
+            jobrecord.finished(out.job_dir, record)
     if code == ExitCode.OK:
         return ExitCode.OK
     return failures.finish_child(ctx, code)
+
+
+def job_key(plan: Plan) -> str | None:
+    """What every attempt of this job shares and another job does not: its cluster's chief and its trial (None for
+    a job without a cluster, told apart by its holder's process instead)."""
+    topo = plan.topology
+    return None if topo.chief_address is None else f"{topo.source}:{topo.chief_address}:{topo.trial or '-'}"
+
+
+@contextlib.contextmanager
+def holding_job_dir(plan: Plan, ctx: failures.FailureContext) -> Iterator[jobrecord.JobRecord | None]:
+    """The chief holds the job dir while the node runs (``lease.py``) and compares its arguments with the recorded
+    ones (``jobrecord.py``): before anything trains or meets a peer. Other processes hold nothing (None)."""
+    if not plan.topology.is_chief_node or (plan.placement is not None and not plan.placement.is_chief):
+        yield None
+        return
+    held = lease.JobLease(plan.outputs.job_dir, job_key(plan))
+    try:
+        held.acquire()
+    except ConfigError:
+        ctx.job_dir = os.path.join(tempfile.gettempdir(), REFUSED)  # the other job's failures/ are its own
+        raise
+    try:
+        yield jobrecord.start(plan.outputs.job_dir, plan.options, ctx.secrets)
+    finally:
+        held.release()
 
 
 def run_process(plan: Plan, ctx: failures.FailureContext) -> int:
@@ -70,7 +104,6 @@ def run_process(plan: Plan, ctx: failures.FailureContext) -> int:
 
 def run_worker(handed: Handoff) -> int:
     """``python -m entrypoint.worker``: a process started by a launcher (torch elastic, Horovod)."""
-    from entrypoint.lifecycle import signals
     from entrypoint.outputs.progress import setup_logging
 
     ctx = failures.FailureContext(top_level=False, error_file=handed.error_file)

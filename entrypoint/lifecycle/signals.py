@@ -3,7 +3,9 @@
 - ``StopRequest``: a training process's handler; SIGTERM/SIGINT only set a flag that the loop reads
   at a step boundary (every rank agrees, the chief commits a checkpoint, every process exits 128+N).
 - ``terminate``: a supervisor forwards a signal to its children's process groups, waits up to the
-  grace period, then SIGKILLs what is left.
+  grace period, then SIGKILLs what is left (a child's own children that ignore the signal included).
+- ``adopt_orphans`` / ``end_adopted``: ``local`` is the subreaper of its replicas' descendants, and kills
+  what outlived them (a user's helper in a session of its own) when the job ends, as a container's end does.
 - ``die_with_parent``: every process we start gets PR_SET_PDEATHSIG, so whatever kills its parent
   (SIGKILL included) kills it too; nothing trains on as an orphan.
 - ``deadline``: SIGALRM's default action ends a block the framework will not let us interrupt.
@@ -24,13 +26,15 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
 from types import FrameType
 
 from entrypoint.errors import StopRequested, signal_exit_code
 
 log = logging.getLogger("entrypoint")
 _PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
@@ -105,7 +109,10 @@ def signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
 
 
 def terminate(procs: Sequence[subprocess.Popen[bytes]], sig: int, grace: float) -> None:
-    """Forward ``sig`` to every child's group; SIGKILL the groups still running after ``grace`` seconds."""
+    """Forward ``sig`` to every child's group; SIGKILL the groups still running after ``grace`` seconds.
+
+    A group outlives its leader when the leader's own children ignore the signal: they get the rest of the grace
+    period, then SIGKILL too (nothing of a stopped child is left running)."""
     for proc in procs:
         signal_group(proc, sig)
     deadline = time.monotonic() + grace
@@ -117,6 +124,72 @@ def terminate(procs: Sequence[subprocess.Popen[bytes]], sig: int, grace: float) 
                         signal.Signals(sig).name)
             signal_group(proc, signal.SIGKILL)
             proc.wait()
+    for proc in procs:
+        _end_group(proc.pid, deadline, sig)
+
+
+def _end_group(pgid: int, deadline: float, sig: int) -> None:
+    """Wait until the deadline for what is left of a group whose leader ended, then SIGKILL it."""
+    while _in_group(pgid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = _in_group(pgid)
+    if not left:
+        return
+    log.warning("pids %s of pid %d's process group still running after %s and the grace period: killing them",
+                ", ".join(map(str, left)), pgid, signal.Signals(sig).name)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+    ends = time.monotonic() + 5.0
+    while _in_group(pgid) and time.monotonic() < ends:
+        time.sleep(0.05)
+
+
+def _processes() -> Iterator[tuple[int, str, int, int]]:
+    """Every process as (pid, state, parent pid, process group), from Linux's /proc (nothing elsewhere)."""
+    root = Path("/proc")
+    if not root.is_dir():
+        return
+    for entry in root.iterdir():
+        if entry.name.isdigit():
+            try:
+                text = (entry / "stat").read_text()
+            except OSError:
+                continue
+            state, ppid, group = text[text.rindex(")") + 2:].split()[:3]
+            yield int(entry.name), state, int(ppid), int(group)
+
+
+def _in_group(pgid: int) -> list[int]:
+    """The live (not zombie) members of process group ``pgid``."""
+    return [pid for pid, state, _ppid, group in _processes() if group == pgid and state != "Z"]
+
+
+def adopt_orphans() -> None:
+    """Become the subreaper of this process's descendants (Linux; elsewhere nothing): a process that left its
+    parent's group or session (a daemon-style helper of the user's) is re-parented here when its parent ends,
+    instead of to init, so ``end_adopted`` can end it as a container's end would."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def end_adopted(started: Iterable[int]) -> list[int]:
+    """SIGKILL and reap every child of this process it did not start itself (descendants adopted after their
+    parents ended), as a container's end kills what is left in it; the pids ended."""
+    mine, ended, known = os.getpid(), [], set(started)
+    for _ in range(5):  # an adopted process's own children are adopted in turn once it ends
+        strays = [pid for pid, _state, ppid, _group in _processes() if ppid == mine and pid not in known]
+        if not strays:
+            break
+        log.warning("pids %s outlived the job (started by the user's code, outside its replica's process group): "
+                    "killing them", ", ".join(map(str, strays)))
+        for pid in strays:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        for pid in strays:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+        ended += strays
+    return ended
 
 
 class Forwarder:

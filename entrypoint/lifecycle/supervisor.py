@@ -22,6 +22,7 @@ from entrypoint.errors import exit_code_of, is_retryable, signal_exit_code
 from entrypoint.lifecycle.restart_policy import Counts, Decision, RestartPolicy, decide
 from entrypoint.lifecycle.signals import Forwarder, child_preexec, terminate
 from entrypoint.options import DEFAULT_GRACE_PERIOD
+from entrypoint.outputs import redaction
 
 NEVER = RestartPolicy("never")
 
@@ -81,9 +82,9 @@ def free_ports(count: int) -> list[int]:
             s.close()
 
 
-def _pump(prefix: str, stream: IO[bytes], lock: threading.Lock) -> None:
+def _pump(prefix: str, stream: IO[bytes], lock: threading.Lock, secrets: frozenset[str]) -> None:
     for raw in iter(stream.readline, b""):
-        line = raw.decode(errors="replace").rstrip("\n")
+        line = redaction.hide(raw.decode(errors="replace").rstrip("\n"), secrets)  # a user's print() too
         with lock:
             sys.stdout.write(f"[{prefix}] {line}\n")
             sys.stdout.flush()
@@ -93,14 +94,16 @@ class Supervisor:
     """Starts replicas, prefixes their output, and applies a restart policy to the ones that fail.
 
     ``prepare`` runs before every start (fresh scratch directories, the attempt number in the environment);
-    ``on_failure`` runs for every failed exit before the policy decides (a record on the replica's behalf).
+    ``on_failure`` runs for every failed exit before the policy decides (a record on the replica's behalf);
+    ``secrets`` are hidden in every line of the replicas' output it passes on.
     """
 
     def __init__(self, replicas: list[Replica], label: str = "local", grace: float = DEFAULT_GRACE_PERIOD,
                  policy: RestartPolicy = NEVER, prepare: Callable[[Replica], None] | None = None,
-                 on_failure: Callable[[Replica, int], None] | None = None) -> None:
+                 on_failure: Callable[[Replica, int], None] | None = None,
+                 secrets: frozenset[str] = frozenset()) -> None:
         self.replicas, self.label, self.grace, self.policy = replicas, label, grace, policy
-        self.prepare, self.on_failure = prepare, on_failure
+        self.prepare, self.on_failure, self.secrets = prepare, on_failure, secrets
         self.counts = Counts()
         self._lock = threading.Lock()
         self._chief_done = False
@@ -118,8 +121,8 @@ class Supervisor:
         replica.proc = subprocess.Popen(replica.argv, env=replica.env, cwd=replica.cwd, stdout=subprocess.PIPE,
                                         stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=child_preexec)
         assert replica.proc.stdout is not None
-        replica.pump = threading.Thread(target=_pump, args=(replica.prefix, replica.proc.stdout, self._lock),
-                                        daemon=True)
+        replica.pump = threading.Thread(target=_pump, args=(replica.prefix, replica.proc.stdout, self._lock,
+                                                            self.secrets), daemon=True)
         replica.pump.start()
 
     def _procs(self) -> list[subprocess.Popen[bytes]]:

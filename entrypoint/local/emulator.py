@@ -26,8 +26,11 @@ from pathlib import Path
 
 from entrypoint import failures
 from entrypoint.cluster import envvars as ev
+from entrypoint.cluster.environments._parse import get_trial
+from entrypoint.cluster.environments.settings import secret_values, secrets_in_args
 from entrypoint.errors import ConfigError, ExitCode, is_retryable
-from entrypoint.failures.records import read_records
+from entrypoint.failures.records import read_records, record_names
+from entrypoint.lifecycle import signals
 from entrypoint.lifecycle.restart_policy import (
     DEFAULT_BACKOFF_LIMIT,
     POLICIES,
@@ -39,7 +42,7 @@ from entrypoint.lifecycle.supervisor import Replica, Supervisor
 from entrypoint.local.pools import Pool, cluster_specs, vertex_pools, vertex_tf_config
 from entrypoint.options import DEFAULT_GRACE_PERIOD
 from entrypoint.outputs import storage
-from entrypoint.planning.runargs import parse_options
+from entrypoint.planning.runargs import parse_options, split_user_args
 
 COMMANDS = ("run", "describe")
 GRACE_MARGIN = 5.0
@@ -136,7 +139,7 @@ def _record_exit(ctx: failures.FailureContext) -> Callable[[Replica, int], None]
     """A failed replica that left no failure record of its own (SIGKILLed, say) gets one on its behalf."""
 
     def record(replica: Replica, code: int) -> None:
-        mine = [r for r in read_records(ctx.job_dir, replica.started_at)
+        mine = [r for r in read_records(ctx.job_dir, replica.started_at, ctx.before)
                 if r.replica == replica.name and not r.reported_by]
         if not mine:
             failures.write_record(replace(ctx, replica=replica.name, rank=None), failures.exit_failure(code))
@@ -148,6 +151,8 @@ def run_cluster(pools: Sequence[Pool], output_dir: str, trial: str | None = None
                 policy: RestartPolicy | None = None) -> int:
     """Start every pool's replicas, handle their failures as the platform would, and say where outputs went."""
     policy = policy or RestartPolicy()
+    if trial is not None:  # a directory under --output-dir, as on the platform: never a path out of it
+        trial = get_trial("--trial", {"trial": trial}, "")
     for pool in pools:
         if pool.start and (not pool.command or pool.command[0] not in COMMANDS):
             raise ConfigError("local", f"{pool.name}: the replica command must start with 'run' or 'describe'")
@@ -157,15 +162,20 @@ def run_cluster(pools: Sequence[Pool], output_dir: str, trial: str | None = None
     replicas = build_replicas(pools, output_dir, trial, dict(os.environ))
     output = _output_base(output_dir)
     job_dir = f"{output}/{trial}" if trial else output
-    ctx = failures.FailureContext(replica="local", job_dir=job_dir, started=time.time())
+    # Records already there are an earlier run's, even one written a moment ago (read_records allows clock skew).
+    ctx = failures.FailureContext(replica="local", job_dir=job_dir, started=time.time(),
+                                  before=record_names(job_dir))
     disks = Disks(Path.cwd())
+    signals.adopt_orphans()  # what a replica's user code leaves behind is ended with the job, as in a container
     names = ", ".join(r.name for r in replicas)
     print(f"[local] starting {len(replicas)} replicas ({names}); outputs under {output}; each replica's own disk "
           f"under {disks.root}\n[local] {policy.describe()}", flush=True)
     try:
+        secrets = secret_values() | frozenset(secrets_in_args([a for pool in pools for a in pool.command]))
         outcome = Supervisor(replicas, grace=replica_grace(pools), policy=policy, prepare=disks.prepare,
-                             on_failure=_record_exit(ctx)).run()
+                             on_failure=_record_exit(ctx), secrets=secrets).run()
     finally:
+        signals.end_adopted(r.proc.pid for r in replicas if r.proc is not None)
         disks.remove()
     chief = replicas[0].env
     metrics = sorted(_metrics_root(output_dir).glob(f"{METRICS_DIR}/*/hypertune/output.metrics"))
@@ -192,7 +202,7 @@ def run_cluster(pools: Sequence[Pool], output_dir: str, trial: str | None = None
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     """``local`` options before ``--``; the replica command (``run ...``) after it, as ``args.command``."""
     argv = list(argv)
-    i = argv.index("--") if "--" in argv else len(argv)
+    ours, command = split_user_args(argv)
     parser = argparse.ArgumentParser(prog="python -m entrypoint local", description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=1, help="training replicas: 1 chief + N-1 workers")
     parser.add_argument("--ps", type=int, default=0, help="parameter servers (workerpool2)")
@@ -211,10 +221,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                           help="exitcode: restarts of all replicas together (Kubeflow's runPolicy.backoffLimit)")
     parser.add_argument("--spec", metavar="FILE", help="run a Vertex CustomJob / CustomJobSpec / gcloud --config "
                         "file (JSON or YAML) instead of --workers/--ps/--evaluators and '-- run ...'")
-    args = parser.parse_args(argv[:i])
-    args.command = argv[i + 1:]
+    args = parser.parse_args(ours)
+    args.command = command
     if args.spec is not None:
-        if "--" in argv or any(a.split("=", 1)[0] in ("--workers", "--ps", "--evaluators") for a in argv[:i]):
+        if "--" in argv or any(a.split("=", 1)[0] in ("--workers", "--ps", "--evaluators") for a in ours):
             raise ConfigError("local", "--spec takes the pools and their args from the file: drop --workers, "
                               "--ps, --evaluators and '-- run ...'")
         return args

@@ -1,11 +1,12 @@
 """The emulated Vertex cluster: its worker pools and the CLUSTER_SPEC / TF_CONFIG each replica gets.
 
-``local`` starts replicas from these; a job spec (``jobs.specfile``) becomes the same pools.
+``local`` starts replicas from these; a job spec (``local.specfile``) becomes the same pools, and ``job`` plans
+each pool's replicas with the variables they give (``jobs.planned``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,10 +38,13 @@ def vertex_pools(workers: int, ps: int, evaluators: int, command: Sequence[str])
     return [Pool(name, count, tuple(command)) for name, count in sizes if count > 0]
 
 
-def cluster_specs(pools: Sequence[Pool], trial: str | None) -> list[tuple[Pool, int, dict[str, Any]]]:
-    """CLUSTER_SPEC per replica, as Vertex writes it (pools absent when empty), every pool on a free port."""
-    ports = iter(free_ports(sum(p.replicas for p in pools)))
-    cluster = {p.name: [f"127.0.0.1:{next(ports)}" for _ in range(p.replicas)] for p in pools if p.replicas > 0}
+def cluster_specs(pools: Sequence[Pool], trial: str | None,
+                  addresses: Iterator[str] | None = None) -> list[tuple[Pool, int, dict[str, Any]]]:
+    """CLUSTER_SPEC per replica, as Vertex writes it (pools absent when empty), every replica on a free port of
+    127.0.0.1 (or at the next of ``addresses``: a job spec's checks plan replicas without taking ports)."""
+    if addresses is None:
+        addresses = (f"127.0.0.1:{port}" for port in free_ports(sum(p.replicas for p in pools)))
+    cluster = {p.name: [next(addresses) for _ in range(p.replicas)] for p in pools if p.replicas > 0}
     out = []
     for pool in pools:
         for index in range(pool.replicas):

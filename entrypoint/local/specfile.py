@@ -16,10 +16,11 @@ from typing import Any
 
 from entrypoint.errors import ConfigError
 from entrypoint.jobs import network
+from entrypoint.jobs.args import infer_framework, run_options
 from entrypoint.jobs.model import JobSpec, PoolSpec
-from entrypoint.jobs.rules import infer_framework, run_options, validate
+from entrypoint.jobs.params import trial_values
+from entrypoint.jobs.rules import validate
 from entrypoint.jobs.specdoc import SOURCE, Document, job_from_document, read_document
-from entrypoint.jobs.tuning import trial_values
 from entrypoint.local.pools import Pool
 
 DEFAULT_TRIAL = "1"
@@ -79,13 +80,7 @@ def not_emulated(fields: tuple[str, ...]) -> list[str]:
 
 
 def _hypertune_metric(args: tuple[str, ...]) -> str | None:
-    ours = args[: args.index("--")] if "--" in args else args
-    for i, arg in enumerate(ours):
-        if arg == "--hypertune-metric" and i + 1 < len(ours):
-            return ours[i + 1]
-        if arg.startswith("--hypertune-metric="):
-            return arg.split("=", 1)[1]
-    return None
+    return run_options(args, SOURCE).hypertune_metric
 
 
 def trial_job(job: JobSpec, study: dict[str, Any]) -> tuple[JobSpec, str]:
@@ -100,9 +95,13 @@ def trial_job(job: JobSpec, study: dict[str, Any]) -> tuple[JobSpec, str]:
         raise ConfigError(SOURCE, "Vertex AI appends each trial's --PARAMETER=VALUE to the args, and these have no "
                           "'--' for them to follow: run would reject them; end the args with '--'",
                           "trialJobSpec.workerPoolSpecs[0].containerSpec.args")
-    metrics = study.get("metrics") if isinstance(study.get("metrics"), list) else []
-    metric = metrics[0].get("metricId", metrics[0].get("metric_id")) if metrics and isinstance(metrics[0], dict) \
-        else None
+    raw_metrics = study.get("metrics")
+    metrics: list[Any] = raw_metrics if isinstance(raw_metrics, list) else []
+    ids = [m.get("metricId", m.get("metric_id")) if isinstance(m, dict) else None for m in metrics]
+    for i, ident in enumerate(ids):
+        if not isinstance(ident, str) or not ident or re.search(r"\s", ident):
+            raise ConfigError(SOURCE, "must be a metric id without whitespace", f"studySpec.metrics[{i}].metricId")
+    metric = ids[0] if ids else None
     reported = _hypertune_metric(chief.args)
     if metric and reported and reported != metric:
         raise ConfigError(SOURCE, "run's --hypertune-metric differs from the study's metric: the study would wait "
@@ -140,7 +139,7 @@ def spec_pools(path: str) -> LocalJob:
     trial_line = None
     if doc.study is not None:
         job, trial_line = trial_job(job, doc.study)
-    for warning in validate(job, SOURCE, framework, options.strategy):
+    for warning in validate(job, SOURCE, framework):
         print(f"entrypoint: warning: {warning}", file=sys.stderr, flush=True)
     _report(job, doc)
     if trial_line:

@@ -88,14 +88,16 @@ def read_marker(path: str | Location) -> dict[str, Any]:
     return data
 
 
-def verify(path: str | Location) -> None:
-    """Check every file against the marker's manifest (markers without one, from older versions, pass)."""
+def verify(path: str | Location, share: tuple[int, int] = (0, 1)) -> None:
+    """Check every file against the marker's manifest (markers without one, from older versions, pass);
+    ``share=(i, n)``: only the i-th of every n files, in name order (n processes verify one checkpoint together)."""
     root = storage.path(path)
     try:
         files = read_marker(root).get("files")
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"unreadable {MARKER} marker ({type(exc).__name__})") from None
-    for name, expected in (files or {}).items():
+    names = sorted(files or {})[share[0]::share[1]]
+    for name, expected in ((n, (files or {})[n]) for n in names):
         target = root / name
         if not target.is_file():
             raise CheckpointError(f"{name} is missing")
@@ -144,40 +146,57 @@ def _explicit(resume_from: str) -> Location:
 
 
 def load_newest(checkpoint_dir: str | Location, resume_from: str | None, load: Callable[[Location], T],
-                retention: Retention | None = None) -> tuple[Location, T] | None:
-    """Verify and ``load`` ``--resume-from`` (which must load), else the newest committed checkpoint that does.
+                retention: Retention | None = None, *,
+                check: Callable[[Location], None] | None = None) -> tuple[Location, T] | None:
+    """Verify (``check``, default ``verify``) and ``load`` the job's own newest committed checkpoint that does;
+    while the job has none of its own, ``--resume-from`` (which must load).
 
-    A bad checkpoint met on the way back is named in a warning (and ``retention`` learns it is bad, and
-    which one loaded). When committed checkpoints exist and none loads, the job cannot resume: a
-    configuration error naming the directory (never a silent fresh start over good work, never a crash
-    loop on one torn file).
+    ``--resume-from`` is where the job starts, not where it resumes: once the job committed a checkpoint, its
+    restarts (the platform repeats the same arguments) go on from the job's own newest. A bad checkpoint met on
+    the way back is named in a warning (and ``retention`` learns it is bad, and which one loaded). When the
+    job's committed checkpoints exist and none loads, ``--resume-from`` is the start again if given (a warning
+    says so); without it the job cannot resume: a configuration error naming the directory (never a silent fresh
+    start over good work, never a crash loop on one torn file).
     """
     retention = retention or Retention(0)
-    if resume_from is not None:
-        path = _explicit(resume_from)
-        try:
-            verify(path)
-            loaded = load(path)
-        except Exception as exc:
-            raise ConfigError("--resume-from", f"{path} does not load: {_reason(exc)}") from None
-        retention.verified(path)
-        return path, loaded
+    check = check or verify  # a sharded writer's ranks verify their share of the files inside ``load``
     found = committed(checkpoint_dir)
     for _step, path in reversed(found):
         try:
-            verify(path)
+            check(path)
             loaded = load(path)
         except Exception as exc:
             log.warning("checkpoint %s does not load (%s): trying the next older one", path, _reason(exc))
             retention.bad[path] = _reason(exc)
             continue
         retention.verified(path)
+        if resume_from is not None:
+            log.info("the job has committed checkpoints of its own: resuming from its newest, %s, not from "
+                     "--resume-from %s (its starting point)", path, resume_from)
         return path, loaded
+    if resume_from is not None:
+        if found:
+            log.warning("none of the job's %d committed checkpoints in %s loads: starting again from --resume-from %s",
+                        len(found), checkpoint_dir, resume_from)
+        return _warm_start(resume_from, load, retention, check)
     if found:
         newest = retention.bad.get(found[-1][1], "")
         raise ConfigError(str(checkpoint_dir), f"none of the {len(found)} committed checkpoints loads (the newest: "
                           f"{newest}); move them away to start afresh or pass --resume-from")
     return None
+
+
+def _warm_start(resume_from: str, load: Callable[[Location], T], retention: Retention,
+                check: Callable[[Location], None]) -> tuple[Location, T]:
+    """``--resume-from``, verified (``check``) and loaded (a configuration error when it does not)."""
+    path = _explicit(resume_from)
+    try:
+        check(path)
+        loaded = load(path)
+    except Exception as exc:
+        raise ConfigError("--resume-from", f"{path} does not load: {_reason(exc)}") from None
+    retention.verified(path)
+    return path, loaded
 
 
 def _reason(exc: BaseException) -> str:
@@ -200,8 +219,9 @@ class Retention:
         self.bad: dict[Location, str] = {}  # committed, but failed to verify or load at resume: why
 
     def verified(self, path: Location) -> None:
-        """``path`` is known to verify."""
+        """``path`` is known to verify (a checkpoint rewritten at the step of a bad one is good from now on)."""
         self.good.add(storage.path(path))
+        self.bad.pop(storage.path(path), None)
 
     def prune(self, checkpoint_dir: str | Location) -> list[Location]:
         """Delete what exceeds the budget (bad first, then the oldest), and torn ones older than those kept."""

@@ -5,7 +5,9 @@ text: ``HH:MM:SS LEVEL message``. json: one object per line with ``severity``, `
 which GKE's logging agent turns into the fields of the log entry (docs/operations.md). In both, records
 below ERROR go to stdout and ERROR and above to stderr. The handler sits on the root logger, so the user's
 own ``logging`` calls get the same format; lines we do not write (TensorFlow's C++ logging, ``warnings``,
-prints) never pass through here and are left as they are.
+prints) never pass through here and are left as they are. Every line written here, the user's log records
+included, has the process's secret values hidden in every form (``redaction.hide``): the secret-looking
+variables' values, and those the failure context knows (secret flags in the user's arguments).
 
 auto: json on Kubernetes, except under Vertex AI / AI Platform, whose log agent keeps every line as text
 (severity from the stream) even when it is JSON, and with Horovod, whose launcher prefixes its workers'
@@ -23,23 +25,25 @@ import time
 from typing import Any, Protocol
 
 from entrypoint.cluster import envvars as ev
-from entrypoint.cluster.environments.settings import PlatformSettings, read_settings
+from entrypoint.cluster.environments.settings import PlatformSettings, read_settings, secret_values
 from entrypoint.errors import ConfigError
 from entrypoint.options import LOG_FORMATS
+from entrypoint.outputs import redaction
 
 LABELS = "logging.googleapis.com/labels"
 SOURCE_LOCATION = "logging.googleapis.com/sourceLocation"
 _TEXT_SOURCES = ("vertex", "aiplatform")  # their agent stores a JSON line as a string (docs/operations.md)
-_TEXT_FRAMEWORKS = ("horovod",)  # its launcher prints each worker's lines behind a "[rank-N] " prefix
 _SEVERITIES = ((logging.CRITICAL, "CRITICAL"), (logging.ERROR, "ERROR"), (logging.WARNING, "WARNING"),
                (logging.INFO, "INFO"), (logging.DEBUG, "DEBUG"))
 
 
 class Identity(Protocol):
-    """Who this process is, as its failure context learns it (``failures.FailureContext``: replica, then rank)."""
+    """Who this process is, as its failure context learns it (``failures.FailureContext``: replica, then rank, and
+    the secret values no line may show)."""
 
     replica: str
     rank: int | None
+    secrets: frozenset[str]
 
 
 class _State:
@@ -50,9 +54,16 @@ class _State:
     trial: str | None = None
     step: int | None = None
     identity: Identity | None = None
+    secrets: frozenset[str] = frozenset()  # the secret-looking variables' values, read at setup
 
 
 _state = _State()
+
+
+def secrets() -> frozenset[str]:
+    """Every value this process's lines must not show."""
+    who = _state.identity
+    return _state.secrets | who.secrets if who is not None else _state.secrets
 
 
 def json_available() -> bool:
@@ -60,14 +71,15 @@ def json_available() -> bool:
     return importlib.util.find_spec("pythonjsonlogger") is not None
 
 
-def resolve_format(requested: str | None, settings: PlatformSettings, source: str, framework: str = "") -> str:
-    """``text`` or ``json``: --log-format, else $TRAINER_LOG_FORMAT, else auto for this platform."""
+def resolve_format(requested: str | None, settings: PlatformSettings, source: str, prefixed: bool = False) -> str:
+    """``text`` or ``json``: --log-format, else $TRAINER_LOG_FORMAT, else auto for this platform (text where the
+    framework's launcher prints each process's lines behind a prefix, ``prefixed``: a prefix breaks a JSON line)."""
     name = requested or settings.log_format or "auto"
     if name not in LOG_FORMATS:
         raise ConfigError(ev.TRAINER_LOG_FORMAT, f"unknown log format {name!r}; expected one of "
                           f"{', '.join(LOG_FORMATS)}")
     if name == "auto":
-        json_here = settings.kubernetes and source not in _TEXT_SOURCES and framework not in _TEXT_FRAMEWORKS
+        json_here = settings.kubernetes and source not in _TEXT_SOURCES and not prefixed
         name = "json" if json_here and json_available() else "text"
     if name == "json" and not json_available():
         raise ConfigError("--log-format", "json needs python-json-logger (pip install python-json-logger)")
@@ -129,7 +141,7 @@ class _StdStreams(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            line = self.format(record)
+            line = redaction.hide(self.format(record), secrets())  # the message, its arguments, its traceback
             stream = sys.stderr if record.levelno >= logging.ERROR else sys.stdout
             stream.write(line + "\n")
             stream.flush()
@@ -142,6 +154,7 @@ def setup(fmt: str | None = None, prefix: str = "", trial: str | None = None) ->
     if _state.handler is not None:
         return
     settings = read_settings()
+    _state.secrets = secret_values()
     _state.format = fmt or (settings.log_format if settings.log_format in ("text", "json") else "text")
     if _state.format == "json" and not json_available():
         _state.format = "text"
@@ -167,8 +180,8 @@ def current_format() -> str:
 def to_stderr(text: str) -> None:
     """Write ``text`` and its newline to stderr in one write: processes that share stderr (a node's workers)
     never interleave inside a line (``print`` writes the newline separately when stderr is unbuffered, as with
-    PYTHONUNBUFFERED=1)."""
-    sys.stderr.write(text + "\n")
+    PYTHONUNBUFFERED=1). Secret values are hidden."""
+    sys.stderr.write(redaction.hide(text, secrets()) + "\n")
     sys.stderr.flush()
 
 

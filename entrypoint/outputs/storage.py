@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from entrypoint.cluster import envvars as ev
-from entrypoint.cluster.environments.settings import storage_emulator
+from entrypoint.cluster.environments.settings import credentials_file_named, storage_emulator
 from entrypoint.errors import ConfigError
 
 log = logging.getLogger("entrypoint.storage")
@@ -45,10 +45,12 @@ logging.getLogger("gcsfs").setLevel(logging.WARNING)  # not its import-time INFO
 
 
 class StorageError(Exception):
-    """A remote store failed (unreachable, credentials missing or denied, no such bucket): ``classify`` decides."""
+    """A remote store failed (unreachable, credentials missing or denied, no such bucket): ``classify`` decides.
 
-    def __init__(self, url: str, cause: BaseException) -> None:
-        self.url, self.cause = url, cause
+    ``key_file_named``: GOOGLE_APPLICATION_CREDENTIALS named a key file when the credentials were looked up."""
+
+    def __init__(self, url: str, cause: BaseException, key_file_named: bool = False) -> None:
+        self.url, self.cause, self.key_file_named = url, cause, key_file_named
         super().__init__(f"{url}: {type(cause).__name__}: {' '.join(str(cause).split())[:300]}")
 
     @property
@@ -176,7 +178,7 @@ class RemotePath:
             raise ConfigError(str(self), f"no fsspec file system for {self.protocol}:// in this image "
                               f"({type(exc).__name__}: {exc}); write to a local directory or a FUSE mount") from None
         except Exception as exc:  # no or unusable credentials
-            raise StorageError(str(self), exc) from exc
+            raise StorageError(str(self), exc, credentials_file_named()) from exc
         with failing_as_store(self):
             return getattr(fs, method)(*args, **kwargs)
 

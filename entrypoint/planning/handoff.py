@@ -15,13 +15,14 @@ import contextlib
 import fcntl
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from entrypoint.cluster import envvars as ev
 from entrypoint.cluster.environments.settings import Handoff, read_handoff
 from entrypoint.errors import ConfigError
+from entrypoint.planning import registry
 from entrypoint.planning.plan import Plan
 
 _SEALS = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
@@ -44,6 +45,11 @@ def plan_file(plan: Plan) -> Iterator[dict[str, str]]:
         os.close(fd)
 
 
+def read(environ: Mapping[str, str] | None = None) -> Handoff:
+    """What this worker's launcher handed it; its local rank in the variable its framework's launcher sets."""
+    return read_handoff(registry.local_rank_variables(), environ)
+
+
 def load(handoff: Handoff) -> tuple[Plan, int | None]:
     """This worker's plan, placed at its local rank, and its launcher's pid (read once per process)."""
     if handoff.plan_file is None:
@@ -59,7 +65,7 @@ def load(handoff: Handoff) -> tuple[Plan, int | None]:
 
 def load_if_any() -> Plan | None:
     """The plan when this process was started by our launcher (or runs in-process), else None."""
-    handed = read_handoff()
+    handed = read()
     if handed.plan_file is None:
         return None
     return load(handed)[0]

@@ -62,6 +62,11 @@ class Plan:
             raise AssertionError("the node's plan was used as a process's plan: call for_process first")
         return self.placement
 
+    def loader_workers(self, cuda: bool) -> int:
+        """DataLoader workers per process when ``--data-workers`` is not given: the framework's loop default."""
+        loader = registry.get(self.framework).data_loader
+        return loader.workers(cuda) if loader is not None else 0
+
     def require_code(self) -> UserCode:
         """The user's code, which ``run`` needs (``describe`` does not)."""
         if self.code is None:
@@ -129,8 +134,8 @@ def choose_framework(requested: str | None, settings: PlatformSettings) -> str:
         if name not in registry.names():
             raise ConfigError(ev.TRAINER_FRAMEWORK, f"unknown framework {name!r}; expected one of {accepted}")
         return name
-    # Horovod rides on torch/TensorFlow, so it is never "the one installed": name it explicitly.
-    candidates = [n for n in registry.names() if n != "horovod"]
+    # A framework that rides on another (Horovod on torch) is never "the one installed": name it explicitly.
+    candidates = [n for n in registry.names() if registry.get(n).chosen_alone]
     installed = [n for n in candidates if registry.get(n).installed()]
     if len(installed) == 1:
         return installed[0]
@@ -155,6 +160,7 @@ def make_plan(topo: ClusterTopology, options: RunOptions, settings: PlatformSett
         owner = registry.owner_of(option)
         if owner is not None and owner[0].name != framework.name:
             raise ConfigError(owner[1].flag, f"is a {owner[0].name} option and this job runs {framework.name}")
+    _check_role(framework, topo)
     unknown = set(framework.user_variables) - set(ev.FRAMEWORK_DEFAULTED)
     assert not unknown, f"{framework.name} declares user variables outside envvars.FRAMEWORK_DEFAULTED: {unknown}"
     node = framework.plan(topo, options, settings.user_values(framework.user_variables), gpus, outputs)
@@ -170,3 +176,15 @@ def make_plan(topo: ClusterTopology, options: RunOptions, settings: PlatformSett
     if topo.platform_ranks is not None:  # the platform started this very process: it is placed already
         return made.for_process(topo.platform_ranks.local_rank)
     return made
+
+
+def _check_role(framework: registry.Framework, topo: ClusterTopology) -> None:
+    """A replica in a role the framework does not serve (a PyTorch evaluator) is a configuration error."""
+    why = registry.role_refusal(framework, topo.role)
+    if why is None:
+        return
+    variable = ev.TF_CONFIG if topo.source == "tf_config" else ev.CLUSTER_SPEC
+    if topo.role == "ps" and topo.source == "vertex":
+        why += (f": workerpool2 of a {framework.name} job is a Reduction Server; run Google's reductionserver image "
+                "there, not this one")
+    raise ConfigError(variable, why, "task.type")

@@ -4,17 +4,22 @@ A framework package (``entrypoint/pytorch/``, ...) has a light ``framework.py`` 
 ``FRAMEWORK`` says what the framework is called, how to tell it is installed, which strategies it
 offers, the flags it adds to ``run`` and the variables whose user values beat its defaults, how it
 plans a node, and where its launcher and worker live (imported only when run): ``launch(plan, ctx)``
-and ``run(plan, ctx)``, with the failure context handed in. docs/ARCHITECTURE.md walks through adding one.
+and ``run(plan, ctx)``, with the failure context handed in. The record is also the one home of the facts
+the rest of the entrypoint would otherwise hard-code per framework name: the replica roles it serves, GPUs
+per process, its loop's DataLoader defaults, the variable its launcher hands a worker its local rank in,
+its image and that image's CUDA, the Kubeflow kinds that run it. docs/ARCHITECTURE.md walks through adding one.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import cache
 from typing import TYPE_CHECKING, Any, Literal
+
+from entrypoint.failures.classify import PeerSigns, add_peer_source
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -31,6 +36,9 @@ REGISTRY: dict[str, str] = {
     "horovod": "entrypoint.horovod.framework",
 }
 ServerPool = Literal["parameter_servers", "reduction_server", "unused"]
+Role = Literal["chief", "worker", "ps", "evaluator"]
+ROLE_NAMES: dict[str, str] = {"chief": "chiefs", "worker": "workers", "ps": "parameter servers",
+                              "evaluator": "evaluators"}
 
 
 @dataclass(frozen=True)
@@ -76,6 +84,20 @@ class Flag:
 
 
 @dataclass(frozen=True)
+class DataLoaderDefaults:
+    """DataLoader workers per process: what the framework's hooks loop starts on GPU and on CPU when
+    ``--data-workers`` is not given, and what a script of that framework is assumed to start (``doctor``)."""
+
+    gpu: int = 2
+    cpu: int = 0
+    script: int = 1
+
+    def workers(self, cuda: bool) -> int:
+        """The hooks loop's default on a GPU (``cuda``) or on CPU."""
+        return self.gpu if cuda else self.cpu
+
+
+@dataclass(frozen=True)
 class Framework:
     """One framework, as the rest of the entrypoint sees it."""
 
@@ -87,6 +109,27 @@ class Framework:
     worker: str | None = None  # "module:function": run(plan, ctx) for one placed process -> its exit code
     flags: tuple[Flag, ...] = ()  # its own flags of ``run`` (shown in a group named after it)
     user_variables: tuple[str, ...] = ()  # variables it sets defaults for; the user's values (read for it) win
+    title: str = ""  # how people write it ("TensorFlow"); the name where empty
+    roles: tuple[Role, ...] = ("chief", "worker")  # the replicas it serves (ps, evaluators: ParameterServerStrategy)
+    gpus_per_process: Literal["one", "all"] = "one"  # one process per GPU, or one process driving every GPU
+    data_loader: DataLoaderDefaults | None = None  # its hooks loop's DataLoader workers (None: it starts none)
+    cpu_collectives: str | None = None  # the backend between processes without GPUs ("gloo"), if it is ours to set
+    local_rank_variable: str | None = None  # where its launcher hands each worker process its local rank
+    prefixed_output: bool = False  # its launcher prints each process's lines behind a prefix (no JSON lines)
+    chosen_alone: bool = True  # "the one installed" when --framework is not given (Horovod rides on torch: no)
+    image: str | None = None  # its image, images/<image>/Dockerfile (``.../<image>:tag``, ``<image>-cpu``)
+    cuda_major: int | None = None  # the CUDA major version its GPU image is built on (docs/images.md)
+    kubeflow_kinds: tuple[str, ...] = ()  # job kubeflow --kind values that run it, the first one the default
+
+    @property
+    def label(self) -> str:
+        """The framework as people write it: ``TensorFlow``, ``PyTorch``."""
+        return self.title or self.name
+    # How its lost peer shows (failures.classify: retryable 129, not the user's permanent 1): its exception types
+    # ("torch.distributed.DistNetworkError": name and top package), and the modules where its collectives and store
+    # run (a RuntimeError or OSError raised there that names a connection or a timeout).
+    peer_errors: tuple[str, ...] = ()
+    peer_modules: tuple[str, ...] = ()
 
     def installed(self) -> bool:
         """Whether the framework's module can be found (nothing is imported)."""
@@ -108,6 +151,19 @@ def _load(target: str) -> Any:
     return getattr(importlib.import_module(module_name), attr)
 
 
+def peer_signs() -> Iterator[PeerSigns]:
+    """Every registered framework's signs of a lost peer (``failures.classify`` asks when it classifies)."""
+    for name in list(REGISTRY):
+        try:
+            framework = get(name)
+        except Exception:  # a registry line whose package is missing: it names no peer error
+            continue
+        yield PeerSigns(framework.peer_errors, framework.peer_modules)
+
+
+add_peer_source(peer_signs)
+
+
 def names() -> tuple[str, ...]:
     """Every registered framework name."""
     return tuple(REGISTRY)
@@ -126,6 +182,34 @@ def owner_of(option: str) -> tuple[Framework, Flag] | None:
         for flag in get(name).flags:
             if flag.name == option:
                 return get(name), flag
+    return None
+
+
+def serving(role: str) -> tuple[Framework, ...]:
+    """The registered frameworks whose replicas include ``role`` (``ps``: ParameterServerStrategy's)."""
+    return tuple(get(name) for name in REGISTRY if role in get(name).roles)
+
+
+def role_refusal(framework: Framework, role: str) -> str | None:
+    """Why ``framework`` cannot serve a ``role`` replica (``evaluators are TensorFlow only, not pytorch``), or None."""
+    if role in framework.roles:
+        return None
+    others = " and ".join(f.label for f in serving(role)) or "no framework"
+    return f"{ROLE_NAMES.get(role, role)} are {others} only, not {framework.name}"
+
+
+def local_rank_variables() -> tuple[str, ...]:
+    """Every variable a registered framework's launcher hands its workers their local rank in, in registry order."""
+    found = (get(name).local_rank_variable for name in REGISTRY)
+    return tuple(dict.fromkeys(v for v in found if v))
+
+
+def by_image(image_name: str) -> Framework | None:
+    """The framework whose image ``image_name`` is (``pytorch``, or a variant of it: ``pytorch-cpu``)."""
+    for name in REGISTRY:
+        image = get(name).image
+        if image and (image_name == image or image_name.startswith(image + "-")):
+            return get(name)
     return None
 
 

@@ -71,6 +71,9 @@ def is_hooks_module(name: str) -> bool:
 def find_code(module: str | None, script: str | None) -> UserCode | None:
     """--script (must exist), else --module / $TRAINER_MODULE (hooks or plain), else None."""
     if script:
+        if Path(script).is_dir():
+            raise ConfigError("--script", f"{script} is a directory, not a Python file (name the file to run, or "
+                              "use --module for a package)")
         if not Path(script).is_file():
             raise ConfigError("--script", f"{script} does not exist")
         return UserCode("script", script)

@@ -10,21 +10,16 @@ from collections.abc import Mapping
 from entrypoint.cluster import envvars as ev
 from entrypoint.cluster.placement import job_world_size
 from entrypoint.cluster.topology import ClusterTopology
-from entrypoint.errors import ConfigError
 from entrypoint.options import RunOptions, positive_int
 from entrypoint.outputs.locations import OutputDirs
-from entrypoint.planning.registry import Flag, Framework, NodePlan, ServerPool
+from entrypoint.planning.registry import DataLoaderDefaults, Flag, Framework, NodePlan, ServerPool
 
 
 def plan_torch_node(topo: ClusterTopology, options: RunOptions, gpus: int,
                     name: str) -> tuple[int, str, ServerPool | None]:
-    """Processes per node, why, and how workerpool2 reads, for frameworks that run one process per GPU."""
-    variable = ev.TF_CONFIG if topo.source == "tf_config" else ev.CLUSTER_SPEC
-    if topo.role == "ps":
-        raise ConfigError(variable, f"this replica is in the server pool, which is a Reduction Server for {name}: "
-                          "run Google's reductionserver image in workerpool2, not this one", "task.type")
-    if topo.role == "evaluator":
-        raise ConfigError(variable, f"evaluator replicas are supported with tensorflow, not {name}", "task.type")
+    """Processes per node, why, and how workerpool2 reads, for frameworks that run one process per GPU.
+
+    Their replicas are chiefs and workers only (``Framework.roles``: ``make_plan`` refuses a ps or evaluator)."""
     server_pool: ServerPool | None = None
     if topo.servers:
         server_pool = "reduction_server" if topo.source == "vertex" else "unused"
@@ -56,6 +51,10 @@ def plan(topo: ClusterTopology, options: RunOptions, user_set: Mapping[str, str]
 USER_VARIABLES = (ev.OMP_NUM_THREADS, ev.TORCH_NCCL_ASYNC_ERROR_HANDLING)  # torchrun keeps the user's values
 RECOVERY_DEFAULT = "in-place"
 BUCKET_CAP_MB_DEFAULT = 64
+# The CUDA major version of images/pytorch's GPU image: torch 2.13's PyPI wheels are built for CUDA 13.
+CUDA_MAJOR = 13
+# The hooks loop's DataLoader workers per process (2 on a GPU, 0 on CPU), and what a script is assumed to start.
+DATA_LOADER = DataLoaderDefaults(gpu=2, cpu=0, script=1)
 FLAGS = (
     Flag("--recovery", "a lost peer (PyTorch hooks across nodes): in-place: the survivors keep training with its "
          "replacement (default); restart: every process exits, the job restarts from its checkpoint",
@@ -74,6 +73,15 @@ def torchrun_defaults(nproc: int, user_set: Mapping[str, str]) -> dict[str, str]
     return {name: value for name, value in defaults.items() if name not in user_set}
 
 
+# torch.distributed's errors for a peer gone, a store or rendezvous timed out; gloo's own errors are RuntimeErrors
+# raised where the collectives run: torch.distributed, DDP (torch.nn.parallel), its all-reduce in the backward
+# pass (torch.autograd), and the loop's own collectives (entrypoint.pytorch).
+PEER_ERRORS = ("torch.distributed.DistNetworkError", "torch.distributed.DistStoreError",
+               "torch.distributed.DistBackendError", "torch.distributed.elastic.rendezvous.RendezvousTimeoutError",
+               "torch.distributed.elastic.rendezvous.RendezvousClosedError",
+               "torch.distributed.elastic.rendezvous.RendezvousConnectionError")
+PEER_MODULES = ("torch.distributed", "torch.nn.parallel", "torch.autograd", "entrypoint.pytorch")
+
 FRAMEWORK = Framework(
     name="pytorch",
     probe="torch",
@@ -83,4 +91,13 @@ FRAMEWORK = Framework(
     worker="entrypoint.pytorch.worker:run",
     flags=FLAGS,
     user_variables=USER_VARIABLES,
+    title="PyTorch",
+    data_loader=DATA_LOADER,
+    cpu_collectives="gloo",
+    local_rank_variable=ev.LOCAL_RANK,  # torch's elastic agent starts each worker with it
+    image="pytorch",
+    cuda_major=CUDA_MAJOR,
+    kubeflow_kinds=("pytorchjob", "trainjob"),
+    peer_errors=PEER_ERRORS,
+    peer_modules=PEER_MODULES,
 )

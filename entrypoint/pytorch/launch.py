@@ -88,12 +88,15 @@ def _error_file() -> Iterator[str]:
 
 
 def _in_process(plan: Plan, store: NodeStore, ctx: failures.FailureContext) -> int:
+    from entrypoint.pytorch import nodewatch
+
     topo, placed = plan.topology, plan.for_process(0)
     with _error_file() as error_file:
         os.environ.update(process_env(placed, store.host, store.port, error_file))
         log.info("node %s/%s: training in this process, world size %d (%s)", topo.node_rank, topo.num_nodes,
                  plan.world_size, plan.reason)
-        return run_process(placed, ctx)
+        with nodewatch.watched(plan, store, ctx):  # a script's lost peer is named (the hooks loop names its own)
+            return run_process(placed, ctx)
 
 
 def _import_quietly() -> None:

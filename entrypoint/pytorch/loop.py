@@ -104,9 +104,7 @@ class Trainer:
             guard.form_group()
             state, batches, eval_set = self._build()
             start_step, start_epoch = self._resume(state)
-            planned = state.step + batches.steps_left(state.sample) + \
-                max(self.epochs - state.epoch - 1, 0) * batches.steps_per_epoch if state.epoch < self.epochs else \
-                state.step
+            planned = self._planned_steps(state, batches)
             self._announce(batches.steps_per_epoch)
             progress = Progress(planned, self.batch_size * self.ctx.world_size, start_step=state.step)
             started = time.time()
@@ -117,6 +115,13 @@ class Trainer:
                         self._train_epoch(state, batches, epoch, progress)
                         self._end_epoch(state, eval_set, epoch)
             self._finish(state, start_step, start_epoch, planned, time.time() - started)
+
+    def _planned_steps(self, state: TrainState, batches: TrainBatches) -> int:
+        """The step this run ends at: the rest of the current epoch (at this world size), then whole epochs."""
+        if state.epoch >= self.epochs:
+            return state.step
+        later = (self.epochs - state.epoch - 1) * batches.steps_per_epoch
+        return state.step + batches.steps_left(state.sample) + later
 
     def _build(self) -> tuple[TrainState, TrainBatches, Dataset[Any]]:
         """The user's datasets, model (replicated or sharded: ``parallel.py``) and optimizer; this rank's batches."""
@@ -280,7 +285,7 @@ class Trainer:
 
     def _workers(self) -> int:
         cuda = self.ctx.device.type == "cuda"
-        return self.options.data_workers if self.options.data_workers is not None else (2 if cuda else 0)
+        return self.options.data_workers if self.options.data_workers is not None else self.plan.loader_workers(cuda)
 
     def _autocast(self) -> Any:
         if self.options.bf16 and self.ctx.device.type == "cuda":

@@ -21,18 +21,17 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
 from entrypoint.errors import PeerError
+from entrypoint.lifecycle.waiting import LOG_EVERY, Wait
 from entrypoint.pytorch.framework import RECOVERY_DEFAULT
 from entrypoint.pytorch.store import job_run_id
 
 log = logging.getLogger("entrypoint.pytorch")
-LOG_EVERY = 20.0
 _POLL = 0.05
 
 
@@ -148,21 +147,17 @@ class Membership:
 
     def _decide(self, target: int) -> GroupVerdict:
         """Rank 0: wait until every rank is a survivor or a fresh replacement, check the replacements, decide."""
-        deadline = time.monotonic() + self.timeout
-        next_log = time.monotonic() + 2.0  # the survivors say so within moments: name only who is really awaited
+        # the survivors say so within moments: name only who is really awaited
+        wait = Wait(self.timeout, context="re-forming the group", first_after=2.0, logger=log)
         while True:
             joiners, missing = self._members(target)
             if not missing:
                 break
-            now = time.monotonic()
-            if now >= deadline:
-                return self._publish(GroupVerdict(target, False, f"{self._named(missing)} did not come back within "
-                                                            f"{self.timeout:g} s (--timeout)"))
-            if now >= next_log:
-                log.info("re-forming the group: waiting for %s (the platform restarts a lost replica in place); "
-                         "%.0f s left of --timeout %g", self._named(missing), deadline - now, self.timeout)
-                next_log = now + LOG_EVERY
-            time.sleep(_POLL)
+            why = "the platform restarts a lost replica in place"
+            if wait.expired:
+                return self._publish(GroupVerdict(target, False, wait.timed_out(self._named(missing), why)))
+            wait.say(self._named(missing), why)
+            wait.sleep(_POLL)
         for rank, count in joiners.items():
             theirs = json.loads(self._get("join", rank, count) or "{}")
             diff = differences(self.fingerprint, theirs)
@@ -194,17 +189,10 @@ class Membership:
         return verdict
 
     def _await_verdict(self, target: int, what: str) -> GroupVerdict:
-        deadline = time.monotonic() + self.timeout + 10  # rank 0 decides within --timeout; a margin for it
-        next_log = time.monotonic() + LOG_EVERY
-        while (text := self._get(f"g{target}", "verdict")) is None:
-            now = time.monotonic()
-            if now >= deadline:
-                raise PeerError(f"no decision on the group from rank 0 within {self.timeout:g} s (--timeout)")
-            if now >= next_log:
-                log.info("re-forming the group: waiting for %s; %.0f s left", what, deadline - now)
-                next_log = now + LOG_EVERY
-            time.sleep(_POLL)
-        return GroupVerdict.from_json(text)
+        # rank 0 decides within --timeout; a margin for it
+        wait = Wait(self.timeout, margin=10, context="re-forming the group", first_after=LOG_EVERY, logger=log)
+        wait.until(lambda: None if self._get(f"g{target}", "verdict") is not None else (what, ""))
+        return GroupVerdict.from_json(self._get(f"g{target}", "verdict") or "")
 
     # ---- a replacement -----------------------------------------------------------------------------------
     def join(self, fingerprint: dict[str, Any]) -> GroupVerdict:
@@ -213,8 +201,8 @@ class Membership:
         count = int(self.store.add(self._key("joins", self.rank), 1))
         self.store.set(self._key("join", self.rank, count), json.dumps(fingerprint))
         log.info("joining a job in progress as rank %d: waiting for the survivors to re-form the group", self.rank)
-        deadline = time.monotonic() + self.timeout + 10
-        while time.monotonic() < deadline:
+        wait = Wait(self.timeout, margin=10, context="joining a job in progress", first_after=LOG_EVERY, logger=log)
+        while not wait.expired:
             generation = int(self._get("gen") or 0)
             for candidate in (generation, generation + 1):
                 text = self._get(f"g{candidate}", "verdict")
@@ -226,8 +214,9 @@ class Membership:
                     return verdict
                 if not verdict.go:  # the survivors go back to the checkpoint: so does this replacement
                     raise PeerError(f"not taken into the group: {verdict.why}")
-            time.sleep(_POLL)
-        raise PeerError(f"the survivors did not take this replacement in within {self.timeout:g} s (--timeout)")
+            wait.say("the survivors to take this replacement in")
+            wait.sleep(_POLL)
+        raise wait.error("the survivors to take this replacement in")
 
     def _named(self, ranks: list[int]) -> str:
         return ", ".join(f"{self.names(r)} (rank {r})" for r in ranks)

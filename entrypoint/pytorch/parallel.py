@@ -171,6 +171,9 @@ class Sharded:
             self.mesh = init_device_mesh(device.type, (num_nodes, local_world_size),
                                          mesh_dim_names=("replicate", "shard"))
         else:
+            if choice.name == "hsdp":  # one node, or nodes of one process: there is only one way to shard
+                self.choice = Choice("fsdp", f"{choice.reason}; HSDP needs several nodes of several processes: FSDP")
+                log.info("strategy %s", self.choice.reason)
             self.mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("shard",))
         self.bf16 = bf16 and device.type == "cuda"
 

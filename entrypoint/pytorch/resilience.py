@@ -28,6 +28,7 @@ from entrypoint import errors, failures
 from entrypoint.errors import NonFiniteLoss, PeerError, StopRequested
 from entrypoint.lifecycle import peers
 from entrypoint.lifecycle.signals import StopRequest
+from entrypoint.lifecycle.waiting import LOG_EVERY, Wait
 from entrypoint.lifecycle.watchdog import HangWatchdog
 from entrypoint.outputs import checkpoints
 from entrypoint.planning.plan import Plan
@@ -39,7 +40,6 @@ from entrypoint.pytorch.survivors import Healing, InPlace
 from entrypoint.pytorch.vote import StepVerdict, StepVote
 
 log = logging.getLogger("entrypoint.pytorch")
-LOG_EVERY = 20.0
 MAX_RECOVERIES_AT_ONE_STEP = 2  # more, at the same step, is a failure that repeats (not a peer that was lost)
 
 
@@ -121,22 +121,18 @@ class Resilience:
         store = self.comm.heartbeat_store()
         if store is None:
             return
-        rank, world, timeout = self.ctx.rank, self.ctx.world_size, self.plan.options.timeout
+        rank, world = self.ctx.rank, self.ctx.world_size
         key = f"trainer/built/{self.plan.topology.trial or ''}/"
         store.put(f"{key}{rank}", "1")
-        started = time.monotonic()
-        deadline, next_log = started + timeout, started + LOG_EVERY
-        while missing := [r for r in range(world) if store.fetch(f"{key}{r}") is None]:
-            now = time.monotonic()
-            names = ", ".join(self._rank_name(r) for r in missing)
-            if now >= deadline:
-                raise PeerError(f"{names} did not finish building its datasets and model within --timeout "
-                                f"{timeout:g} s")
-            if now >= next_log:
-                log.info("waiting for %s to finish building its datasets and model; %.0f s left of --timeout %g",
-                         names, deadline - now, timeout)
-                next_log = now + LOG_EVERY
-            time.sleep(0.05)
+        wait = Wait(self.plan.options.timeout, first_after=LOG_EVERY, logger=log)
+
+        def pending() -> tuple[str, str] | None:
+            missing = [r for r in range(world) if store.fetch(f"{key}{r}") is None]
+            if not missing:
+                return None
+            return ", ".join(self._rank_name(r) for r in missing), "building its datasets and model"
+
+        wait.until(pending)
 
     def _rank_name(self, rank: int) -> str:
         """A rank as users know it: its replica (``workerpool1[0]``) and rank."""

@@ -73,7 +73,8 @@ class LoopCheckpoints:
         if self.ctx.is_chief:
             try:
                 found = checkpoints.load_newest(self.ctx.checkpoint_dir, self.plan.options.resume_from,
-                                                self._loader(state), self.io.retention)
+                                                self._loader(state), self.io.retention,
+                                                check=(lambda _path: None) if self.sharded else None)
                 lost = None
                 if found is not None:
                     reached = checkpoints.read_marker(found[0]).get("reached_at")
@@ -118,13 +119,24 @@ class LoopCheckpoints:
             self.comm.gather_object(self._attempt(storage.path(path_text), state))
 
     def _attempt(self, path: Location, state: TrainState) -> str | None:
-        """Load ``path`` into this rank's shards; None, or why it failed (every rank runs the same collectives)."""
+        """Verify this rank's share of ``path``'s files, then (if every rank's share verified) load ``path`` into
+        this rank's shards; None, or why it failed (every rank runs the same collectives)."""
+        verified = [problem for problem in self.comm.gather_object(self._verify_share(path)) if problem]
+        if verified:
+            return verified[0]
         try:
             self.load(path, state)
         except BaseException as exc:  # torch.distributed.checkpoint's CheckpointException is a BaseException
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise
-            return f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+            return _why(exc)
+        return None
+
+    def _verify_share(self, path: Location) -> str | None:
+        try:
+            checkpoints.verify(path, share=(self.ctx.rank, self.ctx.world_size))
+        except Exception as exc:
+            return _why(exc)
         return None
 
     def load(self, path: Location, state: TrainState) -> None:
@@ -146,6 +158,11 @@ class LoopCheckpoints:
         elif saved_world and self.ctx.is_chief:
             log.info("resharded from world %s to %d: %s of epoch %d's samples done, the rest shared by %d ranks",
                      saved_world, self.ctx.world_size, state.sample, state.epoch + 1, self.ctx.world_size)
+
+
+def _why(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())[:300]
+    return text if isinstance(exc, checkpoints.CheckpointError) else f"{type(exc).__name__}: {text}"
 
 
 def adopt(state: TrainState, saved: dict[str, Any]) -> None:

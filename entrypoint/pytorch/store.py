@@ -15,17 +15,18 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
 from collections.abc import Iterator, Sequence
 from datetime import timedelta
 from typing import Any
 
 from entrypoint.cluster.topology import Peer
+from entrypoint.errors import PeerError
+from entrypoint.lifecycle import signals
+from entrypoint.lifecycle.waiting import LOG_EVERY, Wait, bounded
+from entrypoint.pytorch import barrier
 
 log = logging.getLogger("entrypoint.pytorch")
 BACKEND = "trainer-static"  # our rendezvous backend for torch's agent: a static one over this store
-LOG_EVERY = 20.0
-_POLL = 0.05
 _stores: dict[str, NodeStore] = {}  # by run id: the handler torch's agent creates finds its store here
 
 
@@ -43,9 +44,7 @@ class NodeStore:
         self.timeout, self.run_id = timeout, run_id
         self.joined = False  # a node restarted in place, joining a job already past its start-up barrier
         if num_nodes > 1 and len(peers) == num_nodes:
-            from entrypoint.pytorch import barrier
-
-            deadline = time.monotonic() + timeout
+            wait = Wait(timeout)
             while True:
                 self.store: Any = barrier.open_store(host, port, node_rank == 0, timeout, peers[0])
                 self.joined = barrier.meet(self.store, run_id, node_rank, peers, timeout)
@@ -55,12 +54,16 @@ class NodeStore:
                 # its peers are being restarted too. Wait for the chief's store to go, then meet the new one.
                 log.info("the job's other replicas are still running the previous attempt; waiting for the chief "
                          "%s to restart (--recovery restart)", peers[0])
-                barrier.wait_gone(self.store, deadline, timeout, peers[0])
+                barrier.wait_gone(self.store, wait, peers[0])
                 del self.store
+        if node_rank == 0:
+            self.store = barrier.serve_store(host, port, timeout)
+            return
         from torch.distributed import TCPStore
 
-        self.store = TCPStore(host, port, None, node_rank == 0, timedelta(seconds=timeout),
-                              wait_for_workers=False, multi_tenant=True)
+        chief = f"the chief's store at {host}:{port}"
+        self.store = bounded(lambda: TCPStore(host, port, None, False, timedelta(seconds=timeout),
+                                              wait_for_workers=False), Wait(timeout), chief, barrier.SILENT)
 
     def _key(self, name: str) -> str:
         return f"trainer/{self.run_id}/exit/{name}"
@@ -89,19 +92,12 @@ class NodeStore:
 
     def _wait(self, done: Any, what: str) -> bool:
         """Poll ``done()`` until it holds (True) or ``--timeout`` passes (a warning, False): the job succeeded."""
-        start = time.monotonic()
-        deadline, next_log = start + self.timeout, start + LOG_EVERY
-        while not done():
-            now = time.monotonic()
-            if now >= deadline:
-                log.warning("node %d: %s did not finish within --timeout %g s; leaving without them (this node's "
-                            "processes succeeded)", self.node_rank, self._missing(), self.timeout)
-                return False
-            if now >= next_log:
-                log.info("node %d: waiting for %s %s; %.0f s left of --timeout %g", self.node_rank, self._missing(),
-                         what, deadline - now, self.timeout)
-                next_log = now + LOG_EVERY
-            time.sleep(_POLL)
+        wait = Wait(self.timeout, context=f"node {self.node_rank}", first_after=LOG_EVERY, logger=log)
+        try:
+            wait.until(lambda: None if done() else (f"{self._missing()} {what}", ""))
+        except PeerError as exc:
+            log.warning("node %d: %s; leaving without them (this node's processes succeeded)", self.node_rank, exc)
+            return False
         return True
 
     def _missing(self) -> str:
@@ -112,8 +108,11 @@ class NodeStore:
 @contextlib.contextmanager
 def node_store(host: str, port: int, node_rank: int, num_nodes: int, timeout: float, run_id: str,
                peers: Sequence[Peer] = (), in_place: bool = False) -> Iterator[NodeStore]:
-    """Host (node 0) or reach the job's store for the duration of the block; torch's agent can find it by run id."""
-    store = NodeStore(host, port, node_rank, num_nodes, timeout, run_id, peers, in_place)
+    """Host (node 0) or reach the job's store for the duration of the block; torch's agent can find it by run id.
+
+    A stop signal while the node meets its peers (nothing to save yet) ends it at once, recorded (128 + N)."""
+    with signals.stop_at_once("meeting the other replicas at the start-up barrier"):
+        store = NodeStore(host, port, node_rank, num_nodes, timeout, run_id, peers, in_place)
     _stores[run_id] = store
     try:
         yield store

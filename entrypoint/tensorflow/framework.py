@@ -21,6 +21,8 @@ SINGLE_NODE = ("default", "OneDeviceStrategy", "MirroredStrategy")
 # TensorFlow's C++ INFO lines ("Ignoring error status when releasing multi-device function handle", ...)
 # drown the job's own lines: hide INFO unless the user chose a level.
 QUIET_CPP_LOGS = "1"
+# The CUDA major version of images/tensorflow's GPU image: tensorflow[and-cuda] 2.21's nvidia-*-cu12 wheels.
+CUDA_MAJOR = 12
 
 
 def choose_strategy(topo: ClusterTopology, forced: str | None, gpus: int) -> tuple[str, str]:
@@ -44,6 +46,10 @@ def plan(topo: ClusterTopology, options: RunOptions, user_set: Mapping[str, str]
          outputs: OutputDirs) -> NodePlan:
     """One process per node; workerpool2 is parameter servers only under ParameterServerStrategy."""
     strategy, reason = choose_strategy(topo, options.strategy, gpus)
+    if strategy == "ParameterServerStrategy" and topo.num_nodes < 2:  # TensorFlow: "There must be at least one worker"
+        raise ConfigError(ev.TF_CONFIG if topo.source == "tf_config" else ev.CLUSTER_SPEC, "ParameterServerStrategy "
+                          "needs at least one worker besides the chief (the chief dispatches its steps to workers)",
+                          "cluster")
     if options.nproc_per_node not in (None, 1):
         raise ConfigError("--nproc-per-node", "TensorFlow runs one process per node (it drives every GPU itself)")
     if options.on_nonfinite == "skip":
@@ -57,7 +63,8 @@ def plan(topo: ClusterTopology, options: RunOptions, user_set: Mapping[str, str]
                           f"{strategy}: run Google's reductionserver image in workerpool2, not this one", "task.type")
     env = {
         # tf-keras (Keras 2) ships with TensorFlow in our images: Keras 3's fit fails under
-        # MultiWorkerMirroredStrategy. The user's own values win.
+        # MultiWorkerMirroredStrategy (keras-team/keras#20585, tensorflow/tensorflow#72388; refused across
+        # workers by keras3.py). The user's own values win.
         ev.TF_USE_LEGACY_KERAS: user_set.get(ev.TF_USE_LEGACY_KERAS, "1"),
         ev.TF_CPP_MIN_LOG_LEVEL: user_set.get(ev.TF_CPP_MIN_LOG_LEVEL, QUIET_CPP_LOGS),
     }
@@ -73,4 +80,13 @@ FRAMEWORK = Framework(
     launcher="entrypoint.tensorflow.launch:launch",
     worker="entrypoint.tensorflow.launch:run",
     user_variables=(ev.TF_USE_LEGACY_KERAS, ev.TF_CPP_MIN_LOG_LEVEL),
+    title="TensorFlow",
+    roles=("chief", "worker", "ps", "evaluator"),  # ParameterServerStrategy's servers; the sidecar evaluator
+    gpus_per_process="all",  # one process per node drives every GPU
+    image="tensorflow",
+    cuda_major=CUDA_MAJOR,
+    kubeflow_kinds=("tfjob",),
+    # a worker or server gone, a collective that timed out (tf.errors' types, whatever module defines them)
+    peer_errors=("tensorflow.errors.DeadlineExceededError", "tensorflow.errors.UnavailableError",
+                 "tensorflow.errors.AbortedError"),
 )

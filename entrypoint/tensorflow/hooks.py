@@ -18,6 +18,7 @@ from entrypoint.options import DEFAULT_BATCH_SIZE, DEFAULT_EPOCHS
 from entrypoint.outputs.staging import Staging
 from entrypoint.planning.plan import Plan
 from entrypoint.planning.usercode import module_default
+from entrypoint.tensorflow.keras3 import check_hooks_model
 
 log = logging.getLogger("entrypoint.tensorflow")
 
@@ -68,11 +69,14 @@ def make_context(plan: Plan, module: ModuleType, strategy: Any, staging: Staging
 
 
 def build_compiled_model(module: ModuleType, args: argparse.Namespace, ctx: TFContext) -> Any:
-    """``build_model`` (then ``build_optimizer`` / ``compile_model`` when defined) inside the strategy's scope."""
+    """``build_model`` (then ``build_optimizer`` / ``compile_model`` when defined) inside the strategy's scope.
+
+    A Keras 3 model is refused at once, on every replica alike (``keras3.check_hooks_model``)."""
     import tensorflow as tf
 
     with ctx.strategy.scope():
         model = module.build_model(args, ctx)
+        check_hooks_model(model, module.__name__, ctx.strategy, spans=ctx.world_size > 1)
         compile_model = getattr(module, "compile_model", None)
         if callable(compile_model):
             build_optimizer = getattr(module, "build_optimizer", None)

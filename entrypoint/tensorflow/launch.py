@@ -13,6 +13,7 @@ from entrypoint.failures import FailureContext
 from entrypoint.lifecycle.runner import run_process
 from entrypoint.planning.plan import Plan
 from entrypoint.planning.usercode import load_hooks, run_script
+from entrypoint.tensorflow.keras3 import guard_script, spans_workers
 from entrypoint.tensorflow.leave import leave_together
 
 log = logging.getLogger("entrypoint.tensorflow")
@@ -34,6 +35,8 @@ def run(plan: Plan, ctx: FailureContext) -> int:
     topo, code = plan.topology, plan.require_code()
     log.info("tensorflow: role %s index %d, strategy %s (%s)", topo.role, topo.index, plan.strategy, plan.reason)
     if code.kind != "hooks":
+        if spans_workers(plan):  # Keras 3 on one node trains; across workers its fit fails: refuse it at once
+            guard_script("--script" if code.kind == "script" else "--module")
         return run_script(code, plan.options.user_args)
     if topo.role == "ps" or (topo.role == "worker" and plan.strategy == "ParameterServerStrategy"):
         from entrypoint.tensorflow.servers import serve

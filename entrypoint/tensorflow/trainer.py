@@ -65,7 +65,8 @@ def fit_inputs(module: ModuleType, args: argparse.Namespace, ctx: TFContext) -> 
 
 def resume(model: Any, plan: Plan, writer: KerasCheckpointIO,
            staging: Staging) -> tuple[int, lost_work.ResumePoint | None]:
-    """Load ``--resume-from`` or the newest committed checkpoint that loads: the epoch to start from (0: none)
+    """Load the job's newest committed checkpoint that loads (``--resume-from`` while it has none of its own, as
+    ``load_newest`` decides): the epoch to start from (0: none)
     and where that checkpoint was (its step, when it was reached, the recoveries so far). What the resume cost is
     known only once BackupAndRestore has restored its own, possibly newer, state (``CommitCheckpoints``).
     A checkpoint on a store (gs:// without the mount) is verified there and loaded from a downloaded copy."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -107,9 +108,13 @@ def test_machine_disk_and_timeout() -> None:
 
 
 def test_the_makefile_builds_the_same_images() -> None:
-    """images/images.mk mirrors cloudbuild.yaml: same (Dockerfile, variant, repository) triples."""
-    makefile = (ROOT / "images" / "images.mk").read_text()
-    local = set(re.findall(r"\$\(call image_build,(\w+),(\w+),([\w-]+)\)", makefile))
+    """images/images.mk mirrors cloudbuild.yaml: same (Dockerfile, variant, repository) triples (``make -n build``
+    prints the builds it generates for every images/<name>/Dockerfile)."""
+    dry = subprocess.run(["make", "--no-print-directory", "-n", "-f", "images/images.mk", "build", "REGISTRY=r",
+                          "TAG=t", "IMAGE_VERSION=0", "IMAGE_REVISION=0"], cwd=ROOT, capture_output=True, text=True,
+                         check=True, timeout=60)
+    local = set(re.findall(r"--file images/(\w+)/Dockerfile --build-arg VARIANT=(\w+) .* --tag r/([\w-]+):t",
+                           dry.stdout))
     cloud = set()
     for step in build_steps():
         (dockerfile,) = flag(step, "file")

@@ -17,10 +17,13 @@ from typing import Any
 import pytest
 from dockerfile_parse import DockerfileParser
 
+from entrypoint.planning import registry
+from tests.containers.engine import common
+
 pytestmark = pytest.mark.images
 
 ROOT = Path(__file__).resolve().parents[2]
-IMAGES = ("pytorch", "tensorflow", "horovod")
+IMAGES = common.IMAGES  # images/<name>/Dockerfile
 VARIANTS = ("gpu", "cpu")
 SHELL = ["/bin/bash", "-euo", "pipefail", "-c"]
 ENTRYPOINT = ["/usr/bin/tini", "-g", "--", "python", "-m", "entrypoint", "run"]
@@ -32,6 +35,24 @@ SMOKE = {
     "horovod": ("entrypoint describe", "horovod.torch as hvd", "horovodrun --check-build", "torchvision.ops.nms",
                 "horovod.tensorflow.keras.callbacks", "tensorboardX"),
 }
+
+
+# The CUDA base of a GPU build: ARG CUDA_IMAGE / CUDA_DEVEL_IMAGE=nvidia/cuda:<major>.<minor>.<patch>-...
+CUDA_BASE = re.compile(r"^ARG CUDA_(?:DEVEL_)?IMAGE=nvidia/cuda:(\d+)\.\d+", re.MULTILINE)
+
+
+def test_every_image_is_a_registered_frameworks() -> None:
+    """images/<name>/Dockerfile and the frameworks' records (``Framework.image``) name the same images."""
+    declared = {registry.get(name).image for name in registry.names()} - {None}
+    assert declared == set(IMAGES) and IMAGES
+
+
+@pytest.mark.parametrize("name", [n for n in registry.names() if registry.get(n).image])
+def test_a_frameworks_cuda_is_its_images(name: str) -> None:
+    """``Framework.cuda_major`` (what job specs check GPUs against) is the CUDA the image's Dockerfile builds on."""
+    framework = registry.get(name)
+    majors = {int(m) for m in CUDA_BASE.findall((ROOT / "images" / str(framework.image) / "Dockerfile").read_text())}
+    assert majors == {framework.cuda_major}
 
 
 @dataclass

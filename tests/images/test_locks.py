@@ -8,10 +8,12 @@ from pathlib import Path
 import pytest
 from packaging.utils import canonicalize_name
 
+from tests.containers.engine import common
+
 pytestmark = pytest.mark.images
 
 ROOT = Path(__file__).resolve().parents[2]
-IMAGES = ("pytorch", "tensorflow", "horovod")
+IMAGES = common.IMAGES  # images/<name>/Dockerfile
 LOCKS = sorted((ROOT / "images").glob("*/requirements*.txt"))
 PIN = re.compile(r"(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>[A-Za-z0-9.+!_-]+)")
 OPTION = re.compile(r"--extra-index-url \S+")

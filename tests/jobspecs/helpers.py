@@ -93,11 +93,29 @@ def run_python_script(script: str, monkeypatch: pytest.MonkeyPatch, method: str,
         return resource
 
     monkeypatch.setattr(google.auth, "default", lambda *a, **k: (AnonymousCredentials(), "my-project"))
+    _fake_experiment_lookups(monkeypatch)
     monkeypatch.setattr(JobServiceClient, method, create)
     monkeypatch.setattr(jobs._RunnableJob, "_block_until_complete", lambda self: None)
     monkeypatch.setattr(sys, "argv", ["job.py"])
     exec(compile(script, "job.py", "exec"), {"__name__": "__main__"})
     return made
+
+
+def _fake_experiment_lookups(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CustomJob.submit(experiment=, experiment_run=) looks both up through the metadata API: answer as it would for
+    existing ones (resource names as the SDK forms them: a run's context id is ``<experiment>-<run>``)."""
+    from google.cloud import aiplatform
+
+    class Experiment:
+        def __init__(self, name: str, **_: Any) -> None:
+            self.resource_name = f"projects/my-project/locations/us-central1/metadataStores/default/contexts/{name}"
+
+    class ExperimentRun:
+        def __init__(self, name: str, experiment: Experiment, **_: Any) -> None:
+            self.resource_name = f"{experiment.resource_name}-{name}"
+
+    monkeypatch.setattr(aiplatform, "Experiment", Experiment)
+    monkeypatch.setattr(aiplatform, "ExperimentRun", ExperimentRun)
 
 
 def gcloud_list(value: str) -> list[str]:
@@ -137,6 +155,8 @@ def gcloud_command_job_spec(words: list[str]) -> tuple[list[str], dict[str, Any]
             spec[flags[flag]] = value
         elif word == "--enable-web-access":
             spec["enableWebAccess"] = True
+        elif word == "--enable-dashboard-access":
+            spec["enableDashboardAccess"] = True
         elif word.startswith("--worker-pool-spec="):
             fields = dict(item.split("=", 1) for item in gcloud_list(word.split("=", 1)[1]))
             pools.append(_gcloud_pool(fields))

@@ -129,3 +129,86 @@ def test_minimal_trainjob_has_no_patch(capsys: pytest.CaptureFixture[str]) -> No
     manifest = _manifest(capsys, "--kind", "trainjob", "--image", TORCH_IMAGE, "--shm-size", "0", "--", *RUN)
     model = trainjob_model(manifest)
     assert model.spec.runtime_patches is None and model.spec.trainer.num_proc_per_node == 1
+
+
+# issue 32: volumes, labels and annotations, gang scheduling and priority, per-role resources and placement; read
+# back losslessly by the training SDK's models (Kubernetes' own V1PodSpec, V1Volume, ... inside) and Trainer v2's
+VOLUMES = ["--volume", "pvc:train-data:/data:ro", "--volume", "hostpath:/mnt/disks/ssd0:/scratch:type=Directory",
+           "--volume", "gcs:my-bucket:/gcs:mount-options=implicit-dirs,only-dir=x", "--service-account", "trainer"]
+META = ["--label", "kueue.x-k8s.io/queue-name=team-a", "--annotation", "owner=ml", "--pod-label", "app=trainer",
+        "--pod-annotation", "sidecar.istio.io/inject=false"]
+
+
+def test_volumes_metadata_and_gang_scheduling(capsys: pytest.CaptureFixture[str]) -> None:
+    manifest = _manifest(capsys, "--kind", "pytorchjob", "--image", TORCH_IMAGE, "--workers", "3", "--gpus", "2",
+                         *VOLUMES, *META, "--scheduler-name", "volcano", "--priority-class", "high",
+                         "--min-available", "3", "--scheduling-queue", "gpu", "--schedule-timeout", "600",
+                         "--suspend", "--", *RUN)
+    model = kubeflow_model(manifest)
+    assert model.metadata.labels == {"kueue.x-k8s.io/queue-name": "team-a"}  # Kueue reads the job's labels
+    assert model.metadata.annotations == {"owner": "ml"}
+    policy = model.spec.run_policy
+    assert policy.suspend is True
+    sp = policy.scheduling_policy
+    assert (sp.min_available, sp.queue, sp.priority_class, sp.schedule_timeout_seconds) == (3, "gpu", "high", 600)
+    for replica in model.spec.pytorch_replica_specs.values():
+        template = replica.template
+        assert template.metadata.labels == {"app": "trainer"}
+        assert template.metadata.annotations == {"gke-gcsfuse/volumes": "true", "sidecar.istio.io/inject": "false"}
+        pod = template.spec
+        assert (pod.scheduler_name, pod.priority_class_name, pod.service_account_name) == ("volcano", "high",
+                                                                                           "trainer")
+        shm, pvc, host, gcs = pod.volumes
+        assert shm.empty_dir.medium == "Memory"
+        assert (pvc.persistent_volume_claim.claim_name, pvc.persistent_volume_claim.read_only) == ("train-data", True)
+        assert (host.host_path.path, host.host_path.type) == ("/mnt/disks/ssd0", "Directory")
+        assert (gcs.csi.driver, gcs.csi.volume_attributes) == (
+            "gcsfuse.csi.storage.gke.io", {"bucketName": "my-bucket", "mountOptions": "implicit-dirs,only-dir=x"})
+        (container,) = pod.containers
+        assert [(m.name, m.mount_path, m.read_only) for m in container.volume_mounts] == [
+            ("dshm", "/dev/shm", None), (pvc.name, "/data", True), (host.name, "/scratch", None),
+            (gcs.name, "/gcs", None)]
+
+
+def test_parameter_servers_stay_off_the_gpu_nodes(capsys: pytest.CaptureFixture[str]) -> None:
+    """A TFJob's ps get neither GPUs nor the GPU node selector and tolerations; roles get their own resources."""
+    manifest = _manifest(capsys, "--kind", "tfjob", "--image", TF_IMAGE, "--workers", "2", "--ps", "2",
+                         "--evaluators", "1", "--gpus", "1", "--cpu", "8", "--memory", "32Gi",
+                         "--node-selector", "cloud.google.com/gke-accelerator=nvidia-l4",
+                         "--toleration", "nvidia.com/gpu=present:NoSchedule",
+                         "--role-resources", "ps:cpu=4,memory=16Gi", "--role-node-selector", "ps:pool=cpu",
+                         "--role-resources", "evaluator:gpus=0,memory=8Gi", "--role-toleration",
+                         "evaluator:spot:NoSchedule", "--", "--module", "m")
+    specs = kubeflow_model(manifest).spec.tf_replica_specs
+    ps, evaluator, chief = specs["PS"].template.spec, specs["Evaluator"].template.spec, specs["Chief"].template.spec
+    assert ps.node_selector == {"pool": "cpu"} and ps.tolerations is None
+    assert ps.containers[0].resources.requests == {"cpu": "4", "memory": "16Gi"}
+    assert ps.containers[0].resources.limits == {"memory": "16Gi"}  # no GPUs
+    assert evaluator.node_selector == {"cloud.google.com/gke-accelerator": "nvidia-l4"}
+    assert [t.key for t in evaluator.tolerations] == ["spot"]
+    assert evaluator.containers[0].resources.limits == {"memory": "8Gi"}
+    assert chief.containers[0].resources.limits == {"memory": "32Gi", "nvidia.com/gpu": "1"}
+    assert [t.key for t in chief.tolerations] == ["nvidia.com/gpu"]
+
+
+def test_headers_name_the_operator_version_the_manifest_needs(capsys: pytest.CaptureFixture[str]) -> None:
+    """nprocPerNode and runPolicy.suspend came with training-operator v1.7.0; ExitCode's retries with v1.5.0."""
+    code, out, _ = job(capsys, "kubeflow", "--kind", "pytorchjob", "--image", TORCH_IMAGE, "--", *RUN)
+    assert code == 0 and out.startswith("# Kubeflow Training Operator v1.7.0 or later (nprocPerNode); ")
+    code, out, _ = job(capsys, "kubeflow", "--kind", "tfjob", "--image", TF_IMAGE, "--suspend", "--", *RUN)
+    assert code == 0 and out.startswith("# Kubeflow Training Operator v1.7.0 or later (runPolicy.suspend); ")
+
+
+def test_trainjob_metadata_volumes_and_suspend(capsys: pytest.CaptureFixture[str]) -> None:
+    """A TrainJob: labels, annotations, suspend its own; the pods' metadata and volumes in the runtime patch."""
+    manifest = _manifest(capsys, "--kind", "trainjob", "--image", TORCH_IMAGE, *VOLUMES, *META, "--suspend",
+                         "--shm-size", "0", "--", *RUN)
+    model = trainjob_model(manifest)
+    assert model.metadata.labels == {"kueue.x-k8s.io/queue-name": "team-a"} and model.spec.suspend is True
+    (patch,) = model.spec.runtime_patches
+    (node,) = patch.training_runtime_spec.template.spec.replicated_jobs
+    template = node.template.spec.template
+    assert template.metadata.annotations == {"gke-gcsfuse/volumes": "true", "sidecar.istio.io/inject": "false"}
+    assert [v.name for v in template.spec.volumes] == ["pvc-0", "hostpath-1", "gcs-2"]
+    (container,) = template.spec.containers
+    assert [m.mount_path for m in container.volume_mounts] == ["/data", "/scratch", "/gcs"]

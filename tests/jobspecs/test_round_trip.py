@@ -221,3 +221,88 @@ def test_tensorflow_reducers_without_a_strategy_are_refused(tmp_path: Path) -> N
     proc = subprocess.run([PYTHON, "-m", "entrypoint", "local", "--spec", str(tmp_path / "tf.json")], cwd=ROOT,
                           env=subprocess_env(), capture_output=True, text=True, timeout=60)
     assert "needs --strategy MultiWorkerMirroredStrategy" in one_line_error(proc.returncode, proc.stderr)
+
+
+@pytest.mark.slow
+def test_a_trial_passes_a_conditional_parameter_only_under_its_parents_value(capsys: pytest.CaptureFixture[str],
+                                                                            tmp_path: Path) -> None:
+    """The trial's optimizer is sgd (the first of its list): momentum, sgd's child, is passed; beta, adam's, is not.
+    The study's options that are Vertex AI's (measurement, early stopping) are named as not emulated."""
+    code, out, err = job(capsys, "vertex-tuning", "--image", TORCH_IMAGE, "--hypertune-metric", "accuracy",
+                         "--goal", "maximize", "--param-categorical", "optimizer=sgd,adam", "--param-double",
+                         "momentum=0.2:0.4", "--param-condition", "momentum=optimizer:sgd", "--param-double",
+                         "beta=0.9:0.99", "--param-condition", "beta=optimizer:adam", "--early-stopping", "median",
+                         "--max-trials", "4", "--", "--framework", "pytorch", "--script", WHO)
+    assert code == 0, err
+    spec = tmp_path / "tuning.json"
+    spec.write_text(out)
+    proc, facts = _local_spec(spec, tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (chief,) = facts.values()
+    assert chief["argv"] == ["--optimizer=sgd", "--momentum=0.30000000000000004"]
+    assert "studySpec.measurementSelectionType, studySpec.medianAutomatedStoppingSpec" in proc.stdout
+
+
+def test_spec_files_the_platform_would_refuse(tmp_path: Path) -> None:
+    """local --spec checks a hand-written spec as job vertex checks its own: one line, exit 2, nothing started."""
+    def pool(machine: dict[str, Any], **extra: Any) -> dict[str, Any]:
+        return {"machineSpec": machine, "replicaCount": 1, "containerSpec": {
+            "imageUri": TORCH_IMAGE, "args": ["--framework", "pytorch", "--script", WHO]}, **extra}
+
+    t4 = {"machineType": "n1-standard-8", "acceleratorType": "NVIDIA_TESLA_T4", "acceleratorCount": 1}
+    specific = {"reservationAffinityType": "SPECIFIC_RESERVATION", "key": "compute.googleapis.com/reservation-name",
+                "values": ["projects/p/zones/us-central1-a/reservations/r"]}
+    cases = {
+        "flex-t4.json": ({"workerPoolSpecs": [pool(t4)], "scheduling": {"strategy": "FLEX_START"}},
+                         "provisions L4, A100, H100, H200 and B200 GPUs only"),
+        "spot-reservation.json": ({"workerPoolSpecs": [pool({**t4, "reservationAffinity": specific})],
+                                   "scheduling": {"strategy": "SPOT"}}, "SPOT VMs cannot consume a reservation"),
+        "a4-pd-ssd.json": ({"workerPoolSpecs": [pool({"machineType": "a4-highgpu-8g", "acceleratorType": "NVIDIA_B200",
+                                                      "acceleratorCount": 8}, diskSpec={"bootDiskType": "pd-ssd"})]},
+                           "boots from Hyperdisk only"),
+        "env-101.json": ({"workerPoolSpecs": [{**pool(t4), "containerSpec": {
+            **pool(t4)["containerSpec"], "env": [{"name": f"V{i}", "value": "1"} for i in range(101)]}}]},
+            "101 environment variables"),
+        "short-reservation.json": ({"workerPoolSpecs": [pool({**t4, "reservationAffinity": {
+            **specific, "values": ["r"]}})]}, "full resource name"),
+    }
+    for name, (doc, expected) in cases.items():
+        (tmp_path / name).write_text(json.dumps(doc))
+        proc = subprocess.run([PYTHON, "-m", "entrypoint", "local", "--spec", str(tmp_path / name)], cwd=ROOT,
+                              env=subprocess_env(), capture_output=True, text=True, timeout=60)
+        assert expected in one_line_error(proc.returncode, proc.stderr), name
+        assert "starting" not in proc.stdout
+
+
+def test_a_tuning_spec_with_a_spaced_metric_id_is_refused(tmp_path: Path) -> None:
+    from entrypoint.errors import ConfigError
+    from entrypoint.local.specfile import spec_pools
+
+    pool = {"machineSpec": {"machineType": "n1-standard-4"},
+            "containerSpec": {"imageUri": TORCH_IMAGE, "args": ["--module", "m", "--"]}}
+    doc = {"displayName": "t", "studySpec": {"metrics": [{"metricId": "val acc", "goal": "MAXIMIZE"}],
+                                             "parameters": [{"parameterId": "lr", "doubleValueSpec": {
+                                                 "minValue": 0.1, "maxValue": 0.2}}]},
+           "maxTrialCount": 2, "parallelTrialCount": 1, "trialJobSpec": {"workerPoolSpecs": [pool]}}
+    (tmp_path / "t.json").write_text(json.dumps(doc))
+    with pytest.raises(ConfigError, match=r"studySpec.metrics\[0\].metricId: must be a metric id without whitespace"):
+        spec_pools(str(tmp_path / "t.json"))
+
+
+def test_the_new_platform_fields_are_named_as_not_emulated(capsys: pytest.CaptureFixture[str],
+                                                           tmp_path: Path) -> None:
+    """NFS and Lustre mounts, PSC, Experiments, the dashboard: the platform's, named on the one line."""
+    code, out, err = job(capsys, "vertex", "--image", TORCH_IMAGE, "--network", "projects/1/global/networks/n",
+                         "--nfs-mount", "10.0.0.2:/vol:data", "--lustre-mount", "10.0.0.3:h:lfs:scratch",
+                         "--psc-network-attachment", "att", "--experiment", "e", "--experiment-run", "r",
+                         "--project", "p", "--service-account", "sa@p.iam.gserviceaccount.com",
+                         "--enable-dashboard-access", "--", "--framework", "pytorch", "--script", WHO)
+    assert code == 0, err
+    (tmp_path / "spec.json").write_text(out)
+    from entrypoint.local.specfile import spec_pools
+
+    spec_pools(str(tmp_path / "spec.json"))
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("[local] not emulated"))
+    for field in ("workerPoolSpecs[*].nfsMounts", "workerPoolSpecs[*].lustreMounts", "pscInterfaceConfig",
+                  "experiment", "experimentRun", "enableDashboardAccess", "network"):
+        assert field in line.split(": ", 1)[1].split(", "), field

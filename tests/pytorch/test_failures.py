@@ -115,7 +115,7 @@ def test_a_missing_peer_is_named_while_waiting_and_the_timeout_holds(tmp_path: P
     waiting = "waiting for 1 of 1 peers: workerpool1[0]" if present == "workerpool0" else (
         "waiting for the chief workerpool0[0]")
     assert waiting in proc.stdout and "left of --timeout 10" in proc.stdout
-    assert "never came within 10 s" in last_line(proc) and absent[0] in last_line(proc)
+    assert "gave up after 10 s (--timeout) waiting for" in last_line(proc) and absent[0] in last_line(proc)
 
 
 def test_an_unresolvable_chief_host_is_retryable(tmp_path: Path) -> None:

@@ -203,3 +203,53 @@ def test_an_fsdp2_script_in_torchtitans_style_runs_unchanged(tmp_path: Path) -> 
         assert proc.returncode == 0, failure_text(proc)
         report = json.loads((tmp_path / args[0] / "report.json").read_text())
         assert report["world_size"] == 2 and report["sharded"] and report["loss_fell"]
+
+
+def test_a_corrupt_shard_in_the_newest_checkpoint_is_skipped_and_the_previous_one_resumes(tmp_path: Path) -> None:
+    job_dir = tmp_path / "job"
+    args = run_args(job_dir, "--nproc-per-node", "2", "--strategy", "fsdp", "--epochs", "2", "--checkpoint-every",
+                    "8", "--keep-checkpoints", "5")
+    job = Job(*args[:-1], "--", "--step-sleep", "0.1")
+    try:
+        job.wait_for("checkpoint ckpt-00000016 committed")
+        job.send(signal.SIGTERM)
+        assert job.wait(240) == 143, job.output()[-4000:]
+    finally:
+        job.cleanup()
+    newest = checkpoints.committed(job_dir / "checkpoints")[-1][1]
+    shard = newest / "__1_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size, other bytes: only the checksum tells
+    shard.write_bytes(bytes(data))
+    proc = entrypoint(*args, "--step-sleep", "0.1", timeout=600)
+    assert proc.returncode == 0, failure_text(proc)
+    assert f"checkpoint {newest} does not load (CheckpointError: __1_0.distcp does not match its checksum)" in \
+        proc.stdout + proc.stderr
+    assert "resumed from" in proc.stdout and newest.name not in proc.stdout.split("resumed from")[1].split("\n")[0]
+
+
+def test_sharded_checkpoints_and_the_export_go_to_gcs_and_a_restart_resumes_from_there(
+        emulator: Any, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    from entrypoint.outputs.storage import RemotePath
+    from tests.gcs import gs_dir
+
+    out = gs_dir(request)
+    env = {**emulator.env, "TMPDIR": str(tmp_path)}
+    args = ["local", "--workers", "2", "--output-dir", out, "--", "run", *HOOKS, "--strategy", "fsdp",
+            "--epochs", "2", "--checkpoint-every", "8", "--", "--step-sleep", "0.1"]
+    job = Job(*args, env=env)
+    try:
+        job.wait_for("checkpoint ckpt-00000008 committed")
+        job.send(signal.SIGTERM)
+        assert job.wait(240) == 143, job.output()[-4000:]
+    finally:
+        job.cleanup()
+    for _step, path in checkpoints.committed(f"{out}/checkpoints"):
+        assert "__1_0.distcp" in checkpoints.read_marker(path)["files"]
+        checkpoints.verify(path)
+    proc = entrypoint(*args, env=env, timeout=600)
+    assert proc.returncode == 0, failure_text(proc)
+    assert "resumed from gs://" in proc.stdout
+    local = tmp_path / "model.safetensors"
+    local.write_bytes(RemotePath(f"{out}/model/model.safetensors").read_bytes())
+    assert "tok.weight" in safetensors_torch.load_file(str(local))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.runs import Job, entrypoint, failure_text, last_line, replica_group, summary, wait_gone
+from tests.runs import Job, entrypoint, failure_records, failure_text, last_line, replica_group, summary, wait_gone
 
 torch = pytest.importorskip("torch")  # collected in every venv; these run where torch is
 pytestmark = [pytest.mark.pytorch, pytest.mark.slow]
@@ -98,6 +98,7 @@ def test_a_replacement_that_never_comes_sends_the_survivors_back_to_the_checkpoi
         assert job.wait(180) != 0
     finally:
         job.cleanup()
-    output = job.output()
-    assert "did not come back within 8 s (--timeout)" in output, output[-3000:]
+    # The consequence's line is clipped to its last-line length; its record keeps the whole message.
+    messages = [record["message"] for record in failure_records(out)]
+    assert any("gave up after 8 s (--timeout) waiting for workerpool1-1" in m for m in messages), job.output()[-3000:]
     assert "workerpool1-1" in last_line(job)

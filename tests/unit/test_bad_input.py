@@ -189,3 +189,15 @@ def test_fuzz_json_specs(variable: str, value: str) -> None:
 @given(env=st.dictionaries(st.sampled_from(OTHER_VARIABLES), int_text, max_size=6))
 def test_fuzz_integer_variables(env: dict[str, str]) -> None:
     _check(env)
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--timeout", "inf"), ("--timeout", "nan"), ("--timeout", "-1"),
+                                             ("--grace-period", "inf"), ("--hang-timeout", "inf"),
+                                             ("--hang-timeout=-inf", None)])
+def test_a_deadline_must_be_a_finite_number(flag: str, value: str | None) -> None:
+    """``--timeout inf`` is no deadline at all (and failed later as the user's OverflowError): a config error."""
+    from entrypoint.planning.runargs import parse_options
+
+    with pytest.raises(ConfigError, match=rf"{flag.split('=')[0]}: .*finite number") as caught:
+        parse_options("run", [flag] if value is None else [flag, value])
+    assert caught.value.failure.exit_code == 2

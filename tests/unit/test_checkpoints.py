@@ -89,18 +89,40 @@ def test_when_no_committed_checkpoint_loads_the_job_fails_naming_the_directory(t
 
 
 def test_resume_from(tmp_path: Path) -> None:
-    assert checkpoints.load_newest(tmp_path / "none-yet", None, read) is None
-    good = make(tmp_path, 5)
-    torn = make(tmp_path, 6, commit=False)
-    assert checkpoints.load_newest(tmp_path, str(good), read) == (good, b"state")
-    assert checkpoints.load_newest(tmp_path, str(tmp_path), read) == (good, b"state")  # a directory of them
+    """While the job has no committed checkpoint of its own, ``--resume-from`` is where it starts (and must load)."""
+    job, source = tmp_path / "job", tmp_path / "source"
+    assert checkpoints.load_newest(job / "none-yet", None, read) is None
+    good = make(source, 5)
+    torn = make(source, 6, commit=False)
+    assert checkpoints.load_newest(job, str(good), read) == (good, b"state")
+    assert checkpoints.load_newest(job, str(source), read) == (good, b"state")  # a directory of them
     with pytest.raises(ConfigError, match="does not exist"):
-        checkpoints.load_newest(tmp_path, str(tmp_path / "missing"), read)
+        checkpoints.load_newest(job, str(tmp_path / "missing"), read)
     with pytest.raises(ConfigError, match="not a committed checkpoint"):
-        checkpoints.load_newest(tmp_path, str(torn), read)
+        checkpoints.load_newest(job, str(torn), read)
     (good / "state.pt").write_bytes(b"x")
     with pytest.raises(ConfigError, match=r"--resume-from: .* does not load: CheckpointError"):
-        checkpoints.load_newest(tmp_path, str(good), read)  # an explicit bad checkpoint never falls back
+        checkpoints.load_newest(job, str(good), read)  # an explicit bad checkpoint never falls back
+
+
+def test_once_the_job_committed_its_own_checkpoints_they_win_over_resume_from(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A warm-started job restarted with the same arguments goes on from its own newest checkpoint (the warm start
+    may even be gone by then); when none of its own loads, the warm start is the start again, said in a warning."""
+    job, source = tmp_path / "job", tmp_path / "source"
+    warm = make(source, 10, payload=b"warm")
+    make(job, 20, payload=b"own 20")
+    own = make(job, 30, payload=b"own 30")
+    caplog.set_level("INFO")
+    assert checkpoints.load_newest(job, str(warm), read) == (own, b"own 30")
+    assert f"resuming from its newest, {own}, not from --resume-from {warm}" in caplog.text
+    assert checkpoints.load_newest(job, str(source / "pruned-since"), read) == (own, b"own 30")
+    for step in (20, 30):
+        corrupt(checkpoints.checkpoint_path(job, step))
+    retention = checkpoints.Retention(1)
+    assert checkpoints.load_newest(job, str(warm), read, retention) == (warm, b"warm")
+    assert f"none of the job's 2 committed checkpoints in {job} loads: starting again from --resume-from" in caplog.text
+    assert set(retention.bad) == {checkpoints.checkpoint_path(job, 20), checkpoints.checkpoint_path(job, 30)}
 
 
 def steps(root: Path) -> list[int]:
@@ -158,3 +180,25 @@ def test_check_sizes_catches_a_file_that_shrank_after_the_commit(tmp_path: Path)
     (path / "state.pt").write_bytes(b"12")
     with pytest.raises(checkpoints.CheckpointError, match="2 bytes after the commit"):
         checkpoints.check_sizes(path)
+
+
+def test_a_checkpoint_rewritten_after_a_fallback_is_good_and_kept(tmp_path: Path,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    """The newest is bad, resume falls back; training commits the same step again (good now): retention keeps it
+    and says nothing about it not loading."""
+    for step in (30, 40, 44):
+        make(tmp_path, step)
+    newest = checkpoints.checkpoint_path(tmp_path, 44)
+    corrupt(newest)
+    retention = checkpoints.Retention(3)
+    assert checkpoints.load_newest(tmp_path, None, read, retention) == (checkpoints.checkpoint_path(tmp_path, 40),
+                                                                         b"state")
+    (newest / "state.pt").write_bytes(b"state")  # the step is trained again and committed
+    checkpoints.commit(newest, {"step": 44})
+    retention.verified(newest)
+    make(tmp_path, 50)
+    retention.verified(checkpoints.checkpoint_path(tmp_path, 50))
+    caplog.clear()
+    retention.prune(tmp_path)
+    assert steps(tmp_path) == [40, 44, 50]
+    assert "does not load" not in caplog.text

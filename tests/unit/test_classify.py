@@ -24,7 +24,7 @@ from entrypoint.outputs.locations import ensure_writable, missing_fuse_mount
     (OSError(errno.EROFS, "Read-only file system", "/out/x"), [], "output_not_writable", 73),
     (ConfigError("CLUSTER_SPEC", "missing", "task"), [], "config", 2),
     (PeerError("gone"), [], "peer_lost", 129),
-    (RuntimeError("[gloo] Connection closed by peer [127.0.0.1]:4242"), [], "peer_lost", 129),
+    (RuntimeError("[gloo] Connection closed by peer [127.0.0.1]:4242"), [], "user_code", 1),  # raised nowhere known
     (NonFiniteLoss("nan at step 5"), [], "nonfinite_loss", 65),
     (ValueError("bad"), [], "user_code", 1),
     (KeyboardInterrupt(), [], "signal", 130),

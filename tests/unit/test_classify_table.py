@@ -13,6 +13,7 @@ import signal
 
 import pytest
 
+import entrypoint.planning.registry  # noqa: F401  (registers the frameworks' signs of a lost peer)
 from entrypoint import errors, failures
 from entrypoint.errors import (
     ConfigError,
@@ -44,15 +45,39 @@ class HttpError(Exception):
 
 
 class DistNetworkError(RuntimeError):
-    """Stands in for torch.distributed's: a peer type matched by name."""
+    """Stands in for torch.distributed's: a peer type PyTorch declares, matched by name and top package."""
+
+
+DistNetworkError.__module__ = "torch.distributed"
 
 
 class RendezvousTimeoutError(Exception):
-    """Stands in for torch elastic's: a peer type matched by name, whatever its base."""
+    """Stands in for torch elastic's: a declared peer type, whatever its base."""
+
+
+RendezvousTimeoutError.__module__ = "torch.distributed.elastic.rendezvous.api"
 
 
 class UserDefined(DistNetworkError):
     """A user's exception deriving from a peer type: still a peer failure (the MRO is searched)."""
+
+
+class UnavailableError(Exception):
+    """A user's class named like TensorFlow's: not TensorFlow's (its package is the user's)."""
+
+
+def raised_in(module: str, exc: BaseException) -> BaseException:
+    """``exc`` as raised by code of ``module`` (a collective's, the store's, the user's): where it happened."""
+    namespace: dict[str, object] = {"__name__": module}
+    exec("def throw(error):\n    raise error\n", namespace)
+    try:
+        namespace["throw"](exc)  # type: ignore[operator]
+    except BaseException as raised:
+        return raised
+    raise AssertionError("not raised")
+
+
+C10D = "torch.distributed.distributed_c10d"
 
 
 def storage(cause: BaseException, url: str = "gs://bkt/job/model/x.pt") -> StorageError:
@@ -81,16 +106,28 @@ def storage(cause: BaseException, url: str = "gs://bkt/job/model/x.pt") -> Stora
     (PermissionError(errno.EACCES, "Permission denied"), "user_code", 1),  # no file name: cannot tell
     (FileNotFoundError(errno.ENOENT, "No such file or directory", f"{OUT}/x"), "user_code", 1),
     (IsADirectoryError(errno.EISDIR, "Is a directory", f"{OUT}/x"), "user_code", 1),
-    # a peer gone or stuck: by type name (MRO included) or by the message of a runtime / connection error
+    # a peer gone or stuck: a framework's declared type (MRO included), or a runtime / connection error raised
+    # where a collective or the store runs that names a connection or a timeout
     (DistNetworkError("anything"), "peer_lost", 129),
     (RendezvousTimeoutError("anything"), "peer_lost", 129),
     (UserDefined("anything"), "peer_lost", 129),
-    (ConnectionResetError(errno.ECONNRESET, "Connection reset by peer"), "peer_lost", 129),
-    (ConnectionRefusedError(errno.ECONNREFUSED, "Connection refused"), "peer_lost", 129),
-    (TimeoutError("Timed out waiting for the store"), "peer_lost", 129),
-    (RuntimeError("NCCL communicator was aborted on rank 3"), "peer_lost", 129),
-    (RuntimeError("Horovod has been shut down"), "peer_lost", 129),
-    (ValueError("connection closed by peer"), "user_code", 1),  # a user's ValueError is never a peer's
+    (raised_in(C10D, ConnectionResetError(errno.ECONNRESET, "Connection reset by peer")), "peer_lost", 129),
+    (raised_in(C10D, ConnectionRefusedError(errno.ECONNREFUSED, "Connection refused")), "peer_lost", 129),
+    (raised_in(C10D, TimeoutError("Timed out waiting for the store")), "peer_lost", 129),
+    (raised_in("torch.nn.parallel.distributed", RuntimeError("NCCL communicator was aborted on rank 3")),
+     "peer_lost", 129),
+    (raised_in("torch.autograd.graph", RuntimeError("[gloo] Connection closed by peer [10.0.0.2]:4242")),
+     "peer_lost", 129),  # DDP's all-reduce in the backward pass
+    (raised_in("horovod.torch.mpi_ops", RuntimeError("Horovod has been shut down")), "peer_lost", 129),
+    (raised_in("entrypoint.pytorch.vote", RuntimeError("Read error [10.0.0.2]:4242")), "peer_lost", 129),
+    (raised_in(C10D, ValueError("connection closed by peer")), "user_code", 1),  # a ValueError is never a peer's
+    (raised_in(C10D, RuntimeError("Tensors must be contiguous")), "user_code", 1),  # a misuse of a collective
+    # the user's own code saying the same words is the user's error (not retried 24 times)
+    (raised_in("trainer.task", RuntimeError("timed out waiting for the tracker")), "user_code", 1),
+    (raised_in("trainer.task", ConnectionRefusedError(errno.ECONNREFUSED, "Connection refused")), "user_code", 1),
+    (raised_in("requests.adapters", TimeoutError("timed out waiting")), "user_code", 1),
+    (TimeoutError("Timed out waiting for the store"), "user_code", 1),  # nowhere known: not a peer's
+    (raised_in("trainer.task", UnavailableError("a class named like TensorFlow's")), "user_code", 1),
     # signals
     (KeyboardInterrupt(), "signal", 130),
     # the object store (StorageError's cause decides)
@@ -142,10 +179,13 @@ def test_sys_exit_codes_outside_0_255_are_reported_as_the_shell_sees_them(value:
     assert errors.sys_exit_code(SystemExit(value)) == shell
 
 
-def test_a_classified_message_is_one_line_and_bounded() -> None:
+def test_a_classified_message_is_one_line_whole_and_bounded() -> None:
+    """The record keeps a long message whole (the last line clips it: tests/unit/test_last_line.py), bar a
+    pathological one."""
     failure = failures.classify(RuntimeError("first\nsecond\t" + "x" * 2000))
-    assert "\n" not in failure.message and len(failure.message) <= 400 + len("RuntimeError: ")
-    assert failure.message.startswith("RuntimeError: first second") and failure.message.endswith("...")
+    assert failure.message == "RuntimeError: first second " + "x" * 2000
+    failure = failures.classify(RuntimeError("x" * 100_000))
+    assert len(failure.message) <= 8000 + len("RuntimeError: ") and failure.message.endswith("...")
 
 
 def test_store_messages_name_the_bucket_and_never_the_whole_cause() -> None:

@@ -168,8 +168,20 @@ def test_checkpoint_size_comes_from_the_newest_marker(tmp_path: Path) -> None:
     for step, size in ((10, 100), (20, 300)):
         ckpt = tmp_path / f"ckpt-{step:08d}"
         ckpt.mkdir()
+        (ckpt / "state.pt").write_bytes(b"x" * size)
         (ckpt / "COMMITTED").write_text(json.dumps({"files": {"state.pt": {"size": size, "sha256": "x"}}}))
     assert facts.checkpoint_bytes(str(tmp_path)) == 300
+
+
+def test_a_marker_whose_sizes_the_files_do_not_have_is_not_trusted(tmp_path: Path) -> None:
+    """A corrupt size in the newest marker (10^18 bytes) would fail the preflight as a full disk (74, permanent);
+    resume skips that checkpoint, so the size that counts is the newest one whose files match their marker."""
+    for step, size, says in ((10, 100, 100), (20, 300, 10**18)):
+        ckpt = tmp_path / f"ckpt-{step:08d}"
+        ckpt.mkdir()
+        (ckpt / "state.pt").write_bytes(b"x" * size)
+        (ckpt / "COMMITTED").write_text(json.dumps({"files": {"state.pt": {"size": says, "sha256": "x"}}}))
+    assert facts.checkpoint_bytes(str(tmp_path)) == 100
 
 
 # ---- the plan, the preflight and the command ------------------------------------------------------------------

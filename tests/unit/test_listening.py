@@ -90,8 +90,8 @@ def test_the_chief_waits_for_a_server_that_comes_late() -> None:
 
 def test_a_server_that_never_listens_is_named_at_the_timeout() -> None:
     port = free_port()
-    with pytest.raises(PeerError, match=rf"never listened within 1 s \(--timeout\): workerpool1\[0\] "
-                                        rf"\(127.0.0.1:{port}\)"):
+    with pytest.raises(PeerError, match=rf"^gave up after 1 s \(--timeout\) waiting for 1 of 1 servers to listen: "
+                                        rf"workerpool1\[0\] \(127.0.0.1:{port}\)$"):
         wait_until_listening([Peer("workerpool1[0]", f"127.0.0.1:{port}")], timeout=1)
 
 
@@ -167,13 +167,29 @@ def test_parameter_server_replicas_serve_at_once_without_the_chief() -> None:
         assert time.monotonic() - started < 1
 
 
-def test_the_parameter_server_chief_waits_until_its_servers_listen() -> None:
-    worker, ps = Server(), Server()
+def test_the_parameter_server_chief_waits_until_its_servers_listen(caplog: pytest.LogCaptureFixture) -> None:
+    """The servers start late (the ps after the worker): the chief waits for both, naming the one still missing."""
+    worker_port, ps_port = free_port(), free_port()
+    servers: list[Server] = []
+    late = [threading.Timer(0.5, lambda: servers.append(Server(worker_port))),
+            threading.Timer(1.5, lambda: servers.append(Server(ps_port)))]
+    caplog.set_level("INFO", logger="entrypoint")
+    started = time.monotonic()
+    for timer in late:
+        timer.start()
     try:
-        rendezvous.meet_peers(ps_plan("workerpool0", free_port(), (worker.port, ps.port)))
+        rendezvous.meet_peers(ps_plan("workerpool0", free_port(), (worker_port, ps_port)))
+        waited = time.monotonic() - started
+        assert len(servers) == 2, "the chief went on before both servers listened"
     finally:
-        worker.die()
-        ps.die()
+        for timer in late:
+            timer.join()
+        for server in servers:
+            server.die()
+    assert 1.4 < waited < 15
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("waiting for")]
+    assert said and said[0].startswith("waiting for 2 of 2 workers and parameter servers to listen: workerpool1[0]")
+    assert f"workerpool2[0] (127.0.0.1:{ps_port})" in said[-1]
 
 
 def test_a_parameter_server_script_starts_its_own_servers_so_its_chief_does_not_wait() -> None:

@@ -12,6 +12,7 @@ from entrypoint import failures
 from entrypoint.cluster.environments.settings import read_settings
 from entrypoint.errors import ConfigError
 from entrypoint.outputs import logs
+from entrypoint.planning import registry
 
 
 @pytest.mark.parametrize(("requested", "env", "source", "expected"), [
@@ -35,8 +36,9 @@ def test_format_per_platform(monkeypatch: pytest.MonkeyPatch, requested: str | N
 
 def test_auto_is_text_for_horovod_whose_launcher_prefixes_worker_lines(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
-    assert logs.resolve_format(None, read_settings(), "kubeflow", "horovod") == "text"
-    assert logs.resolve_format("json", read_settings(), "kubeflow", "horovod") == "json"
+    prefixed = registry.get("horovod").prefixed_output
+    assert logs.resolve_format(None, read_settings(), "kubeflow", prefixed) == "text"
+    assert logs.resolve_format("json", read_settings(), "kubeflow", prefixed) == "json"
 
 
 def test_an_unknown_format_in_the_environment_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:

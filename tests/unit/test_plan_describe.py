@@ -49,6 +49,19 @@ def test_parameter_server_strategy_without_ps_is_a_config_error() -> None:
         plan_for({}, "tensorflow", strategy="ParameterServerStrategy")
 
 
+@pytest.mark.parametrize("framework", ["tensorflow", "horovod"])
+@pytest.mark.parametrize("strategy", ["fsdp", "hsdp"])
+def test_sharded_strategies_are_pytorchs_only(framework: str, strategy: str) -> None:
+    with pytest.raises(ConfigError, match=f"--strategy: {strategy} is not available with {framework}"):
+        plan_for({}, framework, strategy=strategy)
+
+
+def test_pytorch_plans_ddp_and_says_when_fsdp_takes_over() -> None:
+    plan = plan_for(vertex("workerpool1", 0), "pytorch")
+    assert plan.strategy == "ddp" and "else FSDP (decided after build_model)" in plan.reason
+    assert plan_for(vertex("workerpool1", 0), "pytorch", strategy="hsdp").strategy == "hsdp"
+
+
 def test_vertex_pool2_is_reduction_server_for_pytorch_and_ps_for_tensorflow() -> None:
     torch_plan = plan_for(vertex("workerpool1", 0), "pytorch", gpus=8)
     assert torch_plan.server_pool == "reduction_server"

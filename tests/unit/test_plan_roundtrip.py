@@ -13,7 +13,7 @@ import pytest
 
 from entrypoint.cluster import envvars as ev
 from entrypoint.cluster.environments import resolve
-from entrypoint.cluster.environments.settings import PlatformSettings, read_handoff
+from entrypoint.cluster.environments.settings import PlatformSettings
 from entrypoint.errors import ConfigError
 from entrypoint.options import RunOptions
 from entrypoint.planning import handoff
@@ -90,11 +90,11 @@ def test_every_worker_reads_back_the_plan_the_launcher_wrote(env: dict[str, str]
         path = variables[ev.TRAINER_PLAN_FILE]
         assert path.startswith(f"/proc/{os.getpid()}/fd/")
         for rank in local_ranks(plan):
-            loaded, launcher = handoff.load(read_handoff({**variables, ev.LOCAL_RANK: str(rank)}))
+            loaded, launcher = handoff.load(handoff.read({**variables, ev.LOCAL_RANK: str(rank)}))
             assert loaded == plan.for_process(rank)
             assert launcher == os.getpid()
         first = local_ranks(plan)[0]
-        horovod, _ = handoff.load(read_handoff({**variables, ev.HOROVOD_LOCAL_RANK: str(first)}))
+        horovod, _ = handoff.load(handoff.read({**variables, ev.HOROVOD_LOCAL_RANK: str(first)}))
         assert horovod == plan.for_process(first)
     assert not os.path.exists(path)  # gone with the block: nothing left behind
 
@@ -117,9 +117,9 @@ def test_the_plan_file_is_private_sealed_and_not_on_a_disk() -> None:
 
 def test_a_worker_without_a_readable_plan_file_is_a_config_error(tmp_path: Any) -> None:
     with pytest.raises(ConfigError, match="TRAINER_PLAN_FILE: missing"):
-        handoff.load(read_handoff({}))
+        handoff.load(handoff.read({}))
     with pytest.raises(ConfigError, match=r"TRAINER_PLAN_FILE: cannot read the plan \(FileNotFoundError\)"):
-        handoff.load(read_handoff({ev.TRAINER_PLAN_FILE: str(tmp_path / "gone")}))
+        handoff.load(handoff.read({ev.TRAINER_PLAN_FILE: str(tmp_path / "gone")}))
     (tmp_path / "bad").write_text("{not json")
     with pytest.raises(ConfigError, match=r"cannot read the plan \(JSONDecodeError\)"):
-        handoff.load(read_handoff({ev.TRAINER_PLAN_FILE: str(tmp_path / "bad")}))
+        handoff.load(handoff.read({ev.TRAINER_PLAN_FILE: str(tmp_path / "bad")}))

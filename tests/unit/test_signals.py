@@ -140,3 +140,23 @@ def test_terminate_forwards_then_kills_what_outlives_the_grace_period() -> None:
     for proc in (polite, stubborn):
         assert proc.stdout is not None
         proc.stdout.close()
+
+
+def test_terminate_ends_what_a_child_leaves_in_its_group() -> None:
+    """A child that exits on SIGTERM, and its own child that ignores it in the same group: the grandchild gets the
+    rest of the grace period, then SIGKILL; nothing of the group is left."""
+    body = ("import signal, subprocess, sys, time\n"
+            "child = subprocess.Popen([sys.executable, '-c', 'import signal, time; "
+            "signal.signal(signal.SIGTERM, signal.SIG_IGN); print(\"child\", flush=True); time.sleep(60)'])\n"
+            "time.sleep(0.5)\nprint('ready', child.pid, flush=True)\ntime.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-c", body], stdout=subprocess.PIPE, start_new_session=True)
+    assert proc.stdout is not None
+    while not (line := proc.stdout.readline()).startswith(b"ready"):
+        assert line, "the child did not start"
+    grandchild = int(line.split()[1])
+    started = time.monotonic()
+    signals.terminate([proc], signal.SIGTERM, 1.0)
+    assert exit_code_of(proc.returncode) == 143
+    assert 0.9 < time.monotonic() - started < 8
+    assert signals._in_group(proc.pid) == [], f"grandchild {grandchild} outlived terminate"
+    proc.stdout.close()

@@ -154,6 +154,13 @@ def test_an_unreachable_store_is_retryable_and_credentials_name_the_bucket() -> 
     missing = failures.classify(StorageError("gs://bkt/job/model", DefaultCredentialsError("secret-path")))
     assert missing.exit_code == 73 and missing.message.startswith("gs://bkt: no Application Default Credentials")
     assert "GOOGLE_APPLICATION_CREDENTIALS" in missing.message and "secret-path" not in missing.message
+    malformed = DefaultCredentialsError("File /k.json is not a valid json file.", ValueError("Expecting value"))
+    malformed.__cause__ = ValueError("Expecting value")
+    for error in (StorageError("gs://bkt/job", malformed), StorageError("gs://bkt/job", malformed, True),
+                  StorageError("gs://bkt/job", DefaultCredentialsError("File /k.json was not found."), True)):
+        unusable = failures.classify(error)  # found but unusable: google-auth's reason, not "none found"
+        assert unusable.exit_code == 73 and "cannot be used (google-auth: File /k.json " in unusable.message
+        assert "no Application Default Credentials found" not in unusable.message
     expired = failures.classify(StorageError("gs://bkt/x", RefreshError("token ya29.SECRET")))
     assert expired.exit_code == 73 and "ya29" not in expired.message
     denied = failures.classify(StorageError("gs://bkt/x", HttpError({"code": 403, "message": "denied"})))

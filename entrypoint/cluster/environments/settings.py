@@ -91,10 +91,11 @@ class Handoff:
     horovod_rendezvous: tuple[str, int] | None = None  # our Horovod launcher's rendezvous server (a KV store)
 
 
-def read_handoff(environ: Mapping[str, str] | None = None) -> Handoff:
-    """TRAINER_PLAN_FILE, and LOCAL_RANK (torch elastic) or HOROVOD_LOCAL_RANK (our Horovod launcher)."""
+def read_handoff(rank_variables: tuple[str, ...], environ: Mapping[str, str] | None = None) -> Handoff:
+    """TRAINER_PLAN_FILE, and the local rank from the first of ``rank_variables`` set (each framework's record names
+    the variable its launcher uses: LOCAL_RANK for torch's elastic agent, HOROVOD_LOCAL_RANK for our Horovod one)."""
     env = os.environ if environ is None else environ
-    raw = env.get(ev.LOCAL_RANK) or env.get(ev.HOROVOD_LOCAL_RANK) or "0"
+    raw = next((env[name] for name in rank_variables if env.get(name)), "0")
     host, port = env.get(ev.HOROVOD_GLOO_RENDEZVOUS_ADDR, ""), env.get(ev.HOROVOD_GLOO_RENDEZVOUS_PORT, "")
     return Handoff(plan_file=env.get(ev.TRAINER_PLAN_FILE) or None,
                    local_rank=int(raw) if raw.isdigit() else 0,
@@ -106,6 +107,12 @@ def storage_emulator(environ: Mapping[str, str] | None = None) -> str | None:
     """``STORAGE_EMULATOR_HOST``: the GCS server gs:// goes to, anonymously (gcsfs's emulator setting); None: GCS."""
     env = os.environ if environ is None else environ
     return env.get(ev.STORAGE_EMULATOR_HOST) or None
+
+
+def credentials_file_named(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether ``GOOGLE_APPLICATION_CREDENTIALS`` names a key file (its value, a secret-like name's, is not shown)."""
+    env = os.environ if environ is None else environ
+    return bool(env.get(ev.GOOGLE_APPLICATION_CREDENTIALS))
 
 
 def user_overrides(names: tuple[str, ...], environ: Mapping[str, str] | None = None) -> dict[str, str]:

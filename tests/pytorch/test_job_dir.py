@@ -1,0 +1,127 @@
+"""Nothing lost to what real jobs do with a job dir (issue 33): restarts, reruns, a second job, a bad checkpoint.
+
+A job warm-started with ``--resume-from`` and restarted with the same arguments resumes from its own newest
+checkpoint; a second live job on the same job dir is refused at once; a rerun with other arguments says which
+ones differ; retention after a fall-back keeps the rewritten good checkpoint. Real processes, torch on CPU.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from entrypoint.outputs import checkpoints
+from tests.runs import Job, entrypoint, failure_text, summary, wait_gone
+
+pytest.importorskip("torch")
+pytestmark = [pytest.mark.pytorch, pytest.mark.slow]
+DIFFERS = re.compile(r"differ|different|changed|mismatch|not the same", re.IGNORECASE)
+
+
+def run_args(job_dir: Path, *extra: str) -> list[str]:
+    """``run`` of one process with short timeouts."""
+    return ["run", "--framework", "pytorch", "--timeout", "30", "--grace-period", "10", "--job-dir", str(job_dir),
+            "--module", "tests.pytorch.faults", "--log-every", "2", *extra]
+
+
+def newest_step(checkpoint_dir: Path) -> int:
+    found = checkpoints.committed(checkpoint_dir, warn=False)
+    return found[-1][0] if found else 0
+
+
+def test_a_restarted_warm_started_job_resumes_from_its_own_newest_checkpoint(tmp_path: Path) -> None:
+    source = tmp_path / "source"
+    proc = entrypoint(*run_args(source, "--epochs", "1", "--checkpoint-every", "10", "--keep-checkpoints", "5"))
+    assert proc.returncode == 0, failure_text(proc)
+    warm = checkpoints.checkpoint_path(source / "checkpoints", 10)
+    assert checkpoints.is_committed(warm)
+
+    job_dir = tmp_path / "job"
+    args = run_args(job_dir, "--epochs", "1", "--resume-from", str(warm), "--checkpoint-every", "10",
+                    "--keep-checkpoints", "2", "--", "--step-sleep", "0.05")
+    job = Job(*args)
+    try:
+        job.wait_for("checkpoint ckpt-00000020 committed")
+        job.wait_for_step(24)
+        job.send(signal.SIGTERM)
+        assert job.wait(60) == 143, job.output()[-3000:]
+        assert wait_gone(job.marker) == []
+    finally:
+        job.cleanup()
+    stopped = newest_step(job_dir / "checkpoints")
+    assert stopped >= 24
+
+    rerun = entrypoint(*args)  # the platform restarts the job with the same arguments
+    assert rerun.returncode == 0, failure_text(rerun)
+    own = checkpoints.checkpoint_path(job_dir / "checkpoints", stopped)
+    resumed = [line for line in rerun.stdout.splitlines() if "resumed from" in line or "training lost" in line]
+    assert f"resumed from {own} at step {stopped}" in rerun.stdout, \
+        f"expected a resume from {own} at step {stopped}, got:\n" + "\n".join(resumed)
+    assert "steps of training lost" not in rerun.stdout, rerun.stdout[-3000:]
+    assert checkpoints.is_committed(own) or newest_step(job_dir / "checkpoints") > stopped
+    assert summary(job_dir / "model")["start_step"] == stopped
+
+
+def test_a_second_job_on_a_live_jobs_job_dir_is_refused_at_once(tmp_path: Path) -> None:
+    first = Job(*run_args(tmp_path, "--epochs", "1", "--checkpoint-every", "4", "--", "--step-sleep", "0.15"))
+    try:
+        first.wait_for("checkpoint ckpt-00000004 committed")
+        started = time.monotonic()
+        second = entrypoint(*run_args(tmp_path, "--epochs", "1", "--checkpoint-every", "4", "--", "--lr", "0.01",
+                                      "--hidden", "128"), timeout=120)
+        took = time.monotonic() - started
+        assert first.proc.poll() is None, "the first job ended before the second one was answered"
+        lines = [line for line in second.stderr.splitlines() if line.strip()]
+        assert second.returncode == 2, f"the second job ran on the live job's dir:\n{failure_text(second)}"
+        assert took < 20, f"refused only after {took:.0f} s"
+        assert lines and str(tmp_path) in lines[-1] and re.search(r"in use by another live job", lines[-1]), lines[-1:]
+        assert "training" not in second.stdout.lower(), second.stdout[-2000:]  # refused before training
+        assert first.wait(120) == 0, first.output()[-3000:]
+        assert wait_gone(first.marker) == []
+    finally:
+        first.cleanup()
+    result = summary(tmp_path / "model")
+    assert result["start_step"] == 0 and result["final_step"] == result["expected_steps"] == 44, result
+
+
+@pytest.mark.parametrize(("first", "again", "changed"), [
+    (["--epochs", "2"], ["--epochs", "1"], "--epochs"),
+    ([], ["--", "--lr", "0.01"], "--lr"),
+])
+def test_a_rerun_of_a_finished_job_with_other_arguments_says_so(tmp_path: Path, first: list[str], again: list[str],
+                                                                 changed: str) -> None:
+    base = ["--epochs", "1"]
+    proc = entrypoint(*run_args(tmp_path, *base, *first))
+    assert proc.returncode == 0, failure_text(proc)
+    rerun = entrypoint(*run_args(tmp_path, *base, *again))
+    assert rerun.returncode == 0, failure_text(rerun)
+    said = [line for line in (rerun.stdout + "\n" + rerun.stderr).splitlines()
+            if changed in line and DIFFERS.search(line)]
+    assert said, f"the rerun with {' '.join(again)} did not say its arguments differ\n{failure_text(rerun)}"
+    assert "finished" in said[0], said[0]  # and that it resumes a job that had finished
+    if changed == "--lr":
+        assert "optimizer" in said[0], said[0]  # the checkpoint's optimizer state (its learning rate) wins
+    again_same = entrypoint(*run_args(tmp_path, *base, *again))  # the same arguments again: nothing to say
+    assert again_same.returncode == 0, failure_text(again_same)
+    assert not [line for line in again_same.stdout.splitlines() if DIFFERS.search(line) and changed in line]
+
+
+def test_retention_after_a_fallback_keeps_the_rewritten_checkpoint_without_a_false_warning(tmp_path: Path) -> None:
+    args = ["--checkpoint-every", "10", "--keep-checkpoints", "3"]
+    proc = entrypoint(*run_args(tmp_path, "--epochs", "1", *args))
+    assert proc.returncode == 0, failure_text(proc)
+    assert [s for s, _ in checkpoints.committed(tmp_path / "checkpoints", warn=False)] == [30, 40, 44]
+    newest = checkpoints.checkpoint_path(tmp_path / "checkpoints", 44)
+    state = newest / "state.pt"
+    state.write_bytes(state.read_bytes()[:1000])  # the newest is corrupt: the rerun falls back to ckpt-40
+    rerun = entrypoint(*run_args(tmp_path, "--epochs", "2", *args))
+    assert rerun.returncode == 0, failure_text(rerun)
+    assert f"checkpoint {newest} does not load" in rerun.stdout
+    assert "checkpoint ckpt-00000044 committed" in rerun.stdout  # rewritten, good, at the end of epoch 1
+    false = [line for line in rerun.stdout.splitlines() if "deleting checkpoint" in line and "does not load" in line]
+    assert not false, "retention deleted the rewritten (good) checkpoint as one that does not load:\n" + \
+        "\n".join(false)
