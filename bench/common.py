@@ -136,9 +136,17 @@ def devices_for(processes: int) -> dict[str, str]:
     return {} if count == 0 or count >= processes else {"CUDA_VISIBLE_DEVICES": ""}
 
 
+PYTORCH_PYTHON = "BENCH_PYTORCH_PYTHON"  # the orchestrator tells every family the PyTorch venv's interpreter
+
+
 def python() -> list[str]:
     """The interpreter of this family's venv."""
     return [sys.executable]
+
+
+def pytorch_python() -> list[str]:
+    """The PyTorch venv's interpreter (what the PyTorch image runs), whichever venv this family runs in."""
+    return [os.environ.get(PYTORCH_PYTHON) or sys.executable]
 
 
 def timed(commands: Sequence[tuple[list[str], dict[str, str]]], timeout: float = 900) -> float:

@@ -9,6 +9,13 @@ Compared: ``python bench/ddp_loop.py`` without a process group (the bare model; 
 as DDP world 1, and ``entrypoint run --module bench.gpt_hooks`` (which runs one process without a process
 group). Target: the entrypoint at least 0.98 of the bare model.
 
+Sharded (issue #29): ``entrypoint run --strategy fsdp --bf16 --compile --nproc-per-node N`` over every GPU of
+the machine (FSDP2 per block with bf16 parameters and fp32 reductions, each block compiled), tokens/s per GPU
+next to the bare model's, and MFU per GPU; goal at least 45% MFU. With one GPU the entrypoint has nothing to
+shard and trains that one process unsharded (the row says which strategy ran). Without CUDA: 2 processes on
+CPU, the tiny config, fp32 and eager, to check the path runs (full size only: at quick size the memory family
+already trains this module under FSDP).
+
     python -m bench --only gpt          # on a GPU machine
 """
 
@@ -44,14 +51,18 @@ def peak_tflops(device_name: str) -> tuple[float, str] | None:
     return None
 
 
+MFU_GOAL = 45.0  # % for the sharded run (issue #29: a 124M-1B GPT with FSDP, bf16 and torch.compile on an H100)
+
+
 def mfu_row(name: str, runs: list[dict[str, Any]], peak: float) -> Row:
-    """Model FLOPs utilisation of one variant (%), from tokens/s and FLOPs per token."""
-    values = [100.0 * r["tokens_per_second"] * r["flops_per_token"] / (peak * 1e12) for r in runs]
+    """Model FLOPs utilisation of one variant (%, per device), from tokens/s, FLOPs per token and the world size."""
+    values = [100.0 * r["tokens_per_second"] * r["flops_per_token"] / (peak * 1e12 * r.get("world_size", 1))
+              for r in runs]
     return Row(group="MFU", variant=name, unit="%", runs=[round(v, 2) for v in values], median=round(median(values), 2))
 
 
 def run(quick: bool) -> FamilyResult:
-    """Bare vs entrypoint (and DDP world 1 in the full size), interleaved."""
+    """Bare vs entrypoint (and DDP world 1 in the full size), and the sharded run, interleaved."""
     import torch
 
     cuda = torch.cuda.is_available()
@@ -60,8 +71,12 @@ def run(quick: bool) -> FamilyResult:
         size, repeats = (Size("gpu", 30, 10, 8), 1) if quick else (Size("gpu", 80, 20, 16), 3)
     else:
         size, repeats = (Size("tiny", 20, 5, 8), 1) if quick else (Size("tiny", 60, 10, 8), 2)
+    world = torch.cuda.device_count() if cuda else 2
     precision: tuple[str, ...] = ("--bf16",) if cuda else ()
     compile_flag: tuple[str, ...] = ("--compile",) if compiled else ()
+    sharded_flags = ("--strategy", "fsdp", *precision, *compile_flag)  # the entrypoint's --compile: per block
+    unit = ("GPU" if world == 1 else "GPUs") if cuda else "CPU processes"
+    sharded_name = f"entrypoint hooks, {' '.join(sharded_flags)}, {world} {unit}"
     raw: dict[str, list[dict[str, Any]]] = {}
 
     def keep(name: str, result: dict[str, Any]) -> float:
@@ -73,23 +88,47 @@ def run(quick: bool) -> FamilyResult:
         variants["hand loop, DDP world 1"] = lambda: keep("ddp", hand_loop(1, size, precision + compile_flag,
                                                                           ddp=True))
     variants["entrypoint hooks, world 1"] = lambda: keep("hooks", hooks_loop(1, size, precision, compile_flag))
+    if cuda or not quick:  # on CPU at quick size, the memory family's quick run trains this module under FSDP
+        variants[sharded_name] = lambda: keep("sharded", hooks_loop(world, size, sharded_flags))
     results = interleave(variants, repeats)
-    result = FamilyResult("gpt", "Small GPT, one device (tokens/s, higher is better)")
-    result.rows = compare("1 device", results, "tokens/s", next(iter(variants)), "x bare")
+    result = FamilyResult("gpt", "Small GPT: one device, and sharded over the machine (tokens/s, higher is better)")
+    one_device = {name: values for name, values in results.items() if name != sharded_name}
+    result.rows = compare("1 device", one_device, "tokens/s", next(iter(variants)), "x bare")
     check(result.rows[-1], ">=", 0.98)
+    if "sharded" in raw:
+        result.rows.append(sharded_row(sharded_name, raw["sharded"], median(results[next(iter(variants))]), cuda))
     device = str(raw["bare"][0]["device_name"])
     found = peak_tflops(device) if cuda else None
     if found is not None:
-        for name, key in zip(variants, ("bare", "ddp", "hooks") if not quick else ("bare", "hooks"), strict=True):
+        keys = [key for key in ("bare", "ddp", "hooks", "sharded") if key in raw]
+        for name, key in zip(variants, keys, strict=True):
             result.rows.append(mfu_row(name, raw[key], found[0]))
-        result.notes.append(f"MFU against {found[0]:g} TFLOP/s dense bf16 for {device}: {found[1]}")
+        check(result.rows[-1], ">=", MFU_GOAL, against=result.rows[-1].median)
+        result.notes.append(f"MFU per device against {found[0]:g} TFLOP/s dense bf16 for {device}: {found[1]}")
     elif cuda:
         result.notes.append(f"no peak known for {device}: MFU not reported (add it to PEAK_BF16_TFLOPS)")
     params = raw["bare"][0]["params"]
-    result.notes.append(f"{device}: config '{size.config}' ({params / 1e6:.1f}M parameters), batch {size.batch}, "
-                        f"{size.steps} steps timed from step {size.warmup}; "
+    result.notes.append(f"{device}: config '{size.config}' ({params / 1e6:.1f}M parameters), batch {size.batch} "
+                        f"per process, {size.steps} steps timed from step {size.warmup}; "
                         f"{'bf16 autocast' if cuda else 'fp32'}, {'torch.compile' if compiled else 'eager'}; "
                         f"{repeats} interleaved repetition(s)")
     if not cuda:
-        result.notes.append("no CUDA here: the tiny config on CPU checks the GPU path runs; no MFU")
+        sharded_note = ("no sharded run at quick size on CPU (the memory family's quick run trains bench.gpt_hooks "
+                        "with --strategy fsdp)" if quick else "the FSDP run is 2 processes over gloo sharing the "
+                        "cores, so its tokens/s say nothing about GPUs")
+        result.notes.append(f"no CUDA here: the tiny config on CPU checks the GPU path runs; no MFU; {sharded_note}")
     return result
+
+
+def sharded_row(name: str, runs: list[dict[str, Any]], bare: float, cuda: bool) -> Row:
+    """The sharded run's tokens/s (all devices), its ratio per device to the bare model, and what ran."""
+    values = [float(r["tokens_per_second"]) for r in runs]
+    world = int(runs[-1]["world_size"])
+    last = runs[-1]
+    ran = last.get("strategy", "?")
+    note = f"ran as {ran}" + (f" ({last['strategy_reason']})" if ran != "fsdp" else "")
+    if cuda and last.get("compile_seconds"):
+        note += f"; compiling took {last['compile_seconds']:.0f} s"
+    return Row(group=f"sharded, world {world}", variant=name, unit="tokens/s", runs=[round(v, 4) for v in values],
+               median=round(median(values), 4), ratio=round(median(values) / world / bare, 4) if bare else None,
+               ratio_label="x bare per device", note=note)

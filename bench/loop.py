@@ -70,7 +70,7 @@ def hand_loop(world: int, size: Size, flags: tuple[str, ...] = (), ddp: bool = F
 
 
 def hooks_loop(world: int, size: Size, flags: tuple[str, ...] = (), user_flags: tuple[str, ...] = ()) -> dict[str, Any]:
-    """The entrypoint's loop over ``bench.gpt_hooks``: what its export hook wrote."""
+    """The entrypoint's loop over ``bench.gpt_hooks``: what its export hook wrote, and the strategy it ran."""
     with tempfile.TemporaryDirectory() as job:
         cmd = [*python(), "-m", "entrypoint", "run", "--framework", "pytorch", "--module", "bench.gpt_hooks",
                "--nproc-per-node", str(world), "--job-dir", job, "--batch-size", str(size.batch),
@@ -79,6 +79,9 @@ def hooks_loop(world: int, size: Size, flags: tuple[str, ...] = (), user_flags: 
                "--batch", str(size.batch), *user_flags]
         timed([(cmd, clean_env(thread_env(world)))])
         found: dict[str, Any] = json.loads((Path(job) / "model" / "bench_timing.json").read_text())
+        summary = json.loads((Path(job) / "model" / "training_summary.json").read_text())
+        found.update(strategy=summary["strategy"], strategy_reason=summary["details"].get("strategy_reason", ""),
+                     compile_seconds=summary["details"].get("compile_seconds", 0.0))
         return found
 
 

@@ -1,15 +1,29 @@
-"""Peak memory of the processes on a node that do not train: launchers, agents, supervisors.
+"""Peak memory on a node: processes that do not train (launchers, agents), sharded vs replicated training, export.
 
 Each job is started and its process tree sampled from /proc every 50 ms; every process's peak resident
-set (``VmHWM``) is kept. Training processes name themselves (the scripts touch ``$BENCH_PID_DIR/<pid>``);
-everything else in the tree counts, and the row reports the sum of those peaks (MiB), with each process in
-the note. Compared: our in-process run (nothing besides the trainer), ``torchrun``'s agent, our elastic agent
-(``--nproc-per-node 2``), the ``local`` supervisor, and the Horovod launchers (ours vs ``horovodrun``).
+set (``VmHWM``) is kept. Training processes name themselves (the scripts touch ``$BENCH_PID_DIR/<pid>``).
+
+- Launchers: everything in the tree that does not train counts, and the row reports the sum of those peaks
+  (MiB), with each process in the note. Compared: our in-process run (nothing besides the trainer),
+  ``torchrun``'s agent, our elastic agent (``--nproc-per-node 2``), the ``local`` supervisor, and the Horovod
+  launchers (ours vs ``horovodrun``).
+- Training (issue #29): ``entrypoint run --module bench.gpt_hooks --nproc-per-node 2 --strategy ddp|fsdp`` on
+  CPU, a 110M-parameter GPT (``bench.gpt`` config ``100m``) with AdamW, a few steps of batch 1. Each rank
+  records its own ``VmHWM`` when training ends (its first evaluation batch: before the epoch's checkpoint and
+  the export); the row is the larger of the two ranks. Target: FSDP at most 0.6x DDP per rank. glibc's malloc
+  decides much of it (its dynamic mmap threshold sends FSDP's per-block all-gather buffers to a heap that then
+  fragments), so both run twice: with glibc's defaults and with ``MALLOC_MMAP_THRESHOLD_=131072``. These jobs
+  run in the PyTorch venv whichever venv the family runs in: where TensorFlow is installed (the Horovod venv),
+  the chief's ``torch.utils.tensorboard`` imports it (+0.6 GiB on rank 0 alone).
+- Export: in the FSDP runs, rank 0's peak resident set rise while the entrypoint writes ``model.safetensors``
+  (streamed tensor by tensor, ``entrypoint/pytorch/export.py``), next to the largest tensor. Target: at most the
+  largest tensor plus a fixed buffer (``EXPORT_BUFFER_MIB``).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import shutil
 import subprocess
 import tempfile
@@ -18,10 +32,30 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import Any
 
-from bench.common import REPO, FamilyResult, clean_env, compare, devices_for, free_port, interleave, python
+from bench.common import (
+    REPO,
+    FamilyResult,
+    Row,
+    check,
+    clean_env,
+    compare,
+    devices_for,
+    free_port,
+    interleave,
+    median,
+    python,
+    pytorch_python,
+)
 
 DDP_SCRIPT, HVD_SCRIPT = str(REPO / "bench" / "ddp_script.py"), str(REPO / "bench" / "hvd_script.py")
+# glibc's malloc as it comes, and with a fixed mmap threshold (allocations from 128 KiB up are mapped and unmapped).
+MALLOCS = {"glibc default malloc": {}, "MALLOC_MMAP_THRESHOLD_=131072": {"MALLOC_MMAP_THRESHOLD_": "131072"}}
+STRATEGIES = ("ddp", "fsdp")
+TARGET_CONFIG = "100m"  # the targets are set for a ~100M-parameter GPT (the quick size only checks the path)
+FSDP_TARGET = 0.6  # FSDP's peak per rank at most this fraction of DDP's (world 2)
+EXPORT_BUFFER_MIB = 32.0  # the export's peak rise may exceed the largest tensor by at most this much
 
 
 @dataclass
@@ -88,6 +122,80 @@ def peak_non_training(cmd: list[str], env: dict[str, str]) -> tuple[float, str]:
     return sum(others.values()), who or "none"
 
 
+def peak_training(cmd: list[str], env: dict[str, str], job: Path) -> dict[str, Any]:
+    """Run a ``bench.gpt_hooks`` job; each rank's training peak (what it recorded), each training process's
+    whole-run peak (sampled: the checkpoint and the export included) and what its export hook measured."""
+    with tempfile.TemporaryDirectory() as pids, tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(cmd, env={**env, "BENCH_PID_DIR": pids}, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+        tree = Tree(proc.pid)
+        while proc.poll() is None:
+            tree.sample()
+            time.sleep(0.05)
+        if proc.returncode != 0:
+            log.seek(0)
+            tail = log.read()[-3000:].decode(errors="replace")
+            raise RuntimeError(f"{' '.join(cmd)} exited with {proc.returncode}:\n{tail}")
+        records = {int(p.name): json.loads(p.read_text() or "{}") for p in Path(pids).iterdir()}
+    if len(records) != 2 or not all("train_peak_mib" in r for r in records.values()):
+        raise RuntimeError(f"expected 2 training processes to record their peaks, got {records}")
+    ranks = {r["rank"]: r["train_peak_mib"] for r in records.values()}
+    whole = {r["rank"]: tree.peaks.get(pid, 0.0) for pid, r in records.items()}
+    timing = json.loads((job / "model" / "bench_timing.json").read_text())
+    summary = json.loads((job / "model" / "training_summary.json").read_text())
+    return {"ranks": ranks, "whole": whole, "timing": timing, "strategy": summary["strategy"]}
+
+
+def training_command(strategy: str, config: str, steps: int, job: Path) -> list[str]:
+    """``entrypoint run`` of the GPT hooks module on 2 processes, in the PyTorch venv (the Horovod one also holds
+    TensorFlow, which ``torch.utils.tensorboard`` imports on the chief: +0.6 GiB); FSDP also measures the export."""
+    return [*pytorch_python(), "-m", "entrypoint", "run", "--framework", "pytorch", "--module", "bench.gpt_hooks",
+            "--nproc-per-node", "2", "--strategy", strategy, "--job-dir", str(job), "--batch-size", "1",
+            "--log-every", "1000000", "--", "--config", config, "--steps", str(steps), "--warmup", "0", "--batch",
+            "1", *(["--export"] if strategy == "fsdp" else [])]
+
+
+def training_env(malloc: dict[str, str]) -> dict[str, str]:
+    """On CPU (this is host memory), with ``malloc``'s settings and no others inherited."""
+    env = {k: v for k, v in clean_env({"CUDA_VISIBLE_DEVICES": ""}).items() if not k.startswith("MALLOC_")}
+    return {**env, **malloc}
+
+
+def training_rows(runs: dict[str, list[dict[str, Any]]], mallocs: dict[str, dict[str, str]], config: str,
+                  steps: int) -> list[Row]:
+    """Per malloc setting: DDP (anchor) vs FSDP, the larger rank's training peak; then the export's rise."""
+    rows: list[Row] = []
+    for malloc in mallocs:
+        names = {s: f"entrypoint run --strategy {s}" for s in STRATEGIES}
+        results = {names[s]: [max(r["ranks"].values()) for r in runs[f"{s}, {malloc}"]] for s in STRATEGIES}
+        group = f"training per rank, 2 processes, {malloc}"
+        block = compare(group, results, "MiB", names["ddp"], "x DDP")
+        if config == TARGET_CONFIG:  # the target is set at ~100M parameters
+            check(block[1], "<=", FSDP_TARGET)
+        for row, strategy in zip(block, STRATEGIES, strict=True):
+            last = runs[f"{strategy}, {malloc}"][-1]
+            seconds = last["timing"]["seconds"] / max(last["timing"]["timed_steps"], 1)
+            row.note = (f"ranks {' / '.join(f'{v:.0f}' for _, v in sorted(last['ranks'].items()))} MiB at the end of "
+                        f"training; whole run (checkpoint, export) "
+                        f"{' / '.join(f'{v:.0f}' for _, v in sorted(last['whole'].items()))}; {config}, {steps} "
+                        f"steps of batch 1, {seconds:.1f} s a step; ran as {last['strategy']} (last run)")
+        rows += block
+    for malloc in mallocs:
+        fsdp = runs[f"fsdp, {malloc}"]
+        rises = [float(r["timing"]["export_rise_mib"]) for r in fsdp]
+        largest, timing = float(fsdp[-1]["timing"]["largest_tensor_mib"]), fsdp[-1]["timing"]
+        row = Row(group="export of the FSDP model, rank 0", variant=f"model.safetensors, {malloc}", unit="MiB rise",
+                  runs=[round(v, 1) for v in rises], median=round(median(rises), 1),
+                  ratio=round(median(rises) / largest, 3), ratio_label="x largest tensor",
+                  note=f"largest tensor {largest:.1f} MiB; {timing['tensors']} tensors, "
+                       f"{timing['tensors_mib']:.0f} MiB in the file; resident before "
+                       f"{timing['export_rss_before_mib']:.0f} MiB; {timing['export_seconds']:.1f} s (last run)")
+        if config == TARGET_CONFIG:
+            row.target = f"<= largest + {EXPORT_BUFFER_MIB:g} MiB"
+            row.met = median(rises) <= largest + EXPORT_BUFFER_MIB
+        rows.append(row)
+    return rows
+
+
 Command = Callable[[Path], list[str]]  # the job's command, given an output directory
 
 
@@ -114,34 +222,56 @@ def jobs(steps: int, horovod: bool, quick: bool) -> dict[str, tuple[str, dict[st
             "entrypoint run --framework horovod --nproc-per-node 2": lambda d: [
                 *run, *hvd, "--nproc-per-node", "2", "--job-dir", str(d), *after],
             "horovodrun -np 2 --gloo": lambda d: [
-                horovodrun, "-np", "2", "-H", "localhost:2", "--gloo", "--gloo-timeout-seconds", "120",
+                *python(), horovodrun, "-np", "2", "-H", "localhost:2", "--gloo", "--gloo-timeout-seconds", "120",
                 "-p", str(free_port()), *python(), HVD_SCRIPT, *after[1:]]})
     return found
 
 
 def run(quick: bool) -> FamilyResult:
-    """Every launcher, interleaved; ``quick``: one round of a short job, without the 1-process group."""
+    """Every launcher and training job, interleaved; ``quick``: one round of short jobs, without the 1-process group,
+    the training jobs on the tiny GPT with glibc's default malloc only."""
     steps, repeats = (20, 1) if quick else (400, 2)
+    config, train_steps = ("tiny", 2) if quick else ("100m", 3)
+    mallocs = dict(list(MALLOCS.items())[:1]) if quick else MALLOCS
     horovod = importlib.util.find_spec("horovod") is not None
     groups = jobs(steps, horovod, quick)
     commands = {name: cmd for _, members in groups.values() for name, cmd in members.items()}
     who: dict[str, str] = {}
+    training: dict[str, list[dict[str, Any]]] = {}
 
     def measure(name: str) -> float:
         with tempfile.TemporaryDirectory() as out:
             mib, who[name] = peak_non_training(commands[name](Path(out)), clean_env(devices_for(2)))
             return mib
 
-    results = interleave({name: partial(measure, name) for name in commands}, repeats)
-    result = FamilyResult("memory", "Peak memory of the non-training processes per node (MiB, lower is better)")
+    def train(strategy: str, malloc: str) -> float:
+        with tempfile.TemporaryDirectory() as out:
+            found = peak_training(training_command(strategy, config, train_steps, Path(out)),
+                                  training_env(mallocs[malloc]), Path(out))
+        training.setdefault(f"{strategy}, {malloc}", []).append(found)
+        return float(max(found["ranks"].values()))
+
+    variants: dict[str, Callable[[], float]] = {name: partial(measure, name) for name in commands}
+    variants.update({f"{s}, {m}": partial(train, s, m) for m in mallocs for s in STRATEGIES})
+    results = interleave(variants, repeats)
+    result = FamilyResult("memory", "Peak memory per node: launchers and agents, training per rank, the export "
+                                    "(MiB, lower is better)")
     for group, (anchor, members) in groups.items():
         rows = compare(group, {n: results[n] for n in members}, "MiB", anchor, "x " + anchor.split(" -")[0])
         for row in rows:
             row.note = who[row.variant]
         result.rows += rows
+    result.rows += training_rows(training, mallocs, config, train_steps)
     if not horovod:
         result.notes.append("Horovod is not installed in this venv: the Horovod launchers need .venv/horovod")
-    result.notes.append(f"VmHWM of every process in the job's tree that is not a training process, summed "
+    result.notes.append(f"launchers: VmHWM of every process in the job's tree that is not a training process, summed "
                         f"(MiB; each process in the note, from the last run); {steps} DDP steps; {repeats} "
                         "interleaved round(s); /proc sampled every 50 ms")
+    result.notes.append(f"training: bench.gpt_hooks, config '{config}', AdamW, {train_steps} steps of batch 1 per "
+                        f"rank, on CPU over gloo, with {pytorch_python()[0]}; each rank's VmHWM when training ends "
+                        "(before the epoch's checkpoint and the export), the larger rank's in the table; FSDP target "
+                        f"<= {FSDP_TARGET:g}x DDP in each malloc setting")
+    result.notes.append("export: rank 0's VmHWM rise (reset through /proc/self/clear_refs) while the entrypoint "
+                        "writes model.safetensors; on CPU every gathered tensor passes through gloo's all-gather, "
+                        "which allocates a flat copy of its output beside it")
     return result

@@ -21,7 +21,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from bench.common import REPO, FamilyResult, clean_env
+from bench.common import PYTORCH_PYTHON, REPO, FamilyResult, clean_env
 
 # family -> (module, venvs it can run in, best first); "pytorch" is this interpreter unless --python says otherwise.
 FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -79,7 +79,9 @@ def run_family(name: str, quick: bool, pythons: dict[str, str | None]) -> Family
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
         cmd = [str(pythons[venv]), "-m", "bench.run", "--family", name, "--result", str(out)]
-        proc = subprocess.run([*cmd, *(["--quick"] if quick else [])], env=clean_env(), cwd=REPO, check=False)
+        torch_python = {PYTORCH_PYTHON: str(pythons["pytorch"])} if pythons.get("pytorch") else {}
+        proc = subprocess.run([*cmd, *(["--quick"] if quick else [])], env=clean_env(torch_python), cwd=REPO,
+                              check=False)
         if proc.returncode != 0 or not out.exists():
             return FamilyResult(name, name, skipped=f"FAILED: exit code {proc.returncode} (output above)")
         result = FamilyResult.from_json(out.read_text())

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
+
 from bench.common import FamilyResult, check, compare, interleave
-from bench.gpu import peak_tflops
+from bench.gpu import mfu_row, peak_tflops
 from bench.report import markdown
 
 
@@ -52,3 +56,62 @@ def test_markdown_lists_targets_and_skipped_families() -> None:
     assert "| launch | world 1 | ours | 1.2 x bare | <= 1.05 | **no** |" in text
     assert "Not run: needs .venv/tensorflow" in text
     assert "Test CPU, 2 cores" in text and "torch 2.13.0" in text
+
+
+def test_mfu_is_per_device() -> None:
+    runs = [{"tokens_per_second": 1000.0, "flops_per_token": 1e9, "world_size": 2},
+            {"tokens_per_second": 1000.0, "flops_per_token": 1e9}]  # world 1 when not said
+    assert mfu_row("sharded", runs, peak=1.0).runs == [50.0, 100.0]
+
+
+def test_checkpoint_targets_are_on_asynchronous_saves_at_100m_parameters() -> None:
+    pytest.importorskip("torch")
+    from bench.checkpoint import rows_of
+
+    seconds = {"ours sharded sync (FSDP)": [(6.0, 6.0)], "ours sharded async (FSDP)": [(0.5, 5.0), (0.4, 5.0)],
+               "DCP async_save (FSDP)": [(1.5, 5.0)], "DCP save": [(2.0, 2.0)]}
+    rows = rows_of("110M", seconds, 110_000_000)
+    assert [(r.variant, r.met) for r in rows] == [("ours sharded sync (FSDP)", None),
+                                                  ("ours sharded async (FSDP)", True),
+                                                  ("DCP async_save (FSDP)", False), ("DCP save", None)]
+    assert rows[1].median == 0.45 and rows[1].ratio == 0.09 and rows[1].target == "<= 0.1"
+    assert all(r.met is None for r in rows_of("1M", seconds, 1_000_000))
+    nan = float("nan")
+    remote = {"ours async gs://": [(nan, nan), (0.2, 4.0)], "ours sync gs://": [(nan, nan)]}
+    rows = rows_of("110M", remote, 110_000_000, {"ours async gs://": ["HttpError: 400"], "ours sync gs://": ["x"]})
+    assert (rows[0].runs, rows[0].ratio, rows[0].met) == ([0.2], 0.05, True)
+    assert rows[0].note.endswith("; 1 save(s) failed (counting warm-up), the last: HttpError: 400")
+    assert (rows[1].runs, rows[1].ratio, rows[1].met) == ([], None, None)
+
+
+def _training_job(rank0: float, rank1: float, rise: float | None = None) -> dict[str, Any]:
+    return {"ranks": {0: rank0, 1: rank1}, "whole": {0: rank0 + 1, 1: rank1 + 1}, "strategy": "fsdp",
+            "timing": {"seconds": 4.0, "timed_steps": 2, "export_rise_mib": rise, "largest_tensor_mib": 100.0,
+                       "tensors": 3, "tensors_mib": 300.0, "export_rss_before_mib": 1000.0, "export_seconds": 1.0}}
+
+
+def test_memory_compares_the_larger_rank_and_the_export_rise_with_the_largest_tensor() -> None:
+    from bench.memory import MALLOCS, training_rows
+
+    default, fixed = MALLOCS
+    runs = {f"ddp, {default}": [_training_job(2600, 2700)], f"fsdp, {default}": [_training_job(2500, 2400, 190)],
+            f"ddp, {fixed}": [_training_job(2600, 2500)], f"fsdp, {fixed}": [_training_job(1500, 1510, 120)]}
+    rows = training_rows(runs, MALLOCS, "100m", 3)
+    assert [(r.median, r.ratio, r.met) for r in rows] == [(2700, 1.0, None), (2500, 0.9259, False),
+                                                          (2600, 1.0, None), (1510, 0.5808, True),
+                                                          (190, 1.9, False), (120, 1.2, True)]
+    assert rows[4].target == "<= largest + 32 MiB" and "ranks 2500 / 2400 MiB" in rows[1].note
+    assert all(r.met is None for r in training_rows(runs, MALLOCS, "tiny", 2))  # targets only at ~100M
+
+
+def test_the_sharded_gpt_row_is_per_device_and_says_what_ran() -> None:
+    from bench.gpu import sharded_row
+
+    runs = [{"tokens_per_second": 400.0, "world_size": 2, "strategy": "fsdp", "compile_seconds": 30.0},
+            {"tokens_per_second": 300.0, "world_size": 1, "strategy": "default",
+             "strategy_reason": "--strategy fsdp on a single process: nothing to shard"}]
+    row = sharded_row("fsdp", runs[:1], bare=100.0, cuda=True)
+    assert (row.median, row.ratio, row.group, row.note) == (400.0, 2.0, "sharded, world 2",
+                                                             "ran as fsdp; compiling took 30 s")
+    row = sharded_row("fsdp", runs[1:], bare=100.0, cuda=True)
+    assert row.ratio == 3.0 and "ran as default (--strategy fsdp on a single process" in row.note

@@ -1,0 +1,179 @@
+"""Checkpoint stall of a 2-process job: our sharded writer (FSDP) vs our DDP writer vs DCP's ``async_save``.
+
+    python -m entrypoint run --framework pytorch --script bench/sharded_ckpt.py --nproc-per-node 2 -- \
+        --config 100m --repeats 3 --warmup 1 --dir /tmp/ckpts --result /tmp/result.json
+
+Every rank builds the ``bench.gpt`` GPT twice: sharded as the entrypoint shards it (``parallel.Sharded``: FSDP2
+per block, then the root) and replicated under DDP, each with AdamW after one step (so Adam's moments exist).
+Then, in rotating order after warm-up rounds, each kind of save is timed as the hooks loop would meet it:
+
+- ``ours sharded sync|async (FSDP)``: the entrypoint's ``ShardedCheckpointIO`` (its staging buffers kept between
+  saves, the write on a gloo group of its own), given what ``LoopCheckpoints.save`` gives it
+  (``restore.sharded_state``: each rank's shards);
+- ``ours async (DDP)``: the entrypoint's ``AsyncCheckpointIO`` on the chief, given the replicated payload;
+- ``DCP async_save (FSDP)``: plain ``torch.distributed.checkpoint.async_save`` of ``get_state_dict`` over its
+  own gloo group (what its documentation recommends; its default stager, a fresh host copy each call).
+
+Blocked: from the state dict's creation until the call returns; written: until the save is complete (committed,
+for ours). Both are the slower rank's (the next collective waits for it). Nothing trains while a save is written
+(as in the single-process rows). Rank 0 writes every run's ``(blocked, written)`` seconds as JSON to ``--result``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+sys.path[0] = str(Path(__file__).resolve().parent.parent)  # the checkout, not bench/: finds bench and entrypoint
+from bench.common import interleave  # noqa: E402
+from bench.gpt import CONFIGS, GPT, configure_optimizer, corpus, window  # noqa: E402
+from entrypoint.outputs import checkpoints  # noqa: E402
+from entrypoint.pytorch import parallel, restore  # noqa: E402
+from entrypoint.pytorch.checkpoint_io import AsyncCheckpointIO  # noqa: E402
+from entrypoint.pytorch.sharded_io import ShardedCheckpointIO  # noqa: E402
+
+
+def parse_args() -> argparse.Namespace:
+    """Model size, repetitions, where to write."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--config", choices=sorted(CONFIGS), default="tiny")
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--warmup", type=int, default=0)
+    parser.add_argument("--dir", required=True, help="where the checkpoints go (a directory on this machine)")
+    parser.add_argument("--result", required=True, help="JSON file rank 0 writes the seconds to")
+    return parser.parse_args()
+
+
+def one_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, block_size: int, vocab: int) -> None:
+    """A training step on one window (Adam's moments exist afterwards)."""
+    x, y = window(corpus(vocab, 4 * block_size), dist.get_rank(), block_size)
+    model(x[None], y[None]).backward()
+    optimizer.step()
+    optimizer.zero_grad()
+
+
+class Saves:
+    """Each kind of save, timed on every rank; the slower rank's (blocked, written) seconds, kept by kind."""
+
+    def __init__(self, root: Path, sharded: torch.nn.Module, sharded_opt: torch.optim.Optimizer,
+                 ddp: DDP, ddp_opt: torch.optim.Optimizer) -> None:
+        self.root, self.rank = root, dist.get_rank()
+        self.sharded, self.sharded_opt, self.ddp, self.ddp_opt = sharded, sharded_opt, ddp, ddp_opt
+        timeout = 600.0
+        self.ours = {"sync": ShardedCheckpointIO(1, self.rank, False, timeout, False),
+                     "async": ShardedCheckpointIO(1, self.rank, True, timeout, False)}
+        self.replicated = AsyncCheckpointIO(1)
+        self.dcp_group = dist.new_group(backend="gloo")
+        self.count = 0
+        self.seconds: dict[str, list[tuple[float, float]]] = {}
+
+    def _path(self, kind: str) -> Any:
+        self.count += 1
+        return checkpoints.checkpoint_path(self.root / kind.replace(" ", "-"), self.count)
+
+    def _meta(self) -> dict[str, Any]:
+        return {"step": self.count, "epoch": 0, "batch": self.count, "sample": self.count, "framework": "pytorch",
+                "world_size": dist.get_world_size()}
+
+    def _keep(self, name: str, blocked: float, written: float) -> float:
+        slowest = torch.tensor([blocked, written], dtype=torch.float64)
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+        pair = (float(slowest[0]), float(slowest[1]))
+        self.seconds.setdefault(name, []).append(pair)
+        return pair[0]
+
+    def ours_sharded(self, mode: str) -> float:
+        """The entrypoint's sharded writer, as ``LoopCheckpoints.save`` calls it."""
+        io, path = self.ours[mode], self._path(f"sharded {mode}")
+        dist.barrier()
+        before = io.write_seconds
+        started = time.perf_counter()
+        state = {"shards": restore.sharded_state(self.sharded, self.sharded_opt), "extra": {"step": self.count}}
+        io.save(path, state, {**self._meta(), "sharded": True})
+        blocked = time.perf_counter() - started
+        io.wait()
+        return self._keep(f"ours sharded {mode} (FSDP)", blocked, io.write_seconds - before)
+
+    def ours_replicated(self) -> float:
+        """The entrypoint's DDP writer: the chief copies the whole state, a thread writes it."""
+        io, path = self.replicated, self._path("replicated async")
+        dist.barrier()
+        blocked = written = 0.0
+        if self.rank == 0:
+            before = io.write_seconds
+            started = time.perf_counter()
+            module: torch.nn.Module = self.ddp.module
+            payload = {"model": module.state_dict(), "optimizer": self.ddp_opt.state_dict(),
+                       "optimizer_fqns": restore.optimizer_fqns(module, self.ddp_opt), "step": self.count}
+            io.save(path, payload, {**self._meta(), "sharded": False})
+            blocked = time.perf_counter() - started
+            io.wait()
+            written = io.write_seconds - before
+        return self._keep("ours async (DDP)", blocked, written)
+
+    def dcp_async(self) -> float:
+        """``torch.distributed.checkpoint.async_save`` of the sharded model over its own gloo group."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        path = self._path("dcp async_save")
+        dist.barrier()
+        started = time.perf_counter()
+        model_state, optim_state = get_state_dict(self.sharded, self.sharded_opt)
+        future: Any = dcp.async_save({"model": model_state, "optim": optim_state}, checkpoint_id=str(path),
+                                     process_group=self.dcp_group)
+        blocked = time.perf_counter() - started
+        future.result()
+        written = time.perf_counter() - started - blocked
+        dist.barrier()
+        if self.rank == 0:
+            shutil.rmtree(path, ignore_errors=True)  # ours keep one each (their retention); DCP keeps everything
+        return self._keep("DCP async_save (FSDP)", blocked, written)
+
+    def close(self) -> None:
+        """Wait for everything, release the staging buffers."""
+        for io in self.ours.values():
+            io.close()
+        self.replicated.wait()
+
+
+def main() -> None:
+    """Build both models, time every kind of save in rotation, report from rank 0."""
+    args = parse_args()
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    cfg = CONFIGS[args.config]
+    torch.manual_seed(0)
+    sharded = parallel.Sharded(parallel.Choice("fsdp", "bench"), torch.device("cpu"), 1, world, False, False) \
+        .shard(GPT(cfg), None)
+    sharded_opt = configure_optimizer(sharded)
+    one_step(sharded, sharded_opt, cfg.block_size, cfg.vocab_size)
+    torch.manual_seed(0)
+    replica = GPT(cfg)
+    params = sum(p.numel() for p in replica.parameters())
+    ddp = DDP(replica)
+    ddp_opt = configure_optimizer(ddp)
+    one_step(ddp, ddp_opt, cfg.block_size, cfg.vocab_size)
+    saves = Saves(Path(args.dir), sharded, sharded_opt, ddp, ddp_opt)
+    interleave({"ours sharded sync (FSDP)": lambda: saves.ours_sharded("sync"),
+                "ours sharded async (FSDP)": lambda: saves.ours_sharded("async"),
+                "ours async (DDP)": saves.ours_replicated,
+                "DCP async_save (FSDP)": saves.dcp_async}, args.repeats, args.warmup)
+    saves.close()
+    if rank == 0:
+        Path(args.result).write_text(json.dumps({"params": params, "world_size": world, "config": args.config,
+                                                 "warmup": args.warmup, "seconds": saves.seconds}))
+    dist.barrier()
+
+
+if __name__ == "__main__":
+    main()
