@@ -37,6 +37,7 @@ _PEER_MESSAGES = (
     "timed out waiting", "timeout waiting", "wait timeout", "socket timeout", "collective operation timeout",
     "communicator was aborted", "remote process exited", "ncclremoteerror", "ncclsystemerror",
     "horovod has been shut down", "gloo context", "read error", "connection closed",
+    "caused pair closure",  # gloo: "Application timeout caused pair closure" (a frozen peer, gloo's own timeout)
 )
 
 

@@ -118,6 +118,9 @@ def storage(cause: BaseException, url: str = "gs://bkt/job/model/x.pt") -> Stora
      "peer_lost", 129),
     (raised_in("torch.autograd.graph", RuntimeError("[gloo] Connection closed by peer [10.0.0.2]:4242")),
      "peer_lost", 129),  # DDP's all-reduce in the backward pass
+    (raised_in("torch.autograd.graph", RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] "
+                                                    "Application timeout caused pair closure")),
+     "peer_lost", 129),  # a frozen peer seen by gloo's own timeout before the heartbeats name it
     (raised_in("horovod.torch.mpi_ops", RuntimeError("Horovod has been shut down")), "peer_lost", 129),
     (raised_in("entrypoint.pytorch.vote", RuntimeError("Read error [10.0.0.2]:4242")), "peer_lost", 129),
     (raised_in(C10D, ValueError("connection closed by peer")), "user_code", 1),  # a ValueError is never a peer's
