@@ -100,6 +100,8 @@ class Trainer:
     # ---- the loop ----------------------------------------------------------------------------
     def fit(self) -> None:
         """Train for the configured epochs, resuming from the newest committed checkpoint that loads."""
+        if self.ctx.is_chief:  # before the hang watchdog: importing TensorBoard (TensorFlow, where installed) is slow
+            import torch.utils.tensorboard  # noqa: F401
         with self.resilience.running() as guard:
             guard.form_group()
             state, batches, eval_set = self._build()
