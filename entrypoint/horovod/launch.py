@@ -22,6 +22,7 @@ from entrypoint.cluster.placement import Placement, job_world_size, place
 from entrypoint.cluster.topology import ClusterTopology
 from entrypoint.lifecycle.runner import run_process
 from entrypoint.lifecycle.supervisor import Replica, free_ports, run_replicas
+from entrypoint.outputs import logs
 from entrypoint.planning.plan import Plan
 
 log = logging.getLogger("entrypoint.horovod")
@@ -92,7 +93,8 @@ def launch(plan: Plan, ctx: failures.FailureContext) -> int:
     log.info("node %s/%s: %d Horovod process(es), world size %d, rendezvous %s:%d", topo.node_rank,
              topo.num_nodes, nproc, plan.world_size, host, port)
     try:
-        return run_replicas(replicas, label="horovod", grace=plan.options.grace_period).code
+        # the workers' own lines (a user's print() too) pass through here: hide what this node's lines hide
+        return run_replicas(replicas, label="horovod", grace=plan.options.grace_period, secrets=logs.secrets()).code
     finally:
         if server is not None:
             server.shutdown()

@@ -227,6 +227,7 @@ class Supervisor:
 
 
 def run_replicas(replicas: list[Replica], label: str = "local", grace: float = DEFAULT_GRACE_PERIOD,
-                 policy: RestartPolicy = NEVER) -> Outcome:
-    """Start every replica and wait; a signal or a failure the policy does not restart stops the others."""
-    return Supervisor(replicas, label, grace, policy).run()
+                 policy: RestartPolicy = NEVER, secrets: frozenset[str] = frozenset()) -> Outcome:
+    """Start every replica and wait; a signal or a failure the policy does not restart stops the others.
+    ``secrets`` are hidden in every line of their output passed on."""
+    return Supervisor(replicas, label, grace, policy, secrets=secrets).run()

@@ -1,7 +1,9 @@
 """One way to wait for a peer: bounded by a deadline, saying whom it waits for, failing in one format.
 
-Every wait of the entrypoint for another process (the start-up barrier, the chief's store, servers that must
-listen, the exit barrier, a group re-forming, the chief's restart) is a ``Wait``:
+Every bounded wait of the entrypoint's own for another process (the start-up barrier, the chief's store, servers
+that must listen, PyTorch's exit barrier, a group re-forming, the ranks still building, the chief's restart) is a
+``Wait`` (TensorFlow's exit barrier is its coordination service's, bounded by that service; a parameter server
+waiting for the end of training waits as long as training lasts, watching the chief):
 
 - while it waits, it logs ``waiting for <whom>[: <why>]; N s left of --timeout T`` when whom or why changes and
   every ``LOG_EVERY`` seconds;

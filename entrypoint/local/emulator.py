@@ -4,7 +4,7 @@ Each replica gets the CLUSTER_SPEC, TF_CONFIG and AIP_* variables Vertex would s
 pool1 workers, pool2 parameter servers, pool3 evaluators) on free 127.0.0.1 ports, and its own disk
 (a working directory and a temp dir, fresh at every start); its output is prefixed with the replica
 name (and its attempt once restarted); a failed replica is handled as the emulated platform would
-(``restarts.py``: Vertex restarts it in place by default); Ctrl-C and SIGTERM reach every replica
+(``lifecycle/restart_policy.py``: Vertex restarts it in place by default); Ctrl-C and SIGTERM reach every replica
 (each runs in its own process group, its children included).
 
 The cluster is a list of ``Pool``s, so a job spec whose pools run different arguments (or a pool on

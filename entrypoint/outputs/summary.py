@@ -43,7 +43,7 @@ class TrainingSummary:
     ranks: list[int] = field(default_factory=list)
     param_digests: list[str] = field(default_factory=list)  # per rank: equal when replicas are in sync
     details: dict[str, Any] = field(default_factory=dict)  # framework-specific extras
-    recoveries: list[dict[str, Any]] = field(default_factory=list)  # one per resume after a failure (recovery.py)
+    recoveries: list[dict[str, Any]] = field(default_factory=list)  # one per resume after a failure (lost_work.py)
     schema_version: int = SCHEMA_VERSION
 
 

@@ -1,7 +1,7 @@
 """The ``run`` command line (README, "Command line"): its parser, and the ``RunOptions`` it produces.
 
 ``describe`` and ``doctor`` accept the same options; ``local`` reads each pool's grace period with it and the
-job-spec checks (``jobs.rules``, ``jobs.tuning``) validate a spec's arguments with it.
+job-spec checks (``jobs.args``, ``jobs.tuning``) validate a spec's arguments with it.
 """
 
 from __future__ import annotations

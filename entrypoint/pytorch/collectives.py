@@ -72,7 +72,7 @@ class TorchDistributed:
     """torch.distributed (DDP over nccl or gloo); a single process while no group is formed.
 
     ``rank`` and ``world_size`` are the plan's until a group is formed (``form_group``), the group's after;
-    ``drop_group`` abandons a group a lost peer broke (survivors keep training, ``inplace.py``).
+    ``drop_group`` abandons a group a lost peer broke (survivors keep training, ``survivors.py``).
     """
 
     def __init__(self, backend: str, rank: int = 0, world_size: int = 1, timeout: float = 300.0) -> None:

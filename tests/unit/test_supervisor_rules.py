@@ -137,3 +137,11 @@ def test_a_stop_signal_to_the_supervisor_reaches_every_child(signum: int, code: 
     assert [c.exit_code for c in children] == ([137, 143] if signum == signal.SIGTERM else [130, 130])
     assert f"received {signal.Signals(signum).name}: forwarding it to every process" in capsys.readouterr().out
     assert {s: signal.getsignal(s) for s in previous} == previous
+
+
+def test_the_replicas_lines_hide_the_secrets_it_is_given(capfd: pytest.CaptureFixture[str]) -> None:
+    """The Horovod launcher passes its node's secrets: a worker's own print() of one is hidden, as under local."""
+    printer = replica(0, "print('token is s3cr3t-value and repr ' + repr('s3cr3t-value'), flush=True)")
+    assert run_replicas([printer], label="horovod", grace=GRACE, secrets=frozenset({"s3cr3t-value"})).code == 0
+    out = capfd.readouterr().out
+    assert "token is" in out and "s3cr3t-value" not in out, out
