@@ -104,7 +104,7 @@ class HangWatchdog:
 def start_deadline(seconds: float, ctx: failures.FailureContext, failure: failures.Failure) -> Iterator[None]:
     """End this process with ``failure`` (record, last line, exit 142) if the block outlasts ``seconds``."""
     job = {"pid": os.getpid(), "seconds": seconds, "record": failures.make_record(ctx, failure).to_json(),
-           "context": {k: v for k, v in dataclasses.asdict(ctx).items() if k not in ("secrets", "outputs")}}
+           "context": context_json(ctx)}
     watcher = subprocess.Popen([sys.executable, "-m", "entrypoint.lifecycle.watchdog"], stdin=subprocess.PIPE,
                                preexec_fn=signals.child_preexec)
     assert watcher.stdin is not None
@@ -119,12 +119,23 @@ def start_deadline(seconds: float, ctx: failures.FailureContext, failure: failur
         watcher.wait()
 
 
+def context_json(ctx: failures.FailureContext) -> dict[str, Any]:
+    """``ctx`` as JSON values for the watcher process (its secrets and outputs stay here)."""
+    return {k: sorted(v) if isinstance(v, frozenset) else v
+            for k, v in dataclasses.asdict(ctx).items() if k not in ("secrets", "outputs")}
+
+
+def context_of(data: dict[str, Any]) -> failures.FailureContext:
+    """The watcher's ``FailureContext`` back from ``context_json``."""
+    return failures.FailureContext(**{**data, "before": frozenset(data.get("before", ()))})
+
+
 def _watch_start(job: dict[str, Any]) -> int:
     """The watcher: at the deadline, record the parent's failure, print the job's last line, send SIGALRM."""
     pid = int(job["pid"])
     signals.die_with_parent(signal.SIGKILL, expected_parent=pid)
     time.sleep(float(job["seconds"]))
-    ctx = failures.FailureContext(**job["context"])
+    ctx = context_of(job["context"])
     record = FailureRecord.from_json(job["record"])
     assert record is not None
     failures.finish(ctx, record.stamped(), stored=False)

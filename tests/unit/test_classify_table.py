@@ -8,7 +8,9 @@ the type names and ``code`` attributes that ``classify`` reads.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
+import json
 import signal
 
 import pytest
@@ -238,3 +240,13 @@ def test_hang_and_the_start_deadline_are_consequences_with_their_own_codes() -> 
     assert sorted(errors.CONSEQUENCES) == ["hang", "peer_lost"]
     assert (errors.HANG.name, errors.HANG.exit_code) == ("hang", 129)
     assert (errors.START_DEADLINE.name, errors.START_DEADLINE.exit_code) == ("peer_lost", 142)
+
+
+def test_the_start_deadline_watcher_gets_the_whole_failure_context_as_json() -> None:
+    """Every field crosses to the watcher process as JSON (a frozenset once made every TensorFlow start fail)."""
+    from entrypoint.lifecycle.watchdog import context_json, context_of
+
+    ctx = failures.FailureContext(replica="workerpool1-0", rank=1, job_dir="/tmp/job",
+                                  before=frozenset({"a.json", "b.json"}), secrets=frozenset({"hidden"}), step=3)
+    back = context_of(json.loads(json.dumps(context_json(ctx))))
+    assert back == dataclasses.replace(ctx, secrets=frozenset(), outputs=())
