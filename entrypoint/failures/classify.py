@@ -155,18 +155,26 @@ def _os_failure(exc: OSError, outputs: Iterable[str]) -> Failure | None:
 
 
 def _is_peer_failure(exc: BaseException, text: str) -> bool:
-    """A framework's own lost-peer type, or a runtime / OS error out of a collective or the store naming a
-    connection or a timeout (the user's own ``RuntimeError("timed out waiting")`` is the user's)."""
+    """A framework's own lost-peer type, or a runtime / OS error out of a collective or the store (or an error of
+    a type defined there) naming a connection or a timeout (the user's own ``RuntimeError("timed out waiting")``
+    is the user's)."""
     signs = peer_signs()
     types = {(name.split(".", 1)[0], name.rsplit(".", 1)[-1]) for s in signs for name in s.errors}
     if any((c.__module__.split(".", 1)[0], c.__name__) in types for c in type(exc).__mro__):
         return True
-    if not isinstance(exc, (RuntimeError, OSError)):
+    modules = [m for s in signs for m in s.modules]
+    # the framework's own error types (TensorFlow's ClosureInputError wrapping a refused connection) count as
+    # raised where its collectives run, wherever their last frame is
+    own = _within(type(exc).__module__, modules)
+    if not own and not isinstance(exc, (RuntimeError, OSError)):
         return False
-    where = raised_in(exc)
-    inside = any(where == m or where.startswith(m + ".") for s in signs for m in s.modules)
+    inside = own or _within(raised_in(exc), modules)
     lowered = text.lower()
     return inside and any(m in lowered for m in _PEER_MESSAGES)
+
+
+def _within(module: str, packages: Iterable[str]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in packages)
 
 
 def raised_in(exc: BaseException) -> str:

@@ -89,4 +89,7 @@ FRAMEWORK = Framework(
     # a worker or server gone, a collective that timed out (tf.errors' types, whatever module defines them)
     peer_errors=("tensorflow.errors.DeadlineExceededError", "tensorflow.errors.UnavailableError",
                  "tensorflow.errors.AbortedError"),
+    # where its collectives, its coordinator and its eager remote calls run (their own types too: a coordinator's
+    # ClosureInputError over a refused connection is a lost peer, one over the user's dataset error is not)
+    peer_modules=("tensorflow.python.distribute", "tensorflow.python.eager", "tensorflow.python.framework.errors_impl"),
 )

@@ -68,6 +68,13 @@ class UnavailableError(Exception):
     """A user's class named like TensorFlow's: not TensorFlow's (its package is the user's)."""
 
 
+class ClosureInputError(Exception):
+    """Stands in for TensorFlow's coordinator error wrapping another (a type defined where its collectives run)."""
+
+
+ClosureInputError.__module__ = "tensorflow.python.distribute.coordinator.cluster_coordinator"
+
+
 def raised_in(module: str, exc: BaseException) -> BaseException:
     """``exc`` as raised by code of ``module`` (a collective's, the store's, the user's): where it happened."""
     namespace: dict[str, object] = {"__name__": module}
@@ -133,6 +140,14 @@ def storage(cause: BaseException, url: str = "gs://bkt/job/model/x.pt") -> Stora
     (raised_in("requests.adapters", TimeoutError("timed out waiting")), "user_code", 1),
     (TimeoutError("Timed out waiting for the store"), "user_code", 1),  # nowhere known: not a peer's
     (raised_in("trainer.task", UnavailableError("a class named like TensorFlow's")), "user_code", 1),
+    # the coordinator's wrapper, raised back in the user's callback: a refused connection is a lost peer (a ps or
+    # worker restarting), the user's own dataset error is the user's
+    (raised_in("trainer.task", ClosureInputError("Input has an error, the original exception is InternalError(), "
+                                                 "error message is failed to connect to all addresses; last error: "
+                                                 "UNKNOWN: ipv4:127.0.0.1:26294: Failed to connect to remote host: "
+                                                 "Connection refused")), "peer_lost", 129),
+    (raised_in("trainer.task", ClosureInputError("Input has an error, the original exception is ValueError('bad "
+                                                 "row 7')")), "user_code", 1),
     # signals
     (KeyboardInterrupt(), "signal", 130),
     # the object store (StorageError's cause decides)
