@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -21,6 +22,13 @@ CLUSTER_VARS = tuple(
     sorted({v for n in dir(envvars) if n.isupper() and isinstance(v := getattr(envvars, n), str)}
            | {"ROLE_RANK", "ROLE_WORLD_SIZE"})
 )
+
+
+# A suite started in the background of a non-interactive shell (make -j, nohup, CI) inherits SIGINT ignored, and
+# so would every process a test starts: a Python child (the GCS emulator) then never sees Ctrl-C and keeps serving
+# after a test "stopped" it. Tests send SIGINT as a user's Ctrl-C would reach a foreground job: restore its default.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _cluster_names() -> list[str]:
