@@ -2,9 +2,12 @@
 
 ``model.safetensors`` is the format users load with ``safetensors.torch.load_file`` and transformers. It is
 written by streaming: the header (every tensor's name, dtype, shape and offsets) is known from the state dict's
-global shapes before any data moves, then each tensor is gathered in turn (``DTensor.full_tensor()``: a
-collective every rank joins in the same order) and the chief appends its bytes. No process ever holds more
-than the largest tensor plus the write buffer: a sharded model is never gathered whole on one rank.
+global shapes before any data moves, then the tensors follow in turn, every rank taking part in the same order.
+A tensor sharded on its first dimension (FSDP, and HSDP's first replica) is written shard by shard: its bytes are
+its shards' bytes in mesh order, so the chief writes its own shard, then receives each other rank's and appends it
+(point to point), holding at most one shard beside the write buffer. Any other tensor is gathered whole
+(``DTensor.full_tensor()``, or the tensor itself when replicated) and appended. A sharded model is never gathered
+whole on one rank, and the chief's host memory grows by at most the largest shard (or unsharded tensor).
 
 A replicated model (DDP, Horovod, one process) also keeps ``model.pt`` (the whole module) and
 ``state_dict.pt``. A module's own ``export(model, model_dir, ctx)`` hook replaces all of this (on the chief for a
@@ -56,20 +59,87 @@ def _full(value: torch.Tensor) -> torch.Tensor:
     return full.detach().contiguous().cpu()
 
 
+def _bytes(value: torch.Tensor) -> Any:
+    """A contiguous host tensor's bytes, as a buffer (no copy)."""
+    return value.reshape(-1).view(torch.uint8).numpy().data if value.numel() else b""
+
+
+def row_shards(value: Any) -> list[int] | None:
+    """For a ``DTensor`` sharded on dimension 0 over one mesh dimension (replicated over any other): the global ranks
+    holding the first replica's shards, in shard order; None for any other tensor or layout."""
+    placements = getattr(value, "placements", None)
+    if placements is None or value.dim() == 0:
+        return None
+    from torch.distributed.tensor import Replicate, Shard
+
+    sharded = [i for i, p in enumerate(placements) if isinstance(p, Shard)]
+    if len(sharded) != 1 or placements[sharded[0]].dim != 0 or \
+            not all(isinstance(p, (Shard, Replicate)) for p in placements):
+        return None
+    grid = value.device_mesh.mesh
+    first = tuple(slice(None) if i == sharded[0] else 0 for i in range(grid.dim()))
+    return [int(r) for r in grid[first].reshape(-1).tolist()]
+
+
+def shard_rows(total: int, shards: int, index: int) -> int:
+    """Rows of shard ``index`` of ``total`` rows cut in ``shards`` (``torch.chunk``'s cut, as FSDP2's and DTensor's)."""
+    size = -(-total // shards) if shards else 0
+    return max(0, min(total, (index + 1) * size) - index * size)
+
+
+def _stream_rows(value: Any, ranks: list[int], out: IO[bytes] | None) -> None:
+    """A row-sharded tensor, shard by shard: the writer (``ranks[0]``) appends its own, then each other's in turn."""
+    import torch.distributed as dist
+
+    me = dist.get_rank()
+    if me not in ranks:
+        return  # another replica's copy (HSDP): the first one is written
+    local = value.to_local().detach()
+    total, count = int(value.shape[0]), len(ranks)
+    index = ranks.index(me)
+    if int(local.shape[0]) != shard_rows(total, count, index):
+        raise RuntimeError(f"shard {index} of a tensor of {total} rows has {local.shape[0]} rows, not "
+                           f"{shard_rows(total, count, index)}: not the torch.chunk layout the export streams")
+    if index > 0:
+        if local.numel():
+            dist.send(local.contiguous(), dst=ranks[0])
+        return
+    if out is not None:
+        out.write(_bytes(local.contiguous().cpu()))
+    for other in range(1, count):
+        rows = shard_rows(total, count, other)
+        if rows == 0:
+            continue
+        shard = torch.empty((rows, *value.shape[1:]), dtype=local.dtype, device=local.device)
+        dist.recv(shard, src=ranks[other])
+        if out is not None:
+            out.write(_bytes(shard.cpu()))
+        del shard
+
+
+def _append(value: Any, out: IO[bytes] | None, writer_rank: int) -> None:
+    """One tensor's bytes appended by the writer; every rank calls this for every tensor, in the same order."""
+    ranks = row_shards(value)
+    if ranks is not None and ranks[0] == writer_rank:
+        _stream_rows(value, ranks, out)
+        return
+    full = _full(value)
+    if out is not None:
+        out.write(_bytes(full))
+
+
 def write_safetensors(state: dict[str, torch.Tensor], target: Location, writer: bool) -> None:
     """Stream ``state`` into ``target`` one tensor at a time; every rank calls this, only the ``writer`` writes."""
     entries = [(name, value.dtype, tuple(value.shape)) for name, value in state.items()]
     out: IO[bytes] | None = None
+    writer_rank = _writer_rank(state, writer)
     try:
         if writer:
             target.parent.mkdir(parents=True, exist_ok=True)
             out = target.open("wb")
             out.write(safetensors_header(entries))
-        for name, value in state.items():
-            full = _full(value)
-            if out is not None:
-                out.write(full.view(torch.uint8).numpy().data if full.numel() else b"")
-            del full, name
+        for value in state.values():
+            _append(value, out, writer_rank)
         if out is not None:
             out.close()
             out = None
@@ -79,6 +149,16 @@ def write_safetensors(state: dict[str, torch.Tensor], target: Location, writer: 
         if writer:
             target.unlink(missing_ok=True)
         raise output_error(exc, target) from None
+
+
+def _writer_rank(state: dict[str, torch.Tensor], writer: bool) -> int:
+    """The writer's global rank: the chief, rank 0 in every loop (shards stream to it)."""
+    if writer and any(row_shards(v) is not None for v in state.values()):
+        import torch.distributed as dist
+
+        if dist.get_rank() != 0:
+            raise RuntimeError(f"the export's writer is rank {dist.get_rank()}; sharded tensors stream to rank 0")
+    return 0
 
 
 def export_model(model: torch.nn.Module, model_dir: Location, custom: Callable[..., Any] | None, ctx: Any,

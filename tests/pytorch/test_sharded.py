@@ -253,3 +253,19 @@ def test_sharded_checkpoints_and_the_export_go_to_gcs_and_a_restart_resumes_from
     local = tmp_path / "model.safetensors"
     local.write_bytes(RemotePath(f"{out}/model/model.safetensors").read_bytes())
     assert "tok.weight" in safetensors_torch.load_file(str(local))
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_the_export_streams_uneven_shards_into_the_same_bytes_as_the_whole_state(tmp_path: Path, world: int) -> None:
+    """Rows no world divides (10, 7, 1): each shard streamed to rank 0 in mesh order gives the full tensors."""
+    proc = entrypoint("run", "--framework", "pytorch", "--script", "tests/pytorch/export_shards_script.py",
+                      "--nproc-per-node", str(world), "--job-dir", str(tmp_path / "job"), "--timeout", "120", "--",
+                      str(tmp_path))
+    assert proc.returncode == 0, failure_text(proc)
+    exported = safetensors_torch.load_file(str(tmp_path / "model.safetensors"))
+    full = torch.load(tmp_path / "full.pt")
+    assert sorted(exported) == sorted(full)
+    for name, value in full.items():
+        assert torch.equal(exported[name], value), name
+    streamed = (tmp_path / "streamed.txt").read_text().split()
+    assert "0.weight" in streamed and "1.weight" in streamed and "scale" not in streamed, streamed
