@@ -100,7 +100,8 @@ class Trainer:
     # ---- the loop ----------------------------------------------------------------------------
     def fit(self) -> None:
         """Train for the configured epochs, resuming from the newest committed checkpoint that loads."""
-        if self.ctx.is_chief:  # before the hang watchdog: importing TensorBoard (TensorFlow, where installed) is slow
+        if self.ctx.is_chief:  # before the hang watchdog starts; TensorBoard's own file layer (fsspec) as in the
+            storage.tensorboard_through_fsspec()  # PyTorch image, never TensorFlow's where it is installed (Horovod)
             import torch.utils.tensorboard  # noqa: F401
         with self.resilience.running() as guard:
             guard.form_group()
@@ -298,8 +299,6 @@ class Trainer:
         ctx = self.ctx
         if not ctx.is_chief:
             return
-        if isinstance(ctx.tensorboard_dir, storage.RemotePath):
-            storage.tensorboard_through_fsspec()
         from torch.utils.tensorboard import SummaryWriter
 
         self.writer = SummaryWriter(str(ctx.tensorboard_dir))
