@@ -20,12 +20,14 @@ TEST_JOBS ?= 8
 # Run alone (make test-pytorch), a tier also streams its output; make test turns that off (tiers side by side).
 TIER_STREAM ?= --stream
 TIER = $(PYTHON) tests/tiers.py run --log-dir $(LOG_DIR) $(TIER_STREAM)
-# pytest-xdist workers inside each tier (0: none, the tests run in pytest's own process).
+# pytest-xdist workers inside each tier (0: none, the tests run in pytest's own process). Tests go to a worker one at
+# a time as it frees up (--maxschedchunk 1): xdist's default hands each worker a quarter of its share at once, and
+# the multi-process tests, collected first, all went to the first worker, one after another (docs/testing.md).
 XDIST_PYTORCH ?= 3
 XDIST_TENSORFLOW ?= 2
 XDIST_HOROVOD ?= 2
 XDIST_CONTAINERS ?= 2
-xdist = $(if $(filter-out 0,$(1)),-n $(1))
+xdist = $(if $(filter-out 0,$(1)),-n $(1) --maxschedchunk 1)
 # make test: at most this many multi-process tests (markers slow, containers) at once across all tiers and workers
 # (tests/slots.py); the workers' unit tests run beside them. A tier run alone has no limit.
 TEST_SLOTS ?= 3
