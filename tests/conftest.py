@@ -58,7 +58,8 @@ PYTHON = sys.executable
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Multi-process (``slow``) tests first, each group in its usual order: with pytest-xdist (`make test`) the long
-    ones start at once and the many short unit tests fill the workers' gaps at the end, instead of one long test
-    starting last and running alone. The same order on every worker, as xdist requires."""
+    """Multi-process (``slow``) tests first, each group in its usual order: with pytest-xdist handing out one test at
+    a time (`make test` passes ``--maxschedchunk 1``; xdist's default chunks would give them all to the first
+    worker) the long ones start at once and the many short unit tests fill the workers' gaps at the end, instead of
+    one long test starting last and running alone. The same order on every worker, as xdist requires."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
