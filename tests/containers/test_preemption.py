@@ -1,7 +1,7 @@
 """`podman stop` (docker stop) on a training container: the preemption path through tini.
 
 tini (PID 1) passes SIGTERM to its child's process group, the trainer stops and the container exits 143 within
-seconds, long before the stop timeout would SIGKILL it (137); the chief saves a committed checkpoint at the
+seconds, before the stop timeout would SIGKILL it (137); the chief saves a committed checkpoint at the
 step where it stopped, and the restarted container resumes from exactly there.
 
 Shell wrappers that do not `exec` the entrypoint, run by a command that runs tini itself (`tini -- bash -c
@@ -72,8 +72,9 @@ def test_sigterm_reaches_the_trainer_through_tini(engine: Any, built: Any, tmp_p
     with started(training(engine, built("pytorch"), volume), logs=tmp_path) as (job,):
         job.wait_for_output(PROGRESS)
         code, seconds = stop(engine, job)
-        assert code == 143, job.tail()  # SIGTERM: 128 + 15 (a SIGKILL after the timeout would be 137)
-        assert seconds < STOP_TIMEOUT / 2, f"stop took {seconds:.1f} s: SIGTERM did not end the trainer"
+        # SIGTERM ended it: 128 + 15. A SIGKILL at the stop timeout would be 137, so the code alone tells the two
+        # apart; how long the save took is no test of that (19.9 s in a CI run with five tiers beside it).
+        assert code == 143, f"exit {code} after {seconds:.1f} s of the {STOP_TIMEOUT} s stop timeout\n{job.tail()}"
         after = state(engine, job)
         assert (after["Running"], after["ExitCode"]) == (False, 143)  # no process of it is left
         assert not (volume / "model" / "training_summary.json").exists()  # stopped before the end
