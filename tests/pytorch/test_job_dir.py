@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -70,14 +69,14 @@ def test_a_second_job_on_a_live_jobs_job_dir_is_refused_at_once(tmp_path: Path) 
     first = Job(*run_args(tmp_path, "--epochs", "1", "--checkpoint-every", "4", "--", "--step-sleep", "0.15"))
     try:
         first.wait_for("checkpoint ckpt-00000004 committed")
-        started = time.monotonic()
         second = entrypoint(*run_args(tmp_path, "--epochs", "1", "--checkpoint-every", "4", "--", "--lr", "0.01",
                                       "--hidden", "128"), timeout=120)
-        took = time.monotonic() - started
         assert first.proc.poll() is None, "the first job ended before the second one was answered"
         lines = [line for line in second.stderr.splitlines() if line.strip()]
         assert second.returncode == 2, f"the second job ran on the live job's dir:\n{failure_text(second)}"
-        assert took < 20, f"refused only after {took:.0f} s"
+        # At once: a holder on this host is alive or not by its pid, never watched for the lease's staleness (a
+        # wall clock would also count this process's start, which is what a loaded machine makes slow).
+        assert "watching up to" not in second.stdout + second.stderr, failure_text(second)
         assert lines and str(tmp_path) in lines[-1] and re.search(r"in use by another live job", lines[-1]), lines[-1:]
         assert "training" not in second.stdout.lower(), second.stdout[-2000:]  # refused before training
         assert first.wait(120) == 0, first.output()[-3000:]
