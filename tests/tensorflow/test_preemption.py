@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from entrypoint.failures.records import read_records
+from entrypoint.options import DEFAULT_GRACE_PERIOD
 from entrypoint.outputs.checkpoints import committed, read_marker
 from tests.conftest import PYTHON, ROOT
 from tests.tensorflow.runs import (
@@ -27,7 +28,9 @@ from tests.tensorflow.runs import (
 )
 
 pytestmark = pytest.mark.tensorflow
-SIGNAL_TO_EXIT = 15.0  # seconds: the target for the examples on this machine (measured 1.2-7.2 s)
+# Seconds from SIGTERM to the job's exit: within the grace period before the platform's SIGKILL (which would make the
+# exit 137, not 143), plus the launcher's own teardown. Quiet, the examples take 1.2-7.2 s; under load much longer.
+SIGNAL_TO_EXIT = DEFAULT_GRACE_PERIOD + 10
 
 
 def test_private_tf_keras_and_tensorflow_names_still_work(tmp_path: Path) -> None:
