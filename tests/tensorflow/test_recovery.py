@@ -87,7 +87,14 @@ def test_parameter_server_survives_a_lost_replica(tmp_path: Path, victim: str) -
         assert re.search(r"\[workerpool0-0\] entrypoint: .*peer_lost.*lost workerpool2\[0\] "
                          r"\(127\.0\.0\.1:\d+\) .*during training", output), output[-3000:]
         assert re.search(r"\[local\] workerpool0-0 exited (129|137) \(retryable\): restart 1 of 5", output)
-        assert "after 2 replica restart(s)" in output
+        # The restarted chief's first closures can fail once more: a worker that kept dialing the dead chief is
+        # still in gRPC's reconnect backoff when the new one dispatches, and TensorFlow turns that UnavailableError
+        # into an InternalError its coordinator does not retry (seen under load). The chief restarts again and
+        # resumes; nothing but the chief and the ps ever restarts.
+        restarted = re.findall(r"\[local\] (\S+) exited \d+ \(retryable\): restart", output)
+        chief_restarts = restarted.count("workerpool0-0")
+        assert sorted(restarted) == ["workerpool0-0"] * chief_restarts + ["workerpool2-0"], output[-3000:]
+        assert f"after {1 + chief_restarts} replica restart(s)" in output
     else:  # a worker or the evaluator: the coordinator carries on while the replica restarts and serves again
         assert "[local] workerpool0-0 exited" not in output, output[-3000:]
         assert "after 1 replica restart(s)" in output
