@@ -120,6 +120,9 @@ class Framework:
     image: str | None = None  # its image, images/<image>/Dockerfile (``.../<image>:tag``, ``<image>-cpu``)
     cuda_major: int | None = None  # the CUDA major version its GPU image is built on (docs/images.md)
     kubeflow_kinds: tuple[str, ...] = ()  # job kubeflow --kind values that run it, the first one the default
+    # Its hooks loop's collectives form again among the survivors of a lost node, who keep training
+    # (``--recovery in-place``; torch.distributed's do, Horovod's need Horovod's own elastic mode).
+    survivors_regroup: bool = False
 
     @property
     def label(self) -> str:

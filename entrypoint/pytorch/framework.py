@@ -98,6 +98,7 @@ FRAMEWORK = Framework(
     image="pytorch",
     cuda_major=CUDA_MAJOR,
     kubeflow_kinds=("pytorchjob", "trainjob"),
+    survivors_regroup=True,
     peer_errors=PEER_ERRORS,
     peer_modules=PEER_MODULES,
 )

@@ -31,6 +31,7 @@ from entrypoint.outputs.hypertune import MetricReporter
 from entrypoint.outputs.locations import ensure_writable, local_path
 from entrypoint.outputs.progress import Progress
 from entrypoint.outputs.summary import TrainingSummary, write_summary
+from entrypoint.planning import registry
 from entrypoint.planning.plan import Plan
 from entrypoint.planning.usercode import load_hooks, module_default, parse_user_args
 from entrypoint.pytorch import parallel
@@ -152,7 +153,8 @@ class Trainer:
         choice = parallel.choose(self.plan.strategy, opts.strategy is not None,
                                  sum(p.numel() for p in model.parameters()),
                                  parallel.device_memory(ctx.device, placed.local_world_size), ctx.world_size,
-                                 max(topo.num_nodes, 1), placed.local_world_size, self.plan.framework)
+                                 max(topo.num_nodes, 1), placed.local_world_size, self.plan.framework,
+                                 "fsdp" in registry.get(self.plan.framework).strategies)
         if ctx.is_chief:
             log.info("strategy %s: %s", choice.name, choice.reason)
         compiled = bool(opts.framework_option("compile", False))

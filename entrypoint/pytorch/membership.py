@@ -28,6 +28,7 @@ from typing import Any
 
 from entrypoint.errors import PeerError
 from entrypoint.lifecycle.waiting import LOG_EVERY, Wait
+from entrypoint.planning import registry
 from entrypoint.pytorch.framework import RECOVERY_DEFAULT
 from entrypoint.pytorch.store import job_run_id
 
@@ -227,7 +228,7 @@ def applies(plan: Any) -> bool:
     processes placed by our launcher (not by the platform's own torchrun), a replicated model (a sharded one
     restarts from its checkpoint: a lost rank takes its shards with it)."""
     topo, recovery = plan.topology, plan.options.framework_option("recovery", RECOVERY_DEFAULT)
-    return bool(plan.framework == "pytorch" and recovery == "in-place" and topo.num_nodes >= 2
+    return bool(registry.get(plan.framework).survivors_regroup and recovery == "in-place" and topo.num_nodes >= 2
                 and plan.strategy not in ("fsdp", "hsdp")
                 and topo.chief_host_port() is not None and not topo.processes_started_externally
                 and plan.require_code().kind == "hooks")

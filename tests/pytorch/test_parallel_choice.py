@@ -31,15 +31,16 @@ GIB = 2**30
 ])
 def test_the_default_is_ddp_while_the_state_fits_half_a_device(parameters: int, memory: int, nodes: int, local: int,
                                                                expected: str) -> None:
-    choice = parallel.choose("ddp", False, parameters, memory, nodes * local, nodes, local, "pytorch")
+    choice = parallel.choose("ddp", False, parameters, memory, nodes * local, nodes, local, "pytorch", True)
     assert choice.name == expected and "GiB" in choice.reason
 
 
 def test_a_forced_strategy_wins_and_a_single_process_has_nothing_to_shard() -> None:
-    assert parallel.choose("fsdp", True, 10, 80 * GIB, 2, 1, 2, "pytorch") == parallel.Choice("fsdp", "--strategy fsdp")
-    assert parallel.choose("ddp", True, 10**12, GIB, 2, 1, 2, "pytorch").name == "ddp"
-    assert parallel.choose("fsdp", True, 10, GIB, 1, 1, 1, "pytorch").name == "default"
-    assert parallel.choose("horovod", False, 10**12, GIB, 2, 2, 1, "horovod").name == "horovod"
+    forced = parallel.choose("fsdp", True, 10, 80 * GIB, 2, 1, 2, "pytorch", True)
+    assert forced == parallel.Choice("fsdp", "--strategy fsdp")
+    assert parallel.choose("ddp", True, 10**12, GIB, 2, 1, 2, "pytorch", True).name == "ddp"
+    assert parallel.choose("fsdp", True, 10, GIB, 1, 1, 1, "pytorch", True).name == "default"
+    assert parallel.choose("horovod", False, 10**12, GIB, 2, 2, 1, "horovod", False).name == "horovod"
 
 
 def test_the_default_units_are_the_repeated_blocks_and_a_hook_naming_others_is_one_line() -> None:
