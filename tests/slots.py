@@ -36,26 +36,53 @@ def is_heavy(item: pytest.Item) -> bool:
     return any(item.get_closest_marker(name) is not None for name in HEAVY_MARKERS)
 
 
-@contextlib.contextmanager
-def slot(folder: Path, count: int) -> Iterator[float]:
-    """Hold one of ``count`` slots (lock files in ``folder``); yields how long the wait took."""
-    folder.mkdir(parents=True, exist_ok=True)
-    began = time.monotonic()
+def _lock(path: Path, block: bool) -> int | None:
+    """An open descriptor holding an exclusive lock on ``path``; None when ``block`` is off and it is taken."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | (0 if block else fcntl.LOCK_NB))
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _unlock(fd: int) -> None:
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    os.close(fd)
+
+
+def _free_slot(folder: Path, count: int) -> int:
+    """Poll until one of the ``count`` slot locks is free; the descriptor holding it."""
     while True:
         for index in range(count):
-            fd = os.open(folder / f"slot-{index}", os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                os.close(fd)
-                continue
-            try:
-                yield time.monotonic() - began
-            finally:
-                fcntl.flock(fd, fcntl.LOCK_UN)
-                os.close(fd)
-            return
+            if (fd := _lock(folder / f"slot-{index}", block=False)) is not None:
+                return fd
         time.sleep(POLL)
+
+
+@contextlib.contextmanager
+def slot(folder: Path, count: int) -> Iterator[float]:
+    """Hold one of ``count`` slots (lock files in ``folder``); yields how long the wait took.
+
+    Only the holder of the ``queue`` lock looks for a free slot, and it lets the queue go once it has one. So a
+    process that gives a slot back and wants the next one queues behind those already waiting: without the queue it
+    took its slot back before any poller woke, and a tier that started late (the jobs tier, one process) waited
+    until the others ran out of multi-process tests. (A killed process gives back what it held: the locks go with
+    its descriptors.)
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    began = time.monotonic()
+    queue = _lock(folder / "queue", block=True)
+    assert queue is not None
+    try:
+        held = _free_slot(folder, count)
+    finally:
+        _unlock(queue)
+    try:
+        yield time.monotonic() - began
+    finally:
+        _unlock(held)
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)  # outermost: the wait is not part of the test's timeout

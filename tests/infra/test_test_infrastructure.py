@@ -85,4 +85,24 @@ def test_one_slot_is_held_by_one_test_at_a_time(tmp_path: Path) -> None:
     for thread in threads:
         thread.join(timeout=30)
     assert overlaps == [1, 1, 1]
-    assert sorted(os.listdir(tmp_path)) == ["slot-0"]
+    assert sorted(os.listdir(tmp_path)) == ["queue", "slot-0"]
+
+
+def test_a_test_giving_its_slot_back_queues_behind_one_already_waiting(tmp_path: Path) -> None:
+    order: list[str] = []
+    waiting = threading.Event()
+
+    def waiter() -> None:
+        waiting.set()
+        with slots.slot(tmp_path, 1):
+            order.append("waiter")
+
+    with slots.slot(tmp_path, 1):  # the first test of a busy tier
+        thread = threading.Thread(target=waiter)
+        thread.start()
+        waiting.wait(10)
+        time.sleep(3 * slots.POLL)  # the waiter holds the queue and polls for the slot
+    with slots.slot(tmp_path, 1):  # the same tier's next test, asking again at once
+        order.append("next")
+    thread.join(timeout=30)
+    assert order == ["waiter", "next"]
