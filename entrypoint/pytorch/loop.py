@@ -153,8 +153,7 @@ class Trainer:
         choice = parallel.choose(self.plan.strategy, opts.strategy is not None,
                                  sum(p.numel() for p in model.parameters()),
                                  parallel.device_memory(ctx.device, placed.local_world_size), ctx.world_size,
-                                 max(topo.num_nodes, 1), placed.local_world_size, self.plan.framework,
-                                 "fsdp" in registry.get(self.plan.framework).strategies)
+                                 max(topo.num_nodes, 1), placed.local_world_size, registry.get(self.plan.framework))
         if ctx.is_chief:
             log.info("strategy %s: %s", choice.name, choice.reason)
         compiled = bool(opts.framework_option("compile", False))

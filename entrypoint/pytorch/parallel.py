@@ -28,6 +28,7 @@ import torch.distributed as dist
 from torch import nn
 
 from entrypoint.errors import ConfigError
+from entrypoint.planning.registry import Framework
 from entrypoint.pytorch.defaults import param_digest
 
 log = logging.getLogger("entrypoint.pytorch")
@@ -59,16 +60,16 @@ def device_memory(device: torch.device, local_world_size: int) -> int:
 
 
 def choose(planned: str, forced: bool, parameters: int, memory: int, world_size: int, num_nodes: int,
-           local_world_size: int, framework: str, shards: bool) -> Choice:
+           local_world_size: int, framework: Framework) -> Choice:
     """The strategy for ``parameters`` on devices of ``memory`` bytes: ``planned`` when forced, else by size
-    (between replicated and sharded where the ``framework`` ``shards``: it offers FSDP)."""
+    (between replicated and sharded where the ``framework`` offers FSDP)."""
     need = parameters * BYTES_PER_PARAMETER
     words = f"{parameters / 1e6:,.1f}M parameters need {need / 2**30:.1f} GiB for weights, gradients and Adam state"
     if world_size == 1 and planned in SHARDED:
         return Choice("default", f"--strategy {planned} on a single process: nothing to shard")
-    if forced or world_size == 1 or not shards:
+    if forced or world_size == 1 or "fsdp" not in framework.strategies:
         return Choice(planned, f"--strategy {planned}" if forced else ("a single process" if world_size == 1 else
-                                                                         f"{framework}: replicated"))
+                                                                         f"{framework.name}: replicated"))
     fits = need <= FIT_FRACTION * memory
     if fits:
         return Choice("ddp", f"{words}, within half of one device's {memory / 2**30:.1f} GiB: DDP")

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from entrypoint.errors import ConfigError
+from entrypoint.planning import registry
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.pytorch
@@ -19,6 +20,7 @@ from entrypoint.pytorch.data import EpochSampler  # noqa: E402
 from entrypoint.pytorch.export import write_safetensors  # noqa: E402
 from trainers.gpt_torch import GPT  # noqa: E402
 
+PYTORCH, HOROVOD = registry.get("pytorch"), registry.get("horovod")
 GIB = 2**30
 
 
@@ -31,16 +33,16 @@ GIB = 2**30
 ])
 def test_the_default_is_ddp_while_the_state_fits_half_a_device(parameters: int, memory: int, nodes: int, local: int,
                                                                expected: str) -> None:
-    choice = parallel.choose("ddp", False, parameters, memory, nodes * local, nodes, local, "pytorch", True)
+    choice = parallel.choose("ddp", False, parameters, memory, nodes * local, nodes, local, PYTORCH)
     assert choice.name == expected and "GiB" in choice.reason
 
 
 def test_a_forced_strategy_wins_and_a_single_process_has_nothing_to_shard() -> None:
-    forced = parallel.choose("fsdp", True, 10, 80 * GIB, 2, 1, 2, "pytorch", True)
+    forced = parallel.choose("fsdp", True, 10, 80 * GIB, 2, 1, 2, PYTORCH)
     assert forced == parallel.Choice("fsdp", "--strategy fsdp")
-    assert parallel.choose("ddp", True, 10**12, GIB, 2, 1, 2, "pytorch", True).name == "ddp"
-    assert parallel.choose("fsdp", True, 10, GIB, 1, 1, 1, "pytorch", True).name == "default"
-    assert parallel.choose("horovod", False, 10**12, GIB, 2, 2, 1, "horovod", False).name == "horovod"
+    assert parallel.choose("ddp", True, 10**12, GIB, 2, 1, 2, PYTORCH).name == "ddp"
+    assert parallel.choose("fsdp", True, 10, GIB, 1, 1, 1, PYTORCH).name == "default"
+    assert parallel.choose("horovod", False, 10**12, GIB, 2, 2, 1, HOROVOD).name == "horovod"
 
 
 def test_the_default_units_are_the_repeated_blocks_and_a_hook_naming_others_is_one_line() -> None:
