@@ -179,7 +179,8 @@ class Membership:
             if self.store.check([self._key(f"g{target}", "here", rank)]):
                 continue
             joins, accepted = self._count("joins", rank), int(self._get("accepted", rank) or 0)
-            if joins > accepted:
+            # a replacement counts itself in, then writes its fingerprint: it has joined once both are there
+            if joins > accepted and self.store.check([self._key("join", rank, joins)]):
                 joiners[rank] = joins
             else:
                 missing.append(rank)
