@@ -23,7 +23,7 @@ TIER = $(PYTHON) tests/tiers.py run --log-dir $(LOG_DIR) $(TIER_STREAM)
 # pytest-xdist workers inside each tier (0: none, the tests run in pytest's own process). Tests go to a worker one at
 # a time as it frees up (--maxschedchunk 1): xdist's default hands each worker a quarter of its share at once, and
 # the multi-process tests, collected first, all went to the first worker, one after another (docs/testing.md).
-XDIST_PYTORCH ?= 3
+XDIST_PYTORCH ?= 5
 XDIST_TENSORFLOW ?= 2
 XDIST_HOROVOD ?= 2
 XDIST_CONTAINERS ?= 2
@@ -31,6 +31,9 @@ xdist = $(if $(filter-out 0,$(1)),-n $(1) --maxschedchunk 1)
 # make test: at most this many multi-process tests (markers slow, containers) at once across all tiers and workers
 # (tests/slots.py); the workers' unit tests run beside them. A tier run alone has no limit.
 TEST_SLOTS ?= 3
+# and this many more while the machine has idle CPU (tests/slots.py): once the other tiers have ended, the PyTorch
+# tier's tests, which mostly wait on their jobs, used one core of two
+TEST_SLOTS_EXTRA ?= 2
 TIMED_LABEL ?= make test
 
 .DEFAULT_GOAL := help
@@ -125,7 +128,7 @@ test-jobs: venv-jobs
 # container tests after their images. Nothing is built twice.
 test:
 	@mkdir -p $(LOG_DIR); since=$$(date +%s); status=0; \
-	rm -rf $(LOG_DIR)/slots; export TEST_SLOTS=$(TEST_SLOTS) TEST_SLOTS_DIR=$(abspath $(LOG_DIR))/slots; \
+	rm -rf $(LOG_DIR)/slots; export TEST_SLOTS=$(TEST_SLOTS) TEST_SLOTS_EXTRA=$(TEST_SLOTS_EXTRA) TEST_SLOTS_DIR=$(abspath $(LOG_DIR))/slots; \
 	$(MAKE) --no-print-directory -k -j$(TEST_JOBS) TIER_STREAM= test-tiers || status=$$?; \
 	echo "make test: $$([ $$status -eq 0 ] && echo passed || echo FAILED) (logs in $(LOG_DIR)/):"; \
 	$(PYTHON) tests/tiers.py table --log-dir $(LOG_DIR) --since $$since; exit $$status

@@ -8,6 +8,11 @@ test first takes one of ``TEST_SLOTS`` slots, lock files in ``TEST_SLOTS_DIR`` s
 run, and gives it back when it ends (a killed process gives it back too: the lock goes with its file descriptor). The
 wait happens before pytest-timeout starts the test's clock. Without ``TEST_SLOTS`` (a tier run alone, an IDE)
 nothing is limited.
+
+``TEST_SLOTS_EXTRA`` more slots open only while the machine has idle CPU (at least ``IDLE_CORES`` of a core idle over
+the last ``WINDOW`` seconds, every process counted, one extra test started per ``COOLDOWN``): the base slots are
+sized for the start of `make test`, when every tier runs; once the others have ended, the PyTorch tier's tests, which
+mostly wait on their jobs, used one core of two.
 """
 
 from __future__ import annotations
@@ -23,13 +28,37 @@ import pytest
 
 HEAVY_MARKERS = ("slow", "containers")
 POLL = 0.2  # seconds between tries while every slot is taken
+IDLE_CORES = 0.75  # an extra slot opens when at least this much of a core was idle over the last WINDOW
+WINDOW = 3.0  # seconds
+COOLDOWN = 10.0  # seconds between two extra slots handed out (a test's processes take that long to get going)
+
+
+def _count(variable: str) -> int:
+    try:
+        return max(0, int(os.environ.get(variable, "0")))
+    except ValueError:
+        return 0
 
 
 def slot_count() -> int:
-    try:
-        return max(0, int(os.environ.get("TEST_SLOTS", "0")))
-    except ValueError:
-        return 0
+    return _count("TEST_SLOTS")
+
+
+def extra_count() -> int:
+    return _count("TEST_SLOTS_EXTRA")
+
+
+def cpu_times() -> tuple[float, float]:
+    """(idle, total) jiffies of the whole machine since boot (/proc/stat; idle includes I/O wait)."""
+    with open("/proc/stat") as stat:
+        fields = [float(v) for v in stat.readline().split()[1:]]
+    return fields[3] + fields[4], sum(fields[:8])
+
+
+def idle_cores(before: tuple[float, float], after: tuple[float, float]) -> float:
+    """How many cores were idle on average between two ``cpu_times`` samples."""
+    total = after[1] - before[1]
+    return 0.0 if total <= 0 else (after[0] - before[0]) / total * (os.cpu_count() or 1)
 
 
 def is_heavy(item: pytest.Item) -> bool:
@@ -52,18 +81,38 @@ def _unlock(fd: int) -> None:
     os.close(fd)
 
 
-def _free_slot(folder: Path, count: int) -> int:
-    """Poll until one of the ``count`` slot locks is free; the descriptor holding it."""
+def _first_free(folder: Path, names: list[str]) -> int | None:
+    for name in names:
+        if (fd := _lock(folder / name, block=False)) is not None:
+            return fd
+    return None
+
+
+def _free_slot(folder: Path, count: int, extra: int = 0) -> int:
+    """Poll until one of the ``count`` slot locks is free, or one of the ``extra`` ones while the machine has idle
+    CPU; the descriptor holding it."""
+    base = [f"slot-{index}" for index in range(count)]
+    extras = [f"extra-{index}" for index in range(extra)]
+    granted = folder / "extra-granted"  # its mtime: when the last extra slot was handed out
+    sample, sampled = cpu_times(), time.monotonic()
     while True:
-        for index in range(count):
-            if (fd := _lock(folder / f"slot-{index}", block=False)) is not None:
+        if (fd := _first_free(folder, base)) is not None:
+            return fd
+        if extras and time.monotonic() - sampled >= WINDOW:
+            now = cpu_times()
+            idle, sample, sampled = idle_cores(sample, now), now, time.monotonic()
+            last = granted.stat().st_mtime if granted.exists() else 0.0
+            ready = idle >= IDLE_CORES and time.time() - last >= COOLDOWN
+            if ready and (fd := _first_free(folder, extras)) is not None:
+                granted.touch()
                 return fd
         time.sleep(POLL)
 
 
 @contextlib.contextmanager
-def slot(folder: Path, count: int) -> Iterator[float]:
-    """Hold one of ``count`` slots (lock files in ``folder``); yields how long the wait took.
+def slot(folder: Path, count: int, extra: int = 0) -> Iterator[float]:
+    """Hold one of ``count`` slots (or of ``extra`` ones while the machine idles; lock files in ``folder``); yields
+    how long the wait took.
 
     Only the holder of the ``queue`` lock looks for a free slot, and it lets the queue go once it has one. So a
     process that gives a slot back and wants the next one queues behind those already waiting: without the queue it
@@ -76,7 +125,7 @@ def slot(folder: Path, count: int) -> Iterator[float]:
     queue = _lock(folder / "queue", block=True)
     assert queue is not None
     try:
-        held = _free_slot(folder, count)
+        held = _free_slot(folder, count, extra)
     finally:
         _unlock(queue)
     try:
@@ -91,7 +140,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     if count == 0 or not is_heavy(item):
         return (yield)
     folder = Path(os.environ.get("TEST_SLOTS_DIR") or f"/tmp/trainer-test-slots-{os.getuid()}")
-    with slot(folder, count) as waited:
+    with slot(folder, count, extra_count()) as waited:
         if waited >= 1:
             item.add_report_section("setup", "slots", f"waited {waited:.0f} s for one of {count} test slots")
         return (yield)

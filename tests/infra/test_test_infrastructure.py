@@ -11,6 +11,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from tests import diagnostics, slots, tiers
 from tests.conftest import ROOT, subprocess_env
 
@@ -106,3 +108,46 @@ def test_a_test_giving_its_slot_back_queues_behind_one_already_waiting(tmp_path:
         order.append("next")
     thread.join(timeout=30)
     assert order == ["waiter", "next"]
+
+
+class FakeStat:
+    """/proc/stat as the slots read it: (idle, total) jiffies, advancing with ``idle`` of every 100 per call."""
+
+    def __init__(self, idle: float) -> None:
+        self.idle, self.now = idle, (0.0, 0.0)
+
+    def __call__(self) -> tuple[float, float]:
+        self.now = (self.now[0] + self.idle, self.now[1] + 100)
+        return self.now
+
+
+def test_an_extra_slot_opens_only_while_the_machine_idles_and_one_per_cooldown(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(slots, "WINDOW", 0.0)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    got: list[str] = []
+
+    def ask(limit: float) -> None:
+        def take() -> None:
+            with slots.slot(tmp_path, 1, extra=2):
+                got.append("slot")
+                time.sleep(limit + 1)
+        thread = threading.Thread(target=take, daemon=True)
+        thread.start()
+        thread.join(timeout=limit)
+
+    with slots.slot(tmp_path, 1):  # the base slot is taken
+        monkeypatch.setattr(slots, "cpu_times", FakeStat(idle=20))  # 0.4 of a core idle: busy
+        ask(1.0)
+        assert got == []
+        monkeypatch.setattr(slots, "cpu_times", FakeStat(idle=50))  # a whole core idle
+        ask(2.0)
+        assert got == ["slot"] and (tmp_path / "extra-granted").exists()
+        ask(1.0)  # idle still, but within the cooldown of the one just handed out
+        assert got == ["slot"]
+
+
+def test_the_machine_idle_reads_between_zero_and_every_core() -> None:
+    before = slots.cpu_times()
+    time.sleep(0.3)
+    assert 0 <= slots.idle_cores(before, slots.cpu_times()) <= (os.cpu_count() or 1)
