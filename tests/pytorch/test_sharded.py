@@ -6,6 +6,7 @@ survive SIGTERM and a rank killed mid-save, and export one model.safetensors.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import time
@@ -15,7 +16,7 @@ from typing import Any
 import pytest
 
 from entrypoint.outputs import checkpoints
-from tests.runs import Job, entrypoint, failure_text, last_line, summary, vanish, wait_gone
+from tests.runs import Job, entrypoint, failure_records, failure_text, last_line, summary, vanish, wait_gone
 
 torch = pytest.importorskip("torch")
 safetensors_torch = pytest.importorskip("safetensors.torch")
@@ -115,6 +116,33 @@ def test_sigterm_commits_every_shard_and_a_world_4_checkpoint_resumes_at_a_small
     seen = [i for step in before + after for i in step]
     assert len(seen) == len(set(seen)) == done + left * world * batch
     assert windows - len(seen) < world * batch  # only the ragged end, as drop_last leaves it
+
+
+def test_sigterm_to_the_whole_group_with_loader_workers_commits_every_shard_and_the_restart_resumes(
+        tmp_path: Path) -> None:
+    """A preemption as tini -g delivers it: SIGTERM reaches every process of a sharded job, its DataLoader workers
+    included; the step every rank agreed on is committed with every rank's shard, the job exits 143, and the
+    restart resumes from it."""
+    job_dir = tmp_path / "job"
+    args = run_args(job_dir, "--nproc-per-node", "2", "--strategy", "fsdp", "--epochs", "2", "--checkpoint-every",
+                    "2", "--data-workers", "2", user=("--windows", "256", "--step-sleep", "0.2"))
+    job = Job(*args)
+    try:
+        job.wait_for("checkpoint ckpt-00000002 committed")
+        os.killpg(job.proc.pid, signal.SIGTERM)
+        assert job.wait(240) == 143, job.output()[-4000:]
+        assert wait_gone(job.marker) == []
+    finally:
+        job.cleanup()
+    assert "killed by signal" not in job.output()  # no loader worker died under a rank
+    step, path = checkpoints.committed(job_dir / "checkpoints")[-1]
+    assert f"stopped by SIGTERM at step {step}" in last_line(job)
+    assert sorted(checkpoints.read_marker(path)["files"]) == [".metadata", "__0_0.distcp", "__1_0.distcp", "extra.pt"]
+    assert {r["class"] for r in failure_records(job_dir)} == {"preempted"}
+    proc = entrypoint(*args, timeout=600)
+    assert proc.returncode == 0, failure_text(proc)
+    assert f"resumed from {path} at step {step}" in proc.stdout
+    assert summary(job_dir / "model")["final_step"] == summary(job_dir / "model")["expected_steps"]
 
 
 def test_a_ddp_checkpoint_resumes_sharded_and_a_sharded_one_replicated_as_if_uninterrupted(tmp_path: Path) -> None:
