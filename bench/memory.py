@@ -12,7 +12,8 @@ set (``VmHWM``) is kept. Training processes name themselves (the scripts touch `
   records its own ``VmHWM`` when training ends (its first evaluation batch: before the epoch's checkpoint and
   the export); the row is the larger of the two ranks. Target: FSDP at most 0.6x DDP per rank. glibc's malloc
   decides much of it (its dynamic mmap threshold sends FSDP's per-block all-gather buffers to a heap that then
-  fragments), so both run twice: with glibc's defaults and with ``MALLOC_MMAP_THRESHOLD_=131072``. These jobs
+  fragments; a sharded job on CPU therefore sets a 128 KiB threshold itself with ``mallopt``), so both run twice:
+  with no ``MALLOC_`` variable (what a user gets) and with ``MALLOC_MMAP_THRESHOLD_=131072``. These jobs
   run in the PyTorch venv whichever venv the family runs in: where TensorFlow is installed (the Horovod venv),
   the chief's ``torch.utils.tensorboard`` imports it (+0.6 GiB on rank 0 alone).
 - Export: in the FSDP runs, rank 0's peak resident set rise while the entrypoint writes ``model.safetensors``
@@ -50,8 +51,9 @@ from bench.common import (
 )
 
 DDP_SCRIPT, HVD_SCRIPT = str(REPO / "bench" / "ddp_script.py"), str(REPO / "bench" / "hvd_script.py")
-# glibc's malloc as it comes, and with a fixed mmap threshold (allocations from 128 KiB up are mapped and unmapped).
-MALLOCS = {"glibc default malloc": {}, "MALLOC_MMAP_THRESHOLD_=131072": {"MALLOC_MMAP_THRESHOLD_": "131072"}}
+# No MALLOC_ variable (DDP: glibc's malloc as it comes; FSDP: the entrypoint's mallopt), and a fixed mmap threshold
+# set by the user (allocations from 128 KiB up are mapped and unmapped; the entrypoint leaves it alone).
+MALLOCS = {"no MALLOC_ variable": {}, "MALLOC_MMAP_THRESHOLD_=131072": {"MALLOC_MMAP_THRESHOLD_": "131072"}}
 STRATEGIES = ("ddp", "fsdp")
 TARGET_CONFIG = "100m"  # the targets are set for a ~100M-parameter GPT (the quick size only checks the path)
 FSDP_TARGET = 0.6  # FSDP's peak per rank at most this fraction of DDP's (world 2)

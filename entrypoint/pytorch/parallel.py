@@ -11,11 +11,15 @@ training summary say which and why.
   across nodes and sharding within a node (``hsdp``). Each shard unit (the module's ``shard_units(model,
   ctx)`` hook, else ``default_units``: the repeated blocks, as torchtitan shards each transformer block) is
   sharded, then the root. ``--compile`` compiles each unit before it is sharded; ``--bf16`` on GPU keeps bf16
-  parameters for compute with fp32 gradient reductions (``MixedPrecisionPolicy``).
+  parameters for compute with fp32 gradient reductions (``MixedPrecisionPolicy``). On CPU, allocations from
+  128 KiB up are mapped and given back to the system when freed (glibc's ``mallopt``, unless the user set
+  ``MALLOC_MMAP_THRESHOLD_``): glibc's default keeps the freed full-size buffers of FSDP's all-gathers in its heap,
+  and a rank then holds as much as a DDP rank (docs/pytorch.md, measured).
 """
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import logging
 import os
@@ -27,6 +31,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from entrypoint.cluster import envvars as ev
 from entrypoint.errors import ConfigError
 from entrypoint.planning.registry import Framework
 from entrypoint.pytorch.defaults import param_digest
@@ -36,6 +41,8 @@ BYTES_PER_PARAMETER = 16  # fp32 parameter + gradient + Adam's two moments
 FIT_FRACTION = 0.5  # of one device's memory: the rest is for activations, buffers and the allocator
 UNIT_FRACTION = 0.01  # a repeated block holding at least this share of the parameters is its own shard unit
 SHARDED = ("fsdp", "hsdp")
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
+CPU_MMAP_THRESHOLD = 128 * 1024  # bytes: FSDP's gathered blocks are far above it, small tensors stay in the heap
 
 
 @dataclass(frozen=True)
@@ -178,6 +185,9 @@ class Sharded:
                 log.info("strategy %s", self.choice.reason)
             self.mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("shard",))
         self.bf16 = bf16 and device.type == "cuda"
+        if device.type == "cpu" and give_large_buffers_back():
+            log.info("sharded on CPU: allocations from %d KiB up are given back to the system when freed (mallopt; "
+                     "%s chooses another threshold)", CPU_MMAP_THRESHOLD // 1024, ev.MALLOC_MMAP_THRESHOLD)
 
     def shard(self, model: nn.Module, units: Callable[[nn.Module], list[nn.Module]] | None) -> nn.Module:
         """Every unit sharded (compiled first with ``--compile``), then the root; each rank keeps its shards."""
@@ -210,6 +220,19 @@ class Sharded:
 
 
 Parallel = Replicated | Sharded
+
+
+def give_large_buffers_back() -> bool:
+    """glibc's malloc maps allocations from ``CPU_MMAP_THRESHOLD`` up and unmaps them when freed (True), unless the
+    user chose a threshold (glibc read it at start) or the C library has no such setting (musl: False)."""
+    if ev.MALLOC_MMAP_THRESHOLD in os.environ:
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return bool(mallopt(M_MMAP_THRESHOLD, CPU_MMAP_THRESHOLD))
 
 
 def compile_seconds() -> float:

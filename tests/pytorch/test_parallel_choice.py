@@ -94,3 +94,19 @@ def test_the_streamed_safetensors_file_loads_with_the_safetensors_library(tmp_pa
     write_safetensors(state, tmp_path / "model.safetensors", writer=True)
     loaded = safetensors_torch.load_file(str(tmp_path / "model.safetensors"))
     assert sorted(loaded) == sorted(state) and all(torch.equal(loaded[k], state[k]) for k in state)
+
+
+@pytest.mark.parametrize(("threshold", "expected"), [(None, "True"), ("65536", "False")])
+def test_sharding_on_cpu_gives_large_buffers_back_unless_the_user_chose_a_threshold(
+        threshold: str | None, expected: str) -> None:
+    """In a process of its own: the setting changes that process's malloc for good."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "MALLOC_MMAP_THRESHOLD_"}
+    if threshold is not None:
+        env["MALLOC_MMAP_THRESHOLD_"] = threshold
+    code = "from entrypoint.pytorch.parallel import give_large_buffers_back; print(give_large_buffers_back())"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.split() == [expected]
