@@ -34,11 +34,17 @@ def reseed(seed: int, rank: int, step: int) -> None:
 
     So a rank that replaces a lost one (survivors keep training, docs/recovery.md) draws the same dropout masks for a
     step as the lost rank would have, and a step replayed after a failure draws what it drew the first time.
+
+    The CPU generator, and CUDA's once CUDA is initialized (a model on a GPU is there before its first step):
+    ``torch.manual_seed`` would also queue a lazy seed for every uninitialized device type, formatting a stack trace
+    each time: 0.25 ms a step on a CPU job, more than the digits MLP's whole step (0.18 ms), now 0.01 ms.
     """
     mixed = (seed * 1_000_003 + rank * 7_919 + step * 104_729) % (2**63 - 1)
     random.seed(mixed)
     np.random.seed(mixed % (2**32))
-    torch.manual_seed(mixed)
+    torch.default_generator.manual_seed(mixed)
+    if torch.cuda.is_initialized():
+        torch.cuda.manual_seed_all(mixed)
 
 
 @dataclass
