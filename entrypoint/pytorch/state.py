@@ -21,12 +21,13 @@ def rng_state() -> dict[str, Any]:
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore generator states saved by ``rng_state``."""
+    """Restore generator states saved by ``rng_state``. A checkpoint loaded onto a GPU (``map_location``) holds them
+    as CUDA tensors, and both setters take CPU byte tensors only."""
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
+    torch.set_rng_state(state["torch"].cpu())
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
+        torch.cuda.set_rng_state(state["cuda"].cpu())
 
 
 def reseed(seed: int, rank: int, step: int) -> None:
