@@ -8,6 +8,7 @@ import os
 from typing import Any
 
 from entrypoint.cluster import envvars as ev
+from entrypoint.errors import ConfigError
 
 log = logging.getLogger("entrypoint.hypertune")
 
@@ -30,8 +31,17 @@ class MetricReporter:
         if self._client is None:
             if self.trial is not None:
                 os.environ[ev.CLOUD_ML_TRIAL_ID] = self.trial  # cloudml-hypertune reads it from here
-            import hypertune  # lazy: only the chief of a tuned job needs it
-
+            try:
+                import hypertune  # lazy: only the chief of a tuned job needs it
+            except ImportError:
+                if self.trial is not None:
+                    raise ConfigError("cloudml-hypertune", f"not installed, so this tuning trial cannot report its "
+                                      f"metric {name!r} (pip install cloudml-hypertune; the trainer images have it)"
+                                      ) from None
+                log.warning("cloudml-hypertune is not installed: tuning metric %r not reported (this is not a tuning "
+                            "trial; pip install cloudml-hypertune to report it)", name)
+                self.enabled = False
+                return
             self._client = hypertune.HyperTune()
             log.info("reporting tuning metric %r to %s", name, self._client.metric_path)
         self._client.report_hyperparameter_tuning_metric(
