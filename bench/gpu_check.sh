@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# One-GPU checks for a lent GPU machine (not part of make test; docs/pytorch.md "On a GPU" records what they showed).
+# Runs with whatever python3 holds a CUDA torch there; writes its log to ${OUT:-/tmp}/gpu_check.log.
+# 1. the digits hooks on CUDA (DDP over nccl, the GPU's loader defaults), 2. the GPT hooks with --bf16 on CUDA (one GPU
+# is one rank: FSDP needs two GPUs, nccl refuses two ranks on one device), with and without --bf16, 3. SIGTERM to a GPU job's whole process group with loader workers (pinned memory): the step
+# is committed and the job exits 143, 4. the restart resumes from it, 5. the preemption test of the suite, on the GPU.
+set -u
+LOG=${OUT:-/tmp}/gpu_check.log
+J=$(mktemp -d)
+export PYTHONUNBUFFERED=1
+exec > >(tee "$LOG") 2>&1
+step() { echo; echo "=== $* ($(date +%T))"; }
+step "the machine"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+python3 -c "import sys, torch; print(sys.version.split()[0], torch.__version__, 'cuda', torch.version.cuda, \
+torch.cuda.get_device_name(0), 'nccl', torch.cuda.nccl.version())"
+step "1. digits on CUDA: DDP over nccl"
+timeout 180 python3 -m entrypoint run --framework pytorch --module trainers.digits_torch --job-dir "$J/ddp" \
+  --epochs 3 --log-every 20; echo "exit $?"
+python3 -c "import json; s = json.load(open('$J/ddp/model/training_summary.json')); \
+print({k: s.get(k) for k in ('strategy', 'world_size', 'final_step', 'metrics', 'device', 'backend')})"
+GPT=(--framework pytorch --module tests.pytorch.sharded_hooks --log-every 10 --checkpoint-every 10)
+step "2. the GPT hooks on CUDA, fp32 then --bf16 (one GPU: world 1)"
+for bf16 in "" --bf16; do
+  timeout 200 python3 -m entrypoint run "${GPT[@]}" $bf16 --epochs 1 --job-dir "$J/gpt$bf16" \
+    -- --width 512 --layers 6 --heads 8 --block 128 --windows 8192 2>&1 | grep -E "strategy|samples/s|exported" | tail -n 4
+  python3 -c "import json; s = json.load(open('$J/gpt$bf16/model/training_summary.json')); \
+print({k: s.get(k) for k in ('strategy', 'world_size', 'final_step', 'device', 'backend', 'samples_per_second')})"
+done
+step "3. SIGTERM to the whole process group, 2 loader workers, pinned memory"
+setsid python3 -m entrypoint run --framework pytorch --module tests.pytorch.faults --job-dir "$J/pre" --log-every 2 \
+  --data-workers 2 --epochs 2 -- --step-sleep 0.05 > "$J/pre.log" 2>&1 &
+PID=$!
+for _ in $(seq 1 240); do grep -q "step 1[0-9]/" "$J/pre.log" && break; sleep 0.5; done
+kill -TERM -- "-$PID"; wait "$PID"; echo "exit $? (143 expected)"
+grep -E "pin|worker|stopped by|preempted|killed by signal|error" "$J/pre.log" | tail -n 6
+ls "$J/pre/checkpoints"
+step "4. the restart resumes from the committed step"
+timeout 180 python3 -m entrypoint run --framework pytorch --module tests.pytorch.faults --job-dir "$J/pre" \
+  --log-every 50 --data-workers 2 --epochs 2 -- --step-sleep 0.05 2>&1 | grep -E "resumed|exported|error"; \
+  echo "exit ${PIPESTATUS[0]} (0 expected)"
+step "5. the suite's preemption tests with loader workers, on this GPU"
+timeout 240 python3 -m pytest -q -p no:cacheprovider \
+  "tests/pytorch/test_real_jobs.py::test_sigterm_to_the_process_group_with_loader_workers_commits_the_step_and_exits_143" \
+  tests/pytorch/test_reseed.py tests/pytorch/test_gpu.py 2>&1 | tail -n 15
+step "done"
