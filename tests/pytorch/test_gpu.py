@@ -12,7 +12,7 @@ from entrypoint.outputs import checkpoints
 from tests.runs import Job, entrypoint, failure_text
 
 torch = pytest.importorskip("torch")
-pytestmark = [pytest.mark.pytorch, pytest.mark.slow,
+pytestmark = [pytest.mark.pytorch, pytest.mark.slow, pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 RUN = ["run", "--framework", "pytorch", "--module", "tests.pytorch.faults", "--log-every", "2", "--epochs", "2",
        "--data-workers", "2"]
