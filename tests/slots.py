@@ -26,6 +26,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.tiers import cpu_jiffies
+
 HEAVY_MARKERS = ("slow", "containers")
 POLL = 0.2  # seconds between tries while every slot is taken
 IDLE_CORES = 0.75  # an extra slot opens when at least this much of a core was idle over the last WINDOW
@@ -48,17 +50,10 @@ def extra_count() -> int:
     return _count("TEST_SLOTS_EXTRA")
 
 
-def cpu_times() -> tuple[float, float]:
-    """(idle, total) jiffies of the whole machine since boot (/proc/stat; idle includes I/O wait)."""
-    with open("/proc/stat") as stat:
-        fields = [float(v) for v in stat.readline().split()[1:]]
-    return fields[3] + fields[4], sum(fields[:8])
-
-
-def idle_cores(before: tuple[float, float], after: tuple[float, float]) -> float:
-    """How many cores were idle on average between two ``cpu_times`` samples."""
+def idle_cores(before: tuple[int, int], after: tuple[int, int]) -> float:
+    """How many cores were idle on average between two ``cpu_jiffies`` samples ((busy, total), /proc/stat)."""
     total = after[1] - before[1]
-    return 0.0 if total <= 0 else (after[0] - before[0]) / total * (os.cpu_count() or 1)
+    return 0.0 if total <= 0 else (total - (after[0] - before[0])) / total * (os.cpu_count() or 1)
 
 
 def is_heavy(item: pytest.Item) -> bool:
@@ -94,12 +89,12 @@ def _free_slot(folder: Path, count: int, extra: int = 0) -> int:
     base = [f"slot-{index}" for index in range(count)]
     extras = [f"extra-{index}" for index in range(extra)]
     granted = folder / "extra-granted"  # its mtime: when the last extra slot was handed out
-    sample, sampled = cpu_times(), time.monotonic()
+    sample, sampled = cpu_jiffies(), time.monotonic()
     while True:
         if (fd := _first_free(folder, base)) is not None:
             return fd
         if extras and time.monotonic() - sampled >= WINDOW:
-            now = cpu_times()
+            now = cpu_jiffies()
             idle, sample, sampled = idle_cores(sample, now), now, time.monotonic()
             last = granted.stat().st_mtime if granted.exists() else 0.0
             ready = idle >= IDLE_CORES and time.time() - last >= COOLDOWN

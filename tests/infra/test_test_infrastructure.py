@@ -111,13 +111,13 @@ def test_a_test_giving_its_slot_back_queues_behind_one_already_waiting(tmp_path:
 
 
 class FakeStat:
-    """/proc/stat as the slots read it: (idle, total) jiffies, advancing with ``idle`` of every 100 per call."""
+    """/proc/stat as the slots read it: (busy, total) jiffies, ``idle`` of every 100 idle, per call."""
 
-    def __init__(self, idle: float) -> None:
-        self.idle, self.now = idle, (0.0, 0.0)
+    def __init__(self, idle: int) -> None:
+        self.idle, self.now = idle, (0, 0)
 
-    def __call__(self) -> tuple[float, float]:
-        self.now = (self.now[0] + self.idle, self.now[1] + 100)
+    def __call__(self) -> tuple[int, int]:
+        self.now = (self.now[0] + 100 - self.idle, self.now[1] + 100)
         return self.now
 
 
@@ -137,10 +137,10 @@ def test_an_extra_slot_opens_only_while_the_machine_idles_and_one_per_cooldown(
         thread.join(timeout=limit)
 
     with slots.slot(tmp_path, 1):  # the base slot is taken
-        monkeypatch.setattr(slots, "cpu_times", FakeStat(idle=20))  # 0.4 of a core idle: busy
+        monkeypatch.setattr(slots, "cpu_jiffies", FakeStat(idle=20))  # 0.4 of a core idle: busy
         ask(1.0)
         assert got == []
-        monkeypatch.setattr(slots, "cpu_times", FakeStat(idle=50))  # a whole core idle
+        monkeypatch.setattr(slots, "cpu_jiffies", FakeStat(idle=50))  # a whole core idle
         ask(2.0)
         assert got == ["slot"] and (tmp_path / "extra-granted").exists()
         ask(1.0)  # idle still, but within the cooldown of the one just handed out
@@ -148,6 +148,6 @@ def test_an_extra_slot_opens_only_while_the_machine_idles_and_one_per_cooldown(
 
 
 def test_the_machine_idle_reads_between_zero_and_every_core() -> None:
-    before = slots.cpu_times()
+    before = slots.cpu_jiffies()
     time.sleep(0.3)
-    assert 0 <= slots.idle_cores(before, slots.cpu_times()) <= (os.cpu_count() or 1)
+    assert 0 <= slots.idle_cores(before, slots.cpu_jiffies()) <= (os.cpu_count() or 1)
