@@ -4,10 +4,11 @@ every process of every replica): what it reads must be what scikit-learn's own l
 from __future__ import annotations
 
 import subprocess
-import sys
 
 import numpy as np
 import pytest
+
+from tests.conftest import PYTHON, subprocess_env
 
 pytest.importorskip("torch")  # collected in every venv; these run where torch is
 pytest.importorskip("sklearn")
@@ -29,5 +30,6 @@ def test_building_the_digits_datasets_does_not_import_scikit_learn() -> None:
     code = ("import argparse, sys; from trainers import digits_torch; "
             "train, val = digits_torch.build_datasets(argparse.Namespace(val_fraction=0.2), None); "
             "print(len(train), len(val), 'sklearn' in sys.modules, 'scipy' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([PYTHON, "-c", code], env=subprocess_env(), capture_output=True, text=True,
+                         check=True).stdout
     assert out.split() == ["1437", "360", "False", "False"]

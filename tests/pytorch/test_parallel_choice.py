@@ -3,12 +3,14 @@ position across world sizes, and the streamed safetensors file."""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from entrypoint.errors import ConfigError
 from entrypoint.planning import registry
+from tests.conftest import PYTHON, subprocess_env
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.pytorch
@@ -100,13 +102,10 @@ def test_the_streamed_safetensors_file_loads_with_the_safetensors_library(tmp_pa
 def test_sharding_on_cpu_gives_large_buffers_back_unless_the_user_chose_a_threshold(
         threshold: str | None, expected: str) -> None:
     """In a process of its own: the setting changes that process's malloc for good."""
-    import os
-    import subprocess
-    import sys
-
-    env = {k: v for k, v in os.environ.items() if k != "MALLOC_MMAP_THRESHOLD_"}
+    env = subprocess_env()
+    env.pop("MALLOC_MMAP_THRESHOLD_", None)
     if threshold is not None:
         env["MALLOC_MMAP_THRESHOLD_"] = threshold
     code = "from entrypoint.pytorch.parallel import give_large_buffers_back; print(give_large_buffers_back())"
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([PYTHON, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     assert out.split() == [expected]
