@@ -20,6 +20,9 @@ TEST_JOBS ?= 8
 # Run alone (make test-pytorch), a tier also streams its output; make test turns that off (tiers side by side).
 TIER_STREAM ?= --stream
 TIER = $(PYTHON) tests/tiers.py run --log-dir $(LOG_DIR) $(TIER_STREAM)
+# $(call bytecode,VENV): before a tier, remove the .pyc files of VENV and this checkout that a full disk cut short (they
+# fail every later import of their module, in every run; tests/bytecode.py).
+bytecode = $(1)/bin/python tests/bytecode.py
 # pytest-xdist workers inside each tier (0: none, the tests run in pytest's own process). Tests go to a worker one at
 # a time as it frees up (--maxschedchunk 1): xdist's default hands each worker a quarter of its share at once, and
 # the multi-process tests, collected first, all went to the first worker, one after another (docs/testing.md).
@@ -35,6 +38,8 @@ TEST_SLOTS ?= 3
 # tier's tests, which mostly wait on their jobs, used one core of two
 TEST_SLOTS_EXTRA ?= 2
 TIMED_LABEL ?= make test
+# make test warns below this much free disk (venvs, images and test outputs take about 15 GiB)
+TEST_MIN_FREE_GIB ?= 20
 
 .DEFAULT_GOAL := help
 .PHONY: help venv venv-pytorch venv-tensorflow venv-horovod venv-jobs lint lint-python test test-tiers test-lint test-timed test-load \
@@ -100,7 +105,7 @@ lint-python: venv-pytorch
 	$(TOOLS_BIN)/ruff check entrypoint trainers tests bench images/*.py
 	$(TOOLS_BIN)/mypy
 	$(TOOLS_BIN)/mypy --strict images/*.py  # on its own: images/<name>/ would shadow the frameworks
-	$(TOOLS_BIN)/mypy --strict tests/tiers.py tests/diagnostics.py tests/slots.py  # test infrastructure (docs/testing.md)
+	$(TOOLS_BIN)/mypy --strict tests/tiers.py tests/diagnostics.py tests/slots.py tests/bytecode.py  # test infrastructure (docs/testing.md)
 
 lint-docker: venv-pytorch
 lint: lint-python lint-docker
@@ -109,25 +114,27 @@ lint: lint-python lint-docker
 # PyTorch venv), with pytest-xdist workers; pytest exits 5 when a marker selects nothing, which counts as a
 # failure here. The container tests run after the image builds, in test-images (images/images.mk).
 test-pytorch: venv-pytorch
-	@$(TIER) pytorch -- $(TORCH_VENV)/bin/python -m pytest -m "not tensorflow and not horovod and not jobs and not containers" \
+	@$(call bytecode,$(TORCH_VENV)) && $(TIER) pytorch -- $(TORCH_VENV)/bin/python -m pytest -m "not tensorflow and not horovod and not jobs and not containers" \
 		$(call xdist,$(XDIST_PYTORCH)) $(PYTEST_ARGS)
 
 test-tensorflow: venv-tensorflow
-	@$(TIER) tensorflow -- $(TF_VENV)/bin/python -m pytest -m tensorflow $(call xdist,$(XDIST_TENSORFLOW)) $(PYTEST_ARGS)
+	@$(call bytecode,$(TF_VENV)) && $(TIER) tensorflow -- $(TF_VENV)/bin/python -m pytest -m tensorflow $(call xdist,$(XDIST_TENSORFLOW)) $(PYTEST_ARGS)
 
 test-horovod: venv-horovod
-	@$(TIER) horovod -- $(HVD_VENV)/bin/python -m pytest -m horovod $(call xdist,$(XDIST_HOROVOD)) $(PYTEST_ARGS)
+	@$(call bytecode,$(HVD_VENV)) && $(TIER) horovod -- $(HVD_VENV)/bin/python -m pytest -m horovod $(call xdist,$(XDIST_HOROVOD)) $(PYTEST_ARGS)
 
 # Specs from `entrypoint job`, checked by google-cloud-aiplatform's and Kubeflow's own types, and run by local --spec.
 test-jobs: venv-jobs
-	@$(TIER) jobs -- $(JOBS_VENV)/bin/python -m pytest -m jobs $(PYTEST_ARGS)
+	@$(call bytecode,$(JOBS_VENV)) && $(TIER) jobs -- $(JOBS_VENV)/bin/python -m pytest -m jobs $(PYTEST_ARGS)
 
 # Everything side by side (TEST_JOBS at once, and on past a failure: every tier reports), then the table of what
 # ran when. The graph: the venvs build at once; lint and each tier start when their venv is ready; the PyTorch and
 # TensorFlow images when podman and the base are; the Horovod image after venv-horovod, whose wheel it takes; the
 # container tests after their images. Nothing is built twice.
 test:
-	@mkdir -p $(LOG_DIR); since=$$(date +%s); status=0; \
+	@mkdir -p $(LOG_DIR); since=$$(date +%s); status=0; free=$$(df --output=avail -BG . | tail -1 | tr -dc 0-9); \
+	[ "$$free" -ge $(TEST_MIN_FREE_GIB) ] || echo "make test: only $$free GiB free on disk (under $(TEST_MIN_FREE_GIB)): a disk \
+	that fills cuts files short (.pyc, images, checkpoints) and fails tests; free space (podman image prune, make image-clean)"; \
 	rm -rf $(LOG_DIR)/slots; export TEST_SLOTS=$(TEST_SLOTS) TEST_SLOTS_EXTRA=$(TEST_SLOTS_EXTRA) TEST_SLOTS_DIR=$(abspath $(LOG_DIR))/slots; \
 	$(MAKE) --no-print-directory -k -j$(TEST_JOBS) TIER_STREAM= test-tiers || status=$$?; \
 	echo "make test: $$([ $$status -eq 0 ] && echo passed || echo FAILED) (logs in $(LOG_DIR)/):"; \

@@ -39,6 +39,18 @@ class Engine:
     def exists(self, ref: str) -> bool:
         return subprocess.run(self.command("image", "inspect", ref), capture_output=True, check=False).returncode == 0
 
+    def image_id(self, ref: str) -> str | None:
+        proc = subprocess.run(self.command("image", "inspect", "--format", "{{.Id}}", ref), capture_output=True,
+                              text=True, check=False)
+        return proc.stdout.strip() or None if proc.returncode == 0 else None
+
+    def remove_replaced(self, ref: str, old: str | None) -> None:
+        """Remove the image ``ref`` named before a build, once the build gave the name to a new one: each `make test`
+        otherwise leaves a GB-sized untagged image behind and, run after run, fills the disk. Not forced: an image a
+        container still uses stays."""
+        if old is not None and old != self.image_id(ref):
+            subprocess.run(self.command("rmi", old), capture_output=True, check=False)
+
     def limits(self) -> list[str]:
         nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
         nofile = NOFILE_MAX if nofile == resource.RLIM_INFINITY else min(nofile, NOFILE_MAX)

@@ -128,10 +128,11 @@ def build(engine: Engine, images: Sequence[str], variant: str = "cpu") -> None:
         with wheel_index(wheel, horovod_cache, wheel_port(image)) as sources:
             command = build_command(engine, image, sources, variant)
             log(f"building {image_ref(image, variant)}: {' '.join(command)}")
-            began = time.monotonic()
+            began, replaced = time.monotonic(), engine.image_id(image_ref(image, variant))
             code = subprocess.run(command, cwd=ROOT, check=False).returncode
             if code != 0:
                 raise diagnose(image, code, variant)
+            engine.remove_replaced(image_ref(image, variant), replaced)
             log(f"built {image_ref(image, variant)} in {_minutes(time.monotonic() - began)}")
     log(f"built {', '.join(images)} ({variant}) in {_minutes(time.monotonic() - started)}")
 

@@ -1,5 +1,6 @@
 """The test infrastructure of `make test` (docs/testing.md): tests/tiers.py (a tier logged, timed and reported),
-tests/diagnostics.py (a failed test says where to look) and tests/slots.py (a limit on multi-process tests)."""
+tests/diagnostics.py (a failed test says where to look), tests/slots.py (a limit on multi-process tests) and
+tests/bytecode.py (a .pyc cut short is removed before a tier runs)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import diagnostics, slots, tiers
+from tests import bytecode, diagnostics, slots, tiers
 from tests.conftest import ROOT, subprocess_env
 
 
@@ -151,3 +152,18 @@ def test_the_machine_idle_reads_between_zero_and_every_core() -> None:
     before = slots.cpu_jiffies()
     time.sleep(0.3)
     assert 0 <= slots.idle_cores(before, slots.cpu_jiffies()) <= (os.cpu_count() or 1)
+
+
+def test_a_pyc_cut_short_breaks_every_import_until_bytecode_removes_it(tmp_path: Path) -> None:
+    (tmp_path / "victim.py").write_text("VALUE = 'x' * 10\n" + "def f():\n    return VALUE\n" * 50)
+    env = {**subprocess_env(), "PYTHONPATH": str(tmp_path)}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    load = [sys.executable, "-c", "import victim; print(victim.f())"]
+    assert subprocess.run(load, env=env, capture_output=True, timeout=60).returncode == 0  # writes the .pyc
+    (pyc,) = (tmp_path / "__pycache__").glob(f"victim.{sys.implementation.cache_tag}.pyc")
+    pyc.write_bytes(pyc.read_bytes()[:40])  # what a short write on a full disk leaves: the header, part of the body
+    broken = subprocess.run(load, env=env, capture_output=True, text=True, timeout=60)
+    assert broken.returncode == 1 and "marshal data too short" in broken.stderr
+    assert bytecode.heal([tmp_path], sys.implementation.cache_tag) == [pyc] and not pyc.exists()
+    assert subprocess.run(load, env=env, capture_output=True, timeout=60).returncode == 0
+    assert bytecode.heal([tmp_path], sys.implementation.cache_tag) == []  # rewritten whole by that import
