@@ -185,7 +185,7 @@ class Sharded:
                 log.info("strategy %s", self.choice.reason)
             self.mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("shard",))
         self.bf16 = bf16 and device.type == "cuda"
-        if device.type == "cpu" and give_large_buffers_back():
+        if device.type == "cpu" and give_large_buffers_back() and dist.get_rank() == 0:  # every rank does, one says
             log.info("sharded on CPU: allocations from %d KiB up are given back to the system when freed (mallopt; "
                      "%s chooses another threshold)", CPU_MMAP_THRESHOLD // 1024, ev.MALLOC_MMAP_THRESHOLD)
 
