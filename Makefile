@@ -40,6 +40,8 @@ TEST_SLOTS_EXTRA ?= 2
 TIMED_LABEL ?= make test
 # make test warns below this much free disk (venvs, images and test outputs take about 15 GiB)
 TEST_MIN_FREE_GIB ?= 20
+# make test ends with the tiers table and the tests that spent most CPU, their processes' included (tests/cputime.py)
+TEST_CPU_TOP ?= 15
 
 .DEFAULT_GOAL := help
 .PHONY: help venv venv-pytorch venv-tensorflow venv-horovod venv-jobs lint lint-python test test-tiers test-lint test-timed test-load \
@@ -105,7 +107,7 @@ lint-python: venv-pytorch
 	$(TOOLS_BIN)/ruff check entrypoint trainers tests bench images/*.py
 	$(TOOLS_BIN)/mypy
 	$(TOOLS_BIN)/mypy --strict images/*.py  # on its own: images/<name>/ would shadow the frameworks
-	$(TOOLS_BIN)/mypy --strict tests/tiers.py tests/diagnostics.py tests/slots.py tests/bytecode.py  # test infrastructure (docs/testing.md)
+	$(TOOLS_BIN)/mypy --strict tests/tiers.py tests/diagnostics.py tests/slots.py tests/bytecode.py tests/cputime.py  # test infrastructure (docs/testing.md)
 
 lint-docker: venv-pytorch
 lint: lint-python lint-docker
@@ -135,10 +137,11 @@ test:
 	@mkdir -p $(LOG_DIR); since=$$(date +%s); status=0; free=$$(df --output=avail -BG . | tail -1 | tr -dc 0-9); \
 	[ "$$free" -ge $(TEST_MIN_FREE_GIB) ] || echo "make test: only $$free GiB free on disk (under $(TEST_MIN_FREE_GIB)): a disk \
 	that fills cuts files short (.pyc, images, checkpoints) and fails tests; free space (podman image prune, make image-clean)"; \
-	rm -rf $(LOG_DIR)/slots; export TEST_SLOTS=$(TEST_SLOTS) TEST_SLOTS_EXTRA=$(TEST_SLOTS_EXTRA) TEST_SLOTS_DIR=$(abspath $(LOG_DIR))/slots; \
+	rm -rf $(LOG_DIR)/slots $(LOG_DIR)/test-cpu.jsonl; export TEST_SLOTS=$(TEST_SLOTS) TEST_SLOTS_EXTRA=$(TEST_SLOTS_EXTRA) \
+		TEST_SLOTS_DIR=$(abspath $(LOG_DIR))/slots TEST_CPU_LOG=$(abspath $(LOG_DIR))/test-cpu.jsonl; \
 	$(MAKE) --no-print-directory -k -j$(TEST_JOBS) TIER_STREAM= test-tiers || status=$$?; \
 	echo "make test: $$([ $$status -eq 0 ] && echo passed || echo FAILED) (logs in $(LOG_DIR)/):"; \
-	$(PYTHON) tests/tiers.py table --log-dir $(LOG_DIR) --since $$since; exit $$status
+	$(PYTHON) tests/tiers.py table --log-dir $(LOG_DIR) --since $$since --cpu $(TEST_CPU_TOP); exit $$status
 
 test-tiers: test-pytorch test-horovod test-tensorflow test-images test-jobs test-lint
 

@@ -2,7 +2,7 @@
 
     python3 tests/tiers.py run NAME [--log-dir D] [--stream] -- COMMAND ...   # one tier, logged and timed
     python3 tests/tiers.py measure [--label L] [--hog N] [--log-dir D] -- make test   # a whole run: wall, CPU, table
-    python3 tests/tiers.py table [--log-dir D] [--since EPOCH]                 # the tiers table of the last run
+    python3 tests/tiers.py table [--log-dir D] [--since EPOCH] [--cpu N]       # the tiers table of the last run
 
 ``run`` writes the tier's whole output to ``D/NAME.log`` (and, with --stream, to the terminal as well), prints one
 line when it starts, a progress line every few minutes, and one when it ends (wall time and the CPU time of
@@ -174,6 +174,22 @@ def tier_table(records: Sequence[dict[str, Any]], origin: float | None = None) -
     return rows
 
 
+def test_cpu_table(log_dir: Path, top: int) -> list[str]:
+    """The ``top`` tests that spent most CPU (theirs and their processes', tests/cputime.py), and the share of all."""
+    path = log_dir / "test-cpu.jsonl"
+    if top <= 0 or not path.exists():
+        return []
+    tests = sorted((json.loads(line) for line in path.read_text().splitlines() if line.strip()),
+                   key=lambda t: -t["cpu"])
+    total = sum(t["cpu"] for t in tests) or 1e-9
+    shown = tests[:top]
+    rows = [f"The {len(shown)} of {len(tests)} tests that spent most CPU (with their processes): "
+            f"{minutes(sum(t['cpu'] for t in shown))} of {minutes(total)} ({sum(t['cpu'] for t in shown) / total:.0%})",
+            "", "| CPU | wall | test |", "|---|---|---|"]
+    rows += [f"| {t['cpu']:.1f} s | {t['wall']:.1f} s | {t['test']} |" for t in shown]
+    return rows
+
+
 def process_cpu(pid: int) -> float:
     """CPU seconds (user + system) a live process has used (/proc/PID/stat)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
@@ -230,6 +246,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     measure_cmd.add_argument("--hog", type=int, default=0, metavar="N", help="N busy loops beside the command")
     table_cmd = sub.add_parser("table", help="the tiers table of the recorded runs")
     table_cmd.add_argument("--since", type=float, default=0.0, help="only tiers started after this epoch time")
+    table_cmd.add_argument("--cpu", type=int, default=0, metavar="N",
+                           help="then the N tests that spent most CPU (test-cpu.jsonl, tests/cputime.py)")
     for cmd in (run_cmd, measure_cmd, table_cmd):
         cmd.add_argument("--log-dir", type=Path, default=Path(os.environ.get("TIER_LOG_DIR", DEFAULT_LOG_DIR)))
     args, rest = parser.parse_known_args(argv)
@@ -244,6 +262,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if rest:
         parser.error(f"unexpected arguments {rest}")
     print("\n".join(tier_table(tier_records(log_dir, args.since))))
+    if rows := test_cpu_table(log_dir, args.cpu):
+        print("\n" + "\n".join(rows))
     return 0
 
 

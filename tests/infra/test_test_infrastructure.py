@@ -167,3 +167,21 @@ def test_a_pyc_cut_short_breaks_every_import_until_bytecode_removes_it(tmp_path:
     assert bytecode.heal([tmp_path], sys.implementation.cache_tag) == [pyc] and not pyc.exists()
     assert subprocess.run(load, env=env, capture_output=True, timeout=60).returncode == 0
     assert bytecode.heal([tmp_path], sys.implementation.cache_tag) == []  # rewritten whole by that import
+
+
+def test_each_test_records_its_cpu_with_its_processes_and_the_table_shows_the_costliest(tmp_path: Path) -> None:
+    (tmp_path / "test_burn.py").write_text(
+        "import subprocess, sys\n"
+        "def test_burns_in_a_child():\n"
+        "    subprocess.run([sys.executable, '-c', 'import time\\nend = time.process_time() + 0.5\\n"
+        "while time.process_time() < end: pass'], check=True)\n"
+        "def test_idle():\n    pass\n")
+    log = tmp_path / "test-cpu.jsonl"
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "tests.cputime", "-p", "no:cacheprovider",
+                           str(tmp_path / "test_burn.py")], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env=subprocess_env({"TEST_CPU_LOG": str(log)}))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = {json.loads(line)["test"].rpartition("::")[2]: json.loads(line) for line in log.read_text().splitlines()}
+    assert lines["test_burns_in_a_child"]["cpu"] >= 0.5 > lines["test_idle"]["cpu"]
+    rows = tiers.test_cpu_table(tmp_path, top=1)
+    assert rows[0].startswith("The 1 of 2 tests that spent most CPU") and "test_burns_in_a_child" in rows[-1]

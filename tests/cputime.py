@@ -1,0 +1,38 @@
+"""The CPU time of each test, with the processes it started (pytest plugin; `make test` sets TEST_CPU_LOG).
+
+Two cores bound `make test` by the CPU its tests spend, not by their wall time (a test that waits on a job's
+timeout costs little; one that starts five replicas costs seconds of CPU in each). With ``TEST_CPU_LOG`` set, every
+test appends one JSON line there: its node id, wall seconds and CPU seconds - this process's own plus that of every
+process it started and waited for (RUSAGE_CHILDREN counts a child's waited-for children too). ``tests/tiers.py
+cpu`` prints the tests that spent most (docs/testing.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import time
+from collections.abc import Generator
+
+import pytest
+
+LOG = "TEST_CPU_LOG"
+
+
+def cpu_seconds() -> float:
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, object, None]:
+    path = os.environ.get(LOG)
+    if not path:
+        yield
+        return
+    cpu, wall = cpu_seconds(), time.monotonic()
+    yield
+    line = {"test": item.nodeid, "wall": round(time.monotonic() - wall, 2), "cpu": round(cpu_seconds() - cpu, 2)}
+    with open(path, "a", encoding="utf-8") as log:  # one short write per line: whole under O_APPEND
+        log.write(json.dumps(line) + "\n")
