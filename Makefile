@@ -113,10 +113,11 @@ lint-docker: venv-pytorch
 lint: lint-python lint-docker
 
 # Each image's CPU lock gets the part of the suite that concerns it (unit and image tests run in the
-# PyTorch venv), with pytest-xdist workers; pytest exits 5 when a marker selects nothing, which counts as a
-# failure here. The container tests run after the image builds, in test-images (images/images.mk).
+# PyTorch venv; the --compile test keeps Inductor's cache in the venv it was built for, so that a warm run does not
+# compile the same kernels again), with pytest-xdist workers; pytest exits 5 when a marker selects nothing, which
+# counts as a failure here. The container tests run after the image builds, in test-images (images/images.mk).
 test-pytorch: venv-pytorch
-	@$(call bytecode,$(TORCH_VENV)) && $(TIER) pytorch -- $(TORCH_VENV)/bin/python -m pytest -m "not tensorflow and not horovod and not jobs and not containers" \
+	@$(call bytecode,$(TORCH_VENV)) && TEST_INDUCTOR_CACHE_DIR=$(abspath $(TORCH_VENV))/inductor-cache $(TIER) pytorch -- $(TORCH_VENV)/bin/python -m pytest -m "not tensorflow and not horovod and not jobs and not containers" \
 		$(call xdist,$(XDIST_PYTORCH)) $(PYTEST_ARGS)
 
 test-tensorflow: venv-tensorflow
