@@ -69,6 +69,7 @@ HOST_UNRESOLVABLE = FailureClass("host_unresolvable", ExitCode.HOST_UNRESOLVABLE
 STORAGE_UNAVAILABLE = FailureClass("storage_unavailable", ExitCode.STORAGE_UNAVAILABLE,
                                    "the object store holding the outputs was unreachable or failing")
 START_DEADLINE = FailureClass("peer_lost", ExitCode.START_DEADLINE, "TensorFlow's cluster start outlived --timeout")
+PREEMPTED = "preempted"  # the class of a process stopped by SIGTERM (the platform's preemption or stop)
 # Classes a failure of another replica can cause: the root cause is looked for elsewhere first.
 CONSEQUENCES = frozenset({PEER_LOST.name, HANG.name})
 
@@ -81,7 +82,7 @@ def signal_class(signum: int) -> FailureClass:
         name = signal.Signals(signum).name
     except ValueError:
         name = f"signal {signum}"
-    kind = "preempted" if signum == signal.SIGTERM else "signal"
+    kind = PREEMPTED if signum == signal.SIGTERM else "signal"
     return FailureClass(kind, signal_exit_code(signum), f"stopped by {name}")
 
 

@@ -12,6 +12,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from entrypoint import errors
 from entrypoint.failures.records import read_records, root_cause
 
 
@@ -26,13 +27,19 @@ class Recovery:
     lost_seconds: float  # training lost: since the resumed step was reached (restart), the step in flight (in place)
     how: str = "restart"  # restart: the platform restarted processes, resumed from a checkpoint; in_place: survivors
     stalled_seconds: float | None = None  # in place: from the failure to training again (waiting for the replacement)
+    cause: str | None = None  # the root cause's failure class: "preempted" when the job was stopped, not lost
 
     def line(self) -> str:
-        """``recovered after losing <replica> at step N: resumed from step M (K steps, S s of training lost)``."""
+        """``recovered after losing <replica> at step N: resumed from step M (K steps, S s of training lost)``, or
+        ``resumed after <replica> was preempted at step N: ...`` when the platform stopped the job (SIGTERM)."""
         where = f" at step {self.lost_at_step}" if self.lost_at_step is not None else ""
         steps = f"{self.lost_steps} steps" if self.lost_steps is not None else "steps unknown"
-        return (f"recovered after losing {self.replica}{where}: resumed from step {self.resumed_from_step} "
-                f"({steps}, {self.lost_seconds:.1f} s of training lost)")
+        if self.cause == errors.PREEMPTED:
+            head = f"resumed after {self.replica} was preempted{where}"
+        else:
+            head = f"recovered after losing {self.replica}{where}"
+        lost = f"{steps}, {self.lost_seconds:.1f} s of training lost"
+        return f"{head}: resumed from step {self.resumed_from_step} ({lost})"
 
     def to_dict(self) -> dict[str, Any]:
         """For checkpoints and the training summary."""
@@ -66,4 +73,4 @@ def after_resume(job_dir: str | None, step: int, reached: float | None) -> Recov
     first = min(r.time for r in records)
     return Recovery(replica=cause.replica, lost_at_step=lost_at, resumed_from_step=step,
                     lost_steps=max(lost_at - step, 0) if lost_at is not None else None,
-                    lost_seconds=round(max(first - reached, 0.0), 3))
+                    lost_seconds=round(max(first - reached, 0.0), 3), cause=cause.failure_class)

@@ -73,8 +73,10 @@ def assert_stopped_and_resumes(job: Job, job_dir: Path, resume: list[str], signa
     rerun = entrypoint(*resume)
     assert rerun.returncode == 0, failure_text(rerun)
     assert f"resumed from {checkpoints.checkpoint_path(job_dir / 'checkpoints', step)} at step {step}" in rerun.stdout
+    assert f"was preempted at step {step}: resumed from step {step} (0 steps" in rerun.stdout  # not "losing"
     result = summary(job_dir / "model")
     assert result["start_step"] == step and result["final_step"] == result["expected_steps"]
+    assert [r["cause"] for r in result["recoveries"]] == ["preempted"]
     return step
 
 

@@ -11,6 +11,7 @@ import pytest
 
 from entrypoint import failures
 from entrypoint.failures.records import SCHEMA_VERSION, FailureRecord, read_records, root_cause, store_record
+from entrypoint.lifecycle import lost_work
 
 
 def rec(replica: str, cls: str, code: int, at: float, rank: int | None = None, reported_by: str | None = None,
@@ -151,3 +152,20 @@ def test_a_child_that_left_no_record_gets_one_on_its_behalf(tmp_path: Path,
     assert (written.replica, written.failure_class, written.exit_code, written.rank) == ("workerpool1-0", "signal",
                                                                                          137, None)
     assert capsys.readouterr().err.strip().endswith("stopped by SIGKILL (exit 137, retryable)")
+
+
+@pytest.mark.parametrize(("record", "line"), [
+    pytest.param(replace(PREEMPTED, step=21), "resumed after workerpool1-1 was preempted at step 21: resumed from "
+                 "step 20 (1 steps, 2.0 s of training lost)", id="a preemption is not a loss"),
+    pytest.param(replace(USER_ON_WORKER, step=21), "recovered after losing workerpool1-0 at step 21: resumed from "
+                 "step 20 (1 steps, 2.0 s of training lost)", id="a lost replica"),
+])
+def test_the_recovery_line_says_whether_the_job_was_preempted_or_lost_a_replica(tmp_path: Path, record: FailureRecord,
+                                                                                 line: str) -> None:
+    job = str(tmp_path / "job")
+    assert store_record(job, replace(record, time=1002.0)) is not None
+    cost = lost_work.after_resume(job, step=20, reached=1000.0)
+    assert cost is not None and cost.line() == line and cost.cause == record.failure_class
+    assert lost_work.Recovery(**cost.to_dict()).line() == line  # as carried in checkpoints and read back on resume
+    old = {k: v for k, v in cost.to_dict().items() if k != "cause"}  # a checkpoint written before ``cause``
+    assert lost_work.Recovery(**old).line().startswith("recovered after losing workerpool1-")
