@@ -2,8 +2,9 @@
 
 Two cores bound `make test` by the CPU its tests spend, not by their wall time (a test that waits on a job's
 timeout costs little; one that starts five replicas costs seconds of CPU in each). With ``TEST_CPU_LOG`` set, every
-test appends one JSON line there: its node id, wall seconds and CPU seconds - this process's own plus that of every
-process it started and waited for (RUSAGE_CHILDREN counts a child's waited-for children too). ``tests/tiers.py
+test appends one JSON line there: its node id, wall seconds, CPU seconds - this process's own plus that of every
+process it started and waited for (RUSAGE_CHILDREN counts a child's waited-for children too) -, when it ended and
+on which xdist worker. ``tests/tiers.py
 cpu`` prints the tests that spent most (docs/testing.md).
 """
 
@@ -33,6 +34,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         return
     cpu, wall = cpu_seconds(), time.monotonic()
     yield
-    line = {"test": item.nodeid, "wall": round(time.monotonic() - wall, 2), "cpu": round(cpu_seconds() - cpu, 2)}
+    line = {"test": item.nodeid, "wall": round(time.monotonic() - wall, 2), "cpu": round(cpu_seconds() - cpu, 2),
+            "end": round(time.time(), 2), "worker": os.environ.get("PYTEST_XDIST_WORKER", "")}
     with open(path, "a", encoding="utf-8") as log:  # one short write per line: whole under O_APPEND
         log.write(json.dumps(line) + "\n")
