@@ -2,10 +2,9 @@
 
 Two cores bound `make test` by the CPU its tests spend, not by their wall time (a test that waits on a job's
 timeout costs little; one that starts five replicas costs seconds of CPU in each). With ``TEST_CPU_LOG`` set, every
-test appends one JSON line there: its node id, wall seconds, CPU seconds - this process's own plus that of every
-process it started and waited for (RUSAGE_CHILDREN counts a child's waited-for children too) -, when it ended and
-on which xdist worker. ``tests/tiers.py
-cpu`` prints the tests that spent most (docs/testing.md).
+test appends one JSON line there: its node id, wall seconds, CPU seconds (this process's own plus that of every
+process it started and waited for: RUSAGE_CHILDREN counts a child's waited-for children too), when it ended and on
+which xdist worker. ``tests/tiers.py table --cpu N`` prints the N tests that spent most (docs/testing.md).
 """
 
 from __future__ import annotations
