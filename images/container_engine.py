@@ -37,12 +37,13 @@ class Engine:
         return proc.stdout
 
     def exists(self, ref: str) -> bool:
-        return subprocess.run(self.command("image", "inspect", ref), capture_output=True, check=False).returncode == 0
+        return self.image_id(ref) is not None
 
     def image_id(self, ref: str) -> str | None:
+        """The image ``ref`` names, or None when there is none."""
         proc = subprocess.run(self.command("image", "inspect", "--format", "{{.Id}}", ref), capture_output=True,
                               text=True, check=False)
-        return proc.stdout.strip() or None if proc.returncode == 0 else None
+        return (proc.stdout.strip() or None) if proc.returncode == 0 else None
 
     def remove_replaced(self, ref: str, old: str | None) -> None:
         """Remove the image ``ref`` named before a build, once the build gave the name to a new one: each `make test`
