@@ -17,12 +17,14 @@ from collections.abc import Generator
 
 import pytest
 
+from tests.tiers import children_cpu
+
 LOG = "TEST_CPU_LOG"
 
 
 def cpu_seconds() -> float:
-    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    return own.ru_utime + own.ru_stime + children_cpu()
 
 
 @pytest.hookimpl(hookwrapper=True)
