@@ -80,6 +80,10 @@ TRAINER_MODULE = "TRAINER_MODULE"
 TRAINER_JOB_DIR = "TRAINER_JOB_DIR"
 TRAINER_REPLICA = "TRAINER_REPLICA"
 TRAINER_RESTART_COUNT = "TRAINER_RESTART_COUNT"  # how many times the platform restarted this replica (0 at first)
+# The CPUs this replica may use: `local` gives each emulated replica its share of the host's (a replica's own VM would
+# have its own); a user may set it where a container is limited to fewer CPUs than the host shows. Each process then
+# gets OMP_NUM_THREADS = TRAINER_CPUS / its node's processes (at least 1), unless the user set OMP_NUM_THREADS.
+TRAINER_CPUS = "TRAINER_CPUS"
 TRAINER_PLAN_FILE = "TRAINER_PLAN_FILE"  # the plan the launcher hands its worker processes (a private file)
 TRAINER_LOG_FORMAT = "TRAINER_LOG_FORMAT"  # default --log-format; the entrypoint sets the resolved one for children
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"

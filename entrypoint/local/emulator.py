@@ -20,14 +20,14 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
 from entrypoint import failures
 from entrypoint.cluster import envvars as ev
 from entrypoint.cluster.environments._parse import get_trial
-from entrypoint.cluster.environments.settings import secret_values, secrets_in_args
+from entrypoint.cluster.environments.settings import host_cpus, secret_values, secrets_in_args
 from entrypoint.errors import ConfigError, ExitCode, is_retryable
 from entrypoint.failures.records import read_records, record_names
 from entrypoint.lifecycle import signals
@@ -63,15 +63,20 @@ def _metrics_root(output_dir: str) -> Path:
     return Path(output_dir).resolve()
 
 
+def cpu_share(env: Mapping[str, str], replicas: int) -> int:
+    """Each replica's CPUs: the host's divided among the replicas, at least 1, as each would have its own VM's."""
+    return max(1, host_cpus(env) // max(1, replicas))
+
+
 def build_replicas(pools: Sequence[Pool], output_dir: str, trial: str | None,
                    base_env: dict[str, str]) -> list[Replica]:
     """Every started replica's environment, exactly as Vertex would set it."""
     output, metrics_root = _output_base(output_dir), _metrics_root(output_dir)
     base = f"{output}/{trial}" if trial else output
     replicas = []
-    for pool, index, spec in cluster_specs(pools, trial):
-        if not pool.start:
-            continue
+    started = [(pool, index, spec) for pool, index, spec in cluster_specs(pools, trial) if pool.start]
+    share = cpu_share(base_env, len(started))
+    for pool, index, spec in started:
         name = f"{pool.name}-{index}"
         env = {k: v for k, v in base_env.items() if k not in (ev.CLUSTER_SPEC, ev.TF_CONFIG)}
         env.update(pool.env)
@@ -85,6 +90,7 @@ def build_replicas(pools: Sequence[Pool], output_dir: str, trial: str | None,
             # container's own /tmp/hypertune file; here it survives the replica for `local` to show).
             ev.CLOUD_ML_HP_METRIC_FILE: str(metrics_root / METRICS_DIR / name / "hypertune" / "output.metrics"),
             ev.TRAINER_REPLICA: name,
+            ev.TRAINER_CPUS: str(share),
             ev.PYTHONUNBUFFERED: "1",
         })
         if trial:
@@ -168,8 +174,10 @@ def run_cluster(pools: Sequence[Pool], output_dir: str, trial: str | None = None
     disks = Disks(Path.cwd())
     signals.adopt_orphans()  # what a replica's user code leaves behind is ended with the job, as in a container
     names = ", ".join(r.name for r in replicas)
+    cpus = replicas[0].env[ev.TRAINER_CPUS] if replicas else "0"
     print(f"[local] starting {len(replicas)} replicas ({names}); outputs under {output}; each replica's own disk "
-          f"under {disks.root}\n[local] {policy.describe()}", flush=True)
+          f"under {disks.root}; {host_cpus(os.environ)} CPU(s) shared: {ev.TRAINER_CPUS}={cpus} each\n"
+          f"[local] {policy.describe()}", flush=True)
     try:
         secrets = secret_values() | frozenset(secrets_in_args([a for pool in pools for a in pool.command]))
         outcome = Supervisor(replicas, grace=replica_grace(pools), policy=policy, prepare=disks.prepare,

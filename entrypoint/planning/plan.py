@@ -143,6 +143,17 @@ def choose_framework(requested: str | None, settings: PlatformSettings) -> str:
     raise ConfigError("--framework", f"not given and {what}; pass one of {accepted}")
 
 
+def cpu_share(settings: PlatformSettings, topo: ClusterTopology, nproc: int) -> dict[str, str]:
+    """OMP_NUM_THREADS for each of the node's processes when the replica's CPUs are known (TRAINER_CPUS): its share,
+    at least 1. Without it every process of every replica `local` runs on one host starts an OpenMP pool as wide as
+    the host, and the pools spin against each other (measured: 4x the CPU and 4x the time of a two-replica job on two
+    busy cores). Not where the user set OMP_NUM_THREADS, a framework sets its own (torchrun's 1 for several processes
+    a node), or the platform started the processes (their pools exist already)."""
+    if settings.cpus is None or topo.processes_started_externally or ev.OMP_NUM_THREADS in dict(settings.user_set):
+        return {}
+    return {ev.OMP_NUM_THREADS: str(max(1, settings.cpus // max(1, nproc)))}
+
+
 def make_plan(topo: ClusterTopology, options: RunOptions, settings: PlatformSettings, gpus: int) -> Plan:
     """Decide strategy, processes per node, outputs and user code; ConfigError for impossible combinations."""
     framework = registry.get(choose_framework(options.framework, settings))
@@ -164,12 +175,13 @@ def make_plan(topo: ClusterTopology, options: RunOptions, settings: PlatformSett
     unknown = set(framework.user_variables) - set(ev.FRAMEWORK_DEFAULTED)
     assert not unknown, f"{framework.name} declares user variables outside envvars.FRAMEWORK_DEFAULTED: {unknown}"
     node = framework.plan(topo, options, settings.user_values(framework.user_variables), gpus, outputs)
+    env = {**cpu_share(settings, topo, node.nproc_per_node), **node.env}
     made = Plan(
         framework=framework.name, strategy=node.strategy, reason=node.reason, nproc_per_node=node.nproc_per_node,
         gpus_per_node=gpus, world_size=job_world_size(topo, node.nproc_per_node), outputs=outputs, topology=topo,
         options=options,
         code=find_code(options.module or settings.module, options.script), server_pool=node.server_pool,
-        framework_env=tuple(sorted(node.env.items())), peers_serve=node.peers_serve,
+        framework_env=tuple(sorted(env.items())), peers_serve=node.peers_serve,
         restart_count=settings.restart_count,
         own_barrier=node.own_barrier,
     )

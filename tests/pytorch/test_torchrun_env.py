@@ -8,6 +8,7 @@ for one process per node, torch's agent for two); Kubeflow's elastic echo patter
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -62,7 +63,8 @@ def _torchrun(tmp_path: Path, nodes: int, nproc: int) -> dict[int, dict[str, str
 
 
 def _ours(tmp_path: Path, nodes: int, nproc: int, restarts: str | None) -> dict[int, dict[str, str]]:
-    out, extra = tmp_path / "ours", ({"TRAINER_RESTART_COUNT": restarts} if restarts else {})
+    # TRAINER_CPUS unset, as under torchrun: `local` still gives each replica its share of this host's CPUs
+    out, extra = tmp_path / "ours", {"TRAINER_CPUS": "", **({"TRAINER_RESTART_COUNT": restarts} if restarts else {})}
     run = ["run", "--framework", "pytorch", "--timeout", "120", "--nproc-per-node", str(nproc), "--script", PROBE]
     if nodes == 1:
         proc = entrypoint(*run, "--job-dir", str(tmp_path / "job"), "--", str(out), env=extra)
@@ -80,8 +82,11 @@ def test_script_mode_sets_what_torchrun_sets_with_its_values(tmp_path: Path, nod
     restarts = "2" if nodes == 1 else None  # `local` sets each replica's count itself (0: the first attempt)
     ours = _ours(tmp_path, nodes, nproc, restarts)
     assert sorted(ours) == sorted(reference) == list(range(nodes * nproc))
+    share = max(1, len(os.sched_getaffinity(0)) // nodes)  # what `local` gives each replica
     for rank, theirs in reference.items():
-        mine = ours[rank]
+        mine = dict(ours[rank])
+        if nodes > 1 and "OMP_NUM_THREADS" not in theirs:  # torchrun's agents share the host without a word
+            assert mine.pop("OMP_NUM_THREADS") == str(max(1, share // nproc)), f"rank {rank}"
         assert sorted(theirs) == sorted(k for k in mine if not OURS.match(k)), f"rank {rank}"
         expected = {k: theirs[k] for k in SAME_VALUE if k in theirs}
         if restarts:

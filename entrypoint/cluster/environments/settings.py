@@ -34,6 +34,7 @@ class PlatformSettings:
     nccl_socket_ifname: str | None = None  # the user's NCCL_SOCKET_IFNAME, checked by `doctor`
     gloo_socket_ifname: str | None = None  # the user's GLOO_SOCKET_IFNAME, likewise
     restart_count: int = 0  # how many times the platform restarted this replica (TRAINER_RESTART_COUNT)
+    cpus: int | None = None  # the CPUs this replica may use (TRAINER_CPUS: `local` sets each replica's share)
     # The user's values of variables a framework sets defaults for (OMP_NUM_THREADS, HOROVOD_FUSION_THRESHOLD...):
     # each framework reads its own (``user_values``), and the user's value wins over its default.
     user_set: tuple[tuple[str, str], ...] = ()
@@ -67,6 +68,7 @@ def read_settings(environ: Mapping[str, str] | None = None) -> PlatformSettings:
         nccl_socket_ifname=get(ev.NCCL_SOCKET_IFNAME),
         gloo_socket_ifname=get(ev.GLOO_SOCKET_IFNAME),
         restart_count=_count(ev.TRAINER_RESTART_COUNT, get(ev.TRAINER_RESTART_COUNT)),
+        cpus=_cpus(get(ev.TRAINER_CPUS)),
         user_set=tuple(sorted(user_overrides(ev.FRAMEWORK_DEFAULTED, env).items())),
     )
 
@@ -78,6 +80,26 @@ def _count(name: str, value: str | None) -> int:
     if not value.isdigit() or not value.isascii():
         raise ConfigError(name, "must be a whole number >= 0 (the platform's restarts of this replica); the value "
                                 "set is not one (values are never echoed)")
+    return int(value)
+
+
+def host_cpus(environ: Mapping[str, str] | None = None) -> int:
+    """The CPUs this process may use: TRAINER_CPUS where it is set (a container limited to fewer than the host
+    shows; a bad value is a ConfigError), else its CPU affinity."""
+    env = os.environ if environ is None else environ
+    given = _cpus(env.get(ev.TRAINER_CPUS, "").strip() or None)
+    if given is not None:
+        return given
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def _cpus(value: str | None) -> int | None:
+    """A whole number >= 1 (unset: None); anything else is a configuration error naming the variable."""
+    if value is None:
+        return None
+    if not value.isdigit() or not value.isascii() or int(value) < 1:
+        raise ConfigError(ev.TRAINER_CPUS, "must be a whole number >= 1 (the CPUs this replica may use); the value "
+                                           "set is not one (values are never echoed)")
     return int(value)
 
 
