@@ -51,6 +51,10 @@ def subprocess_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env["PYTHONUNBUFFERED"] = "1"
     env["CUDA_VISIBLE_DEVICES"] = ""
+    # `make test` runs up to five jobs at once on two cores: one CPU is each job's share (`local` divides it among
+    # its replicas, at least one each). Without it every process starts an OpenMP pool as wide as the machine and
+    # the pools spin against each other: a two-replica job took 4x the CPU on two busy cores (docs/testing.md).
+    env["TRAINER_CPUS"] = "1"
     env.update(extra or {})
     return env
 
