@@ -43,6 +43,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 
+import build_inputs
 from build_common import IMAGES, INSTALL, ROOT, VARIANTS, Failure, image_ref, is_ci, log
 from container_engine import Engine, require_engine
 from cuda_base import CUDA_DEVEL_REF, ensure_cuda_devel
@@ -84,11 +85,21 @@ def local_build_args(image: str, sources: WheelSources, variant: str = "cpu") ->
     return args
 
 
-def build_command(engine: Engine, image: str, sources: WheelSources, variant: str = "cpu") -> list[str]:
+def build_command(engine: Engine, image: str, sources: WheelSources, variant: str = "cpu",
+                  labels: dict[str, str] | None = None) -> list[str]:
     args = {**release_build_args(image, variant), **local_build_args(image, sources, variant)}
     flags = [f"--build-arg={k}={v}" for k, v in args.items()]
-    return engine.command("build", *engine.build_flags(), f"--file=images/{image}/Dockerfile", *flags,
+    marks = [f"--label={k}={v}" for k, v in (labels or {}).items()]
+    return engine.command("build", *engine.build_flags(), f"--file=images/{image}/Dockerfile", *flags, *marks,
                           f"--tag={image_ref(image, variant)}", ".")
+
+
+def built_from(engine: Engine, ref: str) -> str | None:
+    """The build-inputs digest the image ``ref`` was labelled with (None: no such image, or no label)."""
+    if engine.image_id(ref) is None:
+        return None
+    label = engine.output("image", "inspect", "--format", f'{{{{index .Config.Labels "{build_inputs.LABEL}"}}}}', ref)
+    return label.strip() or None
 
 
 def _reachable(url: str) -> str | None:
@@ -123,18 +134,27 @@ def build(engine: Engine, images: Sequence[str], variant: str = "cpu") -> None:
     cached = sorted(p.parent.name for p in horovod_cache.glob("horovod-*/key.txt"))
     log(f"Horovod wheel cache {horovod_cache}: {', '.join(cached) or 'empty'} (a wheel of the image's key is "
         "used instead of compiling)")
-    started = time.monotonic()
+    bases = [BASE_REF, *([CUDA_DEVEL_REF] if variant == "gpu" and "horovod" in images else [])]
+    ids = [engine.image_id(base) for base in bases]
+    started, base_id = time.monotonic(), None if None in ids else " ".join(str(i) for i in ids)
     for image in images:
+        ref = image_ref(image, variant)
         with wheel_index(wheel, horovod_cache, wheel_port(image)) as sources:
-            command = build_command(engine, image, sources, variant)
-            log(f"building {image_ref(image, variant)}: {' '.join(command)}")
-            began, replaced = time.monotonic(), engine.image_id(image_ref(image, variant))
+            served = [*([wheel] if wheel else []), *sorted(horovod_cache.glob("horovod-*/*"))]
+            inputs = build_inputs.digest(build_command(engine, image, sources, variant), base_id, served)
+            if inputs is not None and built_from(engine, ref) == inputs:
+                log(f"{ref} is current: built from these inputs ({inputs[:12]}: the context, the build arguments, "
+                    "the base and the wheels), not built again")
+                continue
+            command = build_command(engine, image, sources, variant, {build_inputs.LABEL: inputs} if inputs else None)
+            log(f"building {ref}: {' '.join(command)}")
+            began, replaced = time.monotonic(), engine.image_id(ref)
             code = subprocess.run(command, cwd=ROOT, check=False).returncode
             if code != 0:
                 raise diagnose(image, code, variant)
-            engine.remove_replaced(image_ref(image, variant), replaced)
-            log(f"built {image_ref(image, variant)} in {_minutes(time.monotonic() - began)}")
-    log(f"built {', '.join(images)} ({variant}) in {_minutes(time.monotonic() - started)}")
+            engine.remove_replaced(ref, replaced)
+            log(f"built {ref} in {_minutes(time.monotonic() - began)}")
+    log(f"{', '.join(images)} ({variant}) ready in {_minutes(time.monotonic() - started)}")
 
 
 # What a GPU image must report with no GPU at hand (the builds' smoke checks assert the same): torch's CUDA build and

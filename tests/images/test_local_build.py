@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from dockerfile_parse import DockerfileParser
 
-from tests.containers.engine import base, common, cuda, driver, engines, sizes, wheels
+from tests.containers.engine import base, common, cuda, driver, engines, inputs, sizes, wheels
 from tests.images.test_cloudbuild import build_steps, flag
 
 pytestmark = pytest.mark.images
@@ -163,3 +163,61 @@ def _stamp(days_ago: float) -> str:
     from datetime import datetime, timedelta, timezone
 
     return (datetime.now(timezone.utc) - timedelta(days=days_ago)).strftime("%Y%m%dT%H%M%SZ")
+
+
+def _context(root: Path) -> Path:
+    (root / "entrypoint" / "__pycache__").mkdir(parents=True)
+    (root / "entrypoint" / "cli.py").write_text("x = 1\n")
+    (root / "entrypoint" / "__pycache__" / "cli.cpython-311.pyc").write_bytes(b"compiled")
+    (root / "pyproject.toml").write_text("[project]\n")
+    (root / ".venv").mkdir()
+    (root / ".venv" / "big").write_text("not in the context\n")
+    (root / ".dockerignore").write_text("# allowlist\n*\n!pyproject.toml\n!entrypoint/\n**/__pycache__\n**/*.pyc\n")
+    return root
+
+
+def test_the_build_inputs_change_with_the_context_the_command_the_base_and_the_wheels(tmp_path: Path) -> None:
+    """An image labelled with the digest of the inputs at hand is not built again: the digest must change with
+    anything the build reads, and with nothing it does not."""
+    root = _context(tmp_path / "repo")
+    wheel = tmp_path / "torch-2.13.0+cpu-cp311-cp311-linux_x86_64.whl"
+    wheel.write_bytes(b"wheel")
+    command, base_id = ["podman", "build", "--build-arg=VARIANT=cpu", "."], "sha256:base"
+    first = inputs.digest(command, base_id, [wheel], root)
+    assert first is not None and first == inputs.digest(command, base_id, [wheel], root)
+    (root / ".venv" / "big").write_text("changed, but outside the context\n")
+    (root / "entrypoint" / "__pycache__" / "cli.cpython-311.pyc").write_bytes(b"recompiled")
+    assert inputs.digest(command, base_id, [wheel], root) == first
+    changes = [
+        lambda: (root / "entrypoint" / "cli.py").write_text("x = 2\n"),
+        lambda: (root / "entrypoint" / "new.py").write_text(""),
+        lambda: (root / "entrypoint" / "new.py").chmod(0o755),
+        lambda: (root / "pyproject.toml").write_text("[project]\nname = 'x'\n"),
+        lambda: wheel.write_bytes(b"another wheel"),
+    ]
+    seen = {first}
+    for change in changes:
+        change()
+        now = inputs.digest(command, base_id, [wheel], root)
+        assert now not in seen
+        seen.add(now)
+    assert inputs.digest([*command[:-1], "--build-arg=VARIANT=gpu", "."], base_id, [wheel], root) not in seen
+    assert inputs.digest(command, "sha256:another-base", [wheel], root) not in seen
+    assert inputs.digest(command, None, [wheel], root) is None  # no base: always build
+
+
+def test_a_dockerignore_this_module_cannot_read_means_every_build_runs(tmp_path: Path) -> None:
+    root = _context(tmp_path)
+    (root / ".dockerignore").write_text(".venv\n.git\n")  # a denylist: the context is everything else
+    assert inputs.context_roots(root) is None and inputs.digest(["build"], "base", [], root) is None
+    (root / ".dockerignore").write_text("*\n!entrypoint/*.py\n")
+    assert inputs.context_roots(root) is None
+
+
+def test_the_repository_dockerignore_is_read_and_covers_what_the_dockerfiles_copy() -> None:
+    roots = inputs.context_roots(ROOT)
+    assert roots is not None
+    copied = {src.split("/")[0] for image in common.IMAGES
+              for line in (ROOT / "images" / image / "Dockerfile").read_text().splitlines()
+              if line.startswith("COPY ") and "--from=" not in line for src in line.split()[1:-1]}
+    assert copied <= {p.name for p in roots}, copied
