@@ -15,6 +15,7 @@ import pytest
 
 from entrypoint.lifecycle.supervisor import free_ports
 from entrypoint.outputs import checkpoints
+from tests.references import faults_digest
 from tests.runs import Job, entrypoint, failure_records, failure_text, last_line, processes_with, summary, wait_gone
 
 pytest.importorskip("torch")
@@ -36,15 +37,6 @@ def local_args(output: Path, *extra: str) -> list[str]:
 def newest_step(checkpoint_dir: Path) -> int:
     found = checkpoints.committed(checkpoint_dir, warn=False)
     return found[-1][0] if found else 0
-
-
-def reference_digest(tmp_path: Path, world: int) -> str:
-    """The final parameters of the same job, never interrupted."""
-    out = tmp_path / "reference"
-    args = run_args(out, *SLOW) if world == 1 else local_args(out, *SLOW)
-    proc = entrypoint(*args)
-    assert proc.returncode == 0, failure_text(proc)
-    return str(summary(out / "model")["param_digests"][0])
 
 
 def replica_pid(marker: str, replica: str) -> int:
@@ -80,8 +72,9 @@ def assert_stopped_and_resumes(job: Job, job_dir: Path, resume: list[str], signa
     return step
 
 
-def test_sigterm_on_one_node_commits_the_exact_step_and_the_restart_resumes_exactly(tmp_path: Path) -> None:
-    expected = reference_digest(tmp_path, world=1)
+def test_sigterm_on_one_node_commits_the_exact_step_and_the_restart_resumes_exactly(
+        tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    expected = faults_digest(tmp_path_factory, world=1)
     job_dir = tmp_path / "job"
     job = Job(*run_args(job_dir, *SLOW))
     try:
@@ -93,8 +86,9 @@ def test_sigterm_on_one_node_commits_the_exact_step_and_the_restart_resumes_exac
     assert summary(job_dir / "model")["param_digests"][0] == expected
 
 
-def test_sigterm_reaching_one_replica_stops_both_at_the_same_step(tmp_path: Path) -> None:
-    expected = reference_digest(tmp_path, world=2)
+def test_sigterm_reaching_one_replica_stops_both_at_the_same_step(tmp_path: Path,
+                                                                  tmp_path_factory: pytest.TempPathFactory) -> None:
+    expected = faults_digest(tmp_path_factory, world=2)
     out = tmp_path / "job"
     job = Job(*local_args(out, *SLOW))
     try:
@@ -109,8 +103,9 @@ def test_sigterm_reaching_one_replica_stops_both_at_the_same_step(tmp_path: Path
 
 
 @pytest.mark.parametrize("world", [1, 2])
-def test_killed_at_an_epoch_boundary_the_restart_resumes_exactly(tmp_path: Path, world: int) -> None:
-    expected = reference_digest(tmp_path, world)
+def test_killed_at_an_epoch_boundary_the_restart_resumes_exactly(
+        tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, world: int) -> None:
+    expected = faults_digest(tmp_path_factory, world)
     out = tmp_path / "job"
     args = run_args(out, *SLOW) if world == 1 else local_args(out, *SLOW)
     job = Job(*args)

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from entrypoint.outputs import checkpoints
+from tests.references import faults_digest
 from tests.runs import (
     Job,
     assert_export_is_newest_checkpoint,
@@ -22,7 +23,6 @@ from tests.runs import (
     failure_text,
     last_line,
     replica_group,
-    summary,
     vanish,
 )
 
@@ -66,16 +66,10 @@ def assert_recovered(job: Job, out: Path, victim: str, hooks: bool = True, resum
     return result
 
 
-def reference_digest(tmp_path: Path, run: list[str]) -> str:
-    out = tmp_path / "reference"
-    proc = entrypoint(*local_args(out, run), timeout=600)
-    assert proc.returncode == 0, failure_text(proc)
-    return str(summary(out / "model")["param_digests"][0])
-
-
-def test_a_lost_worker_mid_epoch_costs_a_restart_and_the_weights_are_bit_identical(tmp_path: Path) -> None:
+def test_a_lost_worker_mid_epoch_costs_a_restart_and_the_weights_are_bit_identical(
+        tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
     run = [*HOOKS, "--checkpoint-every", "5", "--recovery", "restart", "--", *SLOW]  # restart the world
-    expected = reference_digest(tmp_path, run)
+    expected = faults_digest(tmp_path_factory, world=2)
     out = tmp_path / "job"
     job = Job(*local_args(out, run))
     try:
@@ -93,11 +87,12 @@ def test_a_lost_worker_mid_epoch_costs_a_restart_and_the_weights_are_bit_identic
     assert lost["lost_at_step"] >= 12 and lost["lost_steps"] == lost["lost_at_step"] - 10
 
 
-def test_a_lost_worker_mid_epoch_in_place_keeps_the_weights_bit_identical(tmp_path: Path) -> None:
+def test_a_lost_worker_mid_epoch_in_place_keeps_the_weights_bit_identical(
+        tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
     """Survivors keep training (the default): at world 2 an allreduce sums two floats, in one order, so even the
     step replayed with the new group gives the uninterrupted run's weights bit for bit."""
     run = [*HOOKS, "--checkpoint-every", "5", "--", *SLOW]
-    expected = reference_digest(tmp_path, run)
+    expected = faults_digest(tmp_path_factory, world=2)
     out = tmp_path / "job"
     job = Job(*local_args(out, run))
     try:

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from entrypoint.outputs import checkpoints
+from tests.references import Reference, reference
 from tests.runs import Job, entrypoint, failure_records, failure_text, last_line, summary, vanish, wait_gone
 
 torch = pytest.importorskip("torch")
@@ -39,19 +40,25 @@ def assert_close(a: dict[str, Any], b: dict[str, Any], atol: float) -> None:
     assert worst <= atol, f"the weights differ by up to {worst}"
 
 
-def test_fsdp_at_world_2_trains_the_weights_ddp_trains_and_commits_every_ranks_shards(tmp_path: Path) -> None:
-    runs = {}
-    for strategy in ("ddp", "fsdp"):
-        job_dir = tmp_path / strategy
-        proc = entrypoint(*run_args(job_dir, "--nproc-per-node", "2", "--strategy", strategy, "--epochs", "1",
-                                    "--checkpoint-every", "8"), timeout=600)
-        assert proc.returncode == 0, failure_text(proc)
-        assert f"strategy {strategy}: --strategy {strategy}" in proc.stdout
-        said = proc.stdout.count("sharded on CPU: allocations from 128 KiB up are given back")
+def fsdp_world_2(factory: pytest.TempPathFactory) -> Reference:
+    """One FSDP job at world 2 (an epoch, a checkpoint every 8 steps), run once for the tests that read it."""
+    return reference(factory, "fsdp-world-2", lambda out: run_args(
+        out, "--nproc-per-node", "2", "--strategy", "fsdp", "--epochs", "1", "--checkpoint-every", "8"))
+
+
+def test_fsdp_at_world_2_trains_the_weights_ddp_trains_and_commits_every_ranks_shards(
+        tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    ddp = tmp_path / "ddp"
+    proc = entrypoint(*run_args(ddp, "--nproc-per-node", "2", "--strategy", "ddp", "--epochs", "1",
+                                "--checkpoint-every", "8"), timeout=600)
+    assert proc.returncode == 0, failure_text(proc)
+    fsdp = fsdp_world_2(tmp_path_factory)
+    for strategy, stdout in (("ddp", proc.stdout), ("fsdp", fsdp.stdout)):
+        assert f"strategy {strategy}: --strategy {strategy}" in stdout
+        said = stdout.count("sharded on CPU: allocations from 128 KiB up are given back")
         assert said == (1 if strategy == "fsdp" else 0)  # both ranks set it, rank 0 says so
-        runs[strategy] = job_dir
-    assert_close(weights(runs["ddp"]), weights(runs["fsdp"]), atol=1e-6)  # same seed, same batches
-    sharded = runs["fsdp"]
+    assert_close(weights(ddp), weights(fsdp.out), atol=1e-6)  # same seed, same batches
+    sharded = fsdp.out
     result = summary(sharded / "model")
     assert result["strategy"] == "fsdp" and result["final_step"] == result["expected_steps"]
     assert sorted(p.name for p in (sharded / "model").iterdir()) == ["model.safetensors", "training_summary.json"]
@@ -82,15 +89,17 @@ def consumed(record: Path, steps: int | None = None) -> list[list[int]]:
             for line in f.read_text().splitlines()[:steps]]
 
 
-@pytest.mark.parametrize("world", [2, 3])
-def test_sigterm_commits_every_shard_and_a_world_4_checkpoint_resumes_at_a_smaller_world(
-        tmp_path: Path, world: int) -> None:
+def test_sigterm_commits_every_shard_and_a_world_4_checkpoint_resumes_at_smaller_worlds(tmp_path: Path) -> None:
     windows, batch = 256, 8  # world 4: 8 steps per epoch
-    first, record = tmp_path / "job", tmp_path / "record"
-    record.mkdir()
-    user = ("--windows", str(windows), "--record", str(record), "--step-sleep", "0.2")
-    job = Job(*run_args(first, "--nproc-per-node", "4", "--strategy", "fsdp", "--epochs", "2",
-                        "--checkpoint-every", "2", user=user))
+    first = tmp_path / "job"
+
+    def args(job_dir: Path, world: int, record: Path) -> list[str]:
+        record.mkdir()
+        return run_args(job_dir, "--nproc-per-node", str(world), "--strategy", "fsdp", "--epochs", "2",
+                        "--checkpoint-every", "2", user=("--windows", str(windows), "--record", str(record),
+                                                          "--step-sleep", "0.2"))
+
+    job = Job(*args(first, 4, tmp_path / "record"))
     try:
         job.wait_for("checkpoint ckpt-00000002 committed")
         job.send(signal.SIGTERM)
@@ -101,23 +110,23 @@ def test_sigterm_commits_every_shard_and_a_world_4_checkpoint_resumes_at_a_small
     assert f"stopped by SIGTERM at step {stopped[0]}" in last_line(job)
     assert sorted(checkpoints.read_marker(stopped[1])["files"]) == [
         ".metadata", "__0_0.distcp", "__1_0.distcp", "__2_0.distcp", "__3_0.distcp", "extra.pt"]
-    before = consumed(record)
+    before = consumed(tmp_path / "record")
     assert len(before) == 4 * stopped[0]  # every rank recorded exactly the committed steps
-    shutil.rmtree(record)
-    record.mkdir()
-    proc = entrypoint(*run_args(first, "--nproc-per-node", str(world), "--strategy", "fsdp", "--epochs", "2",
-                                "--checkpoint-every", "2", user=user), timeout=900)
-    assert proc.returncode == 0, failure_text(proc)
-    assert f"resharded from world 4 to {world}" in proc.stdout
-    result = summary(first / "model")
-    assert result["final_step"] == result["expected_steps"] and result["world_size"] == world
-    # The rest of epoch 1 over the new world: no sample seen twice, none skipped but the ragged end.
-    done = stopped[0] * 4 * batch
-    left = (windows - done) // world // batch
-    after = consumed(record, left)
-    seen = [i for step in before + after for i in step]
-    assert len(seen) == len(set(seen)) == done + left * world * batch
-    assert windows - len(seen) < world * batch  # only the ragged end, as drop_last leaves it
+    for world in (3, 2):  # each from a copy of the stopped job: one world 4 checkpoint, resumed twice
+        job_dir, record = tmp_path / f"world-{world}", tmp_path / f"record-{world}"
+        shutil.copytree(first, job_dir)
+        proc = entrypoint(*args(job_dir, world, record), timeout=900)
+        assert proc.returncode == 0, failure_text(proc)
+        assert f"resharded from world 4 to {world}" in proc.stdout
+        result = summary(job_dir / "model")
+        assert result["final_step"] == result["expected_steps"] and result["world_size"] == world
+        # The rest of epoch 1 over the new world: no sample seen twice, none skipped but the ragged end.
+        done = stopped[0] * 4 * batch
+        left = (windows - done) // world // batch
+        after = consumed(record, left)
+        seen = [i for step in before + after for i in step]
+        assert len(seen) == len(set(seen)) == done + left * world * batch, world
+        assert windows - len(seen) < world * batch, world  # only the ragged end, as drop_last leaves it
 
 
 def test_sigterm_to_the_whole_group_with_loader_workers_commits_every_shard_and_the_restart_resumes(
@@ -213,14 +222,12 @@ def test_shard_units_naming_modules_not_in_the_model_is_one_line(tmp_path: Path)
 
 
 def test_a_checkpoint_of_another_model_is_refused_naming_the_tensor_and_nothing_is_overwritten(
-        tmp_path: Path) -> None:
+        tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
     job_dir = tmp_path / "job"
-    proc = entrypoint(*run_args(job_dir, "--nproc-per-node", "2", "--strategy", "fsdp", "--epochs", "1"),
-                      timeout=600)
-    assert proc.returncode == 0, failure_text(proc)
+    shutil.copytree(fsdp_world_2(tmp_path_factory).out, job_dir)  # a finished FSDP job's dir
     before = {p: p.stat().st_mtime_ns for p in (job_dir / "checkpoints").rglob("*")}
     proc = entrypoint(*run_args(job_dir, "--nproc-per-node", "2", "--strategy", "fsdp", "--epochs", "2",
-                                user=("--width", "32")), timeout=600)
+                                "--checkpoint-every", "8", user=("--width", "32")), timeout=600)
     assert proc.returncode == 2, failure_text(proc)
     assert "tok.weight is (64, 64) in the checkpoint but (64, 32) in the model" in last_line(proc)
     assert {p: p.stat().st_mtime_ns for p in (job_dir / "checkpoints").rglob("*")} == before
