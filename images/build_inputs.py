@@ -30,7 +30,8 @@ def context_roots(root: Path = ROOT) -> list[Path] | None:
     patterns = [line for line in lines if line and not line.startswith("#")]
     if not patterns or patterns[0] != "*":
         return None
-    allowed, excluded = [], []
+    allowed: list[str] = []
+    excluded: list[str] = []
     for pattern in patterns[1:]:
         (allowed if pattern.startswith("!") else excluded).append(pattern.removeprefix("!").rstrip("/"))
     if any(p not in ("**/__pycache__", "**/*.pyc") for p in excluded) or any("*" in p for p in allowed):
@@ -48,6 +49,16 @@ def context_files(roots: Iterable[Path]) -> list[Path]:
             dirs[:] = sorted(d for d in dirs if d not in SKIPPED_PARTS)
             found += [Path(folder) / f for f in sorted(files) if not f.endswith(SKIPPED_SUFFIXES)]
     return found
+
+
+REVISION_ARG = "--build-arg=REVISION="
+
+
+def without_revision(command: Sequence[str]) -> list[str]:
+    """The build command without the commit it names (a label only): an image built at an earlier commit from the same
+    inputs is current, and a commit that changes no input (tests, docs) rebuilds nothing. Its revision label names the
+    commit that built it."""
+    return [arg for arg in command if not arg.startswith(REVISION_ARG)]
 
 
 def _stat_line(path: Path) -> str:

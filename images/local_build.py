@@ -141,7 +141,8 @@ def build(engine: Engine, images: Sequence[str], variant: str = "cpu") -> None:
         ref = image_ref(image, variant)
         with wheel_index(wheel, horovod_cache, wheel_port(image)) as sources:
             served = [*([wheel] if wheel else []), *sorted(horovod_cache.glob("horovod-*/*"))]
-            inputs = build_inputs.digest(build_command(engine, image, sources, variant), base_id, served)
+            inputs = build_inputs.digest(build_inputs.without_revision(build_command(engine, image, sources, variant)),
+                                         base_id, served)
             if inputs is not None and built_from(engine, ref) == inputs:
                 log(f"{ref} is current: built from these inputs ({inputs[:12]}: the context, the build arguments, "
                     "the base and the wheels), not built again")

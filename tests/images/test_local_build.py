@@ -204,6 +204,9 @@ def test_the_build_inputs_change_with_the_context_the_command_the_base_and_the_w
     assert inputs.digest([*command[:-1], "--build-arg=VARIANT=gpu", "."], base_id, [wheel], root) not in seen
     assert inputs.digest(command, "sha256:another-base", [wheel], root) not in seen
     assert inputs.digest(command, None, [wheel], root) is None  # no base: always build
+    revised = [*command[:-1], "--build-arg=REVISION=abc123", "."]
+    assert inputs.digest(inputs.without_revision(revised), base_id, [wheel], root) == \
+        inputs.digest(command, base_id, [wheel], root)  # a new commit with the same inputs builds nothing
 
 
 def test_a_dockerignore_this_module_cannot_read_means_every_build_runs(tmp_path: Path) -> None:
