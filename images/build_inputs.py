@@ -1,5 +1,8 @@
-"""What a local image build's result depends on, as one digest: an image whose label carries the digest of the
-inputs at hand is current, and `make test` does not build it again.
+"""What a local image build's result depends on, as one digest: an image built from the inputs at hand is current,
+and `make test` does not build it again. Each build's digest is recorded beside the image id it produced, in
+``~/.cache/trainer-images/built/`` (XDG_CACHE_HOME is honoured): the record holds for that image only, so an image
+built or removed by other means is built again. (Not an image label: a label given to `podman build` is set on every
+stage, which moves each stage's cache key and rebuilt everything from the first `apt-get`.)
 
 The engine's own layer cache would reuse every layer of such a build too, but only after hashing each COPY's
 source to look the layer up, the builder stage's venv included (1-3 GB an image): 25-35 s of CPU an image and
@@ -12,13 +15,14 @@ Dockerfile, its build arguments, the engine's flags), the base image's id, and t
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from build_common import ROOT
 
-LABEL = "org.trainer-images.build-inputs"
 SKIPPED_PARTS = ("__pycache__",)
 SKIPPED_SUFFIXES = (".pyc",)
 
@@ -59,6 +63,33 @@ def without_revision(command: Sequence[str]) -> list[str]:
     inputs is current, and a commit that changes no input (tests, docs) rebuilds nothing. Its revision label names the
     commit that built it."""
     return [arg for arg in command if not arg.startswith(REVISION_ARG)]
+
+
+def record_dir() -> Path:
+    cache_home = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache_home) / "trainer-images" / "built"
+
+
+def _record(ref: str) -> Path:
+    return record_dir() / (re.sub(r"[^A-Za-z0-9_.-]", "_", ref) + ".json")
+
+
+def is_current(ref: str, image_id: str, inputs: str) -> bool:
+    """Whether the image ``ref`` names now (``image_id``) is the one a build of these inputs produced."""
+    try:
+        record = json.loads(_record(ref).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(record, dict) and record.get("id") == image_id and record.get("inputs") == inputs
+
+
+def remember(ref: str, image_id: str, inputs: str) -> None:
+    """Record that a build of ``inputs`` produced ``image_id`` (written whole: a reader never sees half of it)."""
+    path = _record(ref)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"id": image_id, "inputs": inputs}))
+    tmp.replace(path)
 
 
 def _stat_line(path: Path) -> str:

@@ -85,21 +85,11 @@ def local_build_args(image: str, sources: WheelSources, variant: str = "cpu") ->
     return args
 
 
-def build_command(engine: Engine, image: str, sources: WheelSources, variant: str = "cpu",
-                  labels: dict[str, str] | None = None) -> list[str]:
+def build_command(engine: Engine, image: str, sources: WheelSources, variant: str = "cpu") -> list[str]:
     args = {**release_build_args(image, variant), **local_build_args(image, sources, variant)}
     flags = [f"--build-arg={k}={v}" for k, v in args.items()]
-    marks = [f"--label={k}={v}" for k, v in (labels or {}).items()]
-    return engine.command("build", *engine.build_flags(), f"--file=images/{image}/Dockerfile", *flags, *marks,
+    return engine.command("build", *engine.build_flags(), f"--file=images/{image}/Dockerfile", *flags,
                           f"--tag={image_ref(image, variant)}", ".")
-
-
-def built_from(engine: Engine, ref: str) -> str | None:
-    """The build-inputs digest the image ``ref`` was labelled with (None: no such image, or no label)."""
-    if engine.image_id(ref) is None:
-        return None
-    label = engine.output("image", "inspect", "--format", f'{{{{index .Config.Labels "{build_inputs.LABEL}"}}}}', ref)
-    return label.strip() or None
 
 
 def _reachable(url: str) -> str | None:
@@ -141,19 +131,21 @@ def build(engine: Engine, images: Sequence[str], variant: str = "cpu") -> None:
         ref = image_ref(image, variant)
         with wheel_index(wheel, horovod_cache, wheel_port(image)) as sources:
             served = [*([wheel] if wheel else []), *sorted(horovod_cache.glob("horovod-*/*"))]
-            inputs = build_inputs.digest(build_inputs.without_revision(build_command(engine, image, sources, variant)),
-                                         base_id, served)
-            if inputs is not None and built_from(engine, ref) == inputs:
+            command = build_command(engine, image, sources, variant)
+            inputs = build_inputs.digest(build_inputs.without_revision(command), base_id, served)
+            began, replaced = time.monotonic(), engine.image_id(ref)
+            if inputs is not None and replaced is not None and build_inputs.is_current(ref, replaced, inputs):
                 log(f"{ref} is current: built from these inputs ({inputs[:12]}: the context, the build arguments, "
                     "the base and the wheels), not built again")
                 continue
-            command = build_command(engine, image, sources, variant, {build_inputs.LABEL: inputs} if inputs else None)
             log(f"building {ref}: {' '.join(command)}")
-            began, replaced = time.monotonic(), engine.image_id(ref)
             code = subprocess.run(command, cwd=ROOT, check=False).returncode
             if code != 0:
                 raise diagnose(image, code, variant)
             engine.remove_replaced(ref, replaced)
+            built = engine.image_id(ref)
+            if inputs is not None and built is not None:
+                build_inputs.remember(ref, built, inputs)
             log(f"built {ref} in {_minutes(time.monotonic() - began)}")
     log(f"{', '.join(images)} ({variant}) ready in {_minutes(time.monotonic() - started)}")
 

@@ -224,3 +224,17 @@ def test_the_repository_dockerignore_is_read_and_covers_what_the_dockerfiles_cop
               for line in (ROOT / "images" / image / "Dockerfile").read_text().splitlines()
               if line.startswith("COPY ") and "--from=" not in line for src in line.split()[1:-1]}
     assert copied <= {p.name for p in roots}, copied
+
+
+def test_an_image_is_current_only_while_its_tag_names_what_a_build_of_these_inputs_produced(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    ref = "localhost/trainer-pytorch:cpu"
+    assert not inputs.is_current(ref, "sha256:a", "digest")  # never built here
+    inputs.remember(ref, "sha256:a", "digest")
+    assert inputs.is_current(ref, "sha256:a", "digest")
+    assert not inputs.is_current(ref, "sha256:b", "digest")  # the tag names another image now
+    assert not inputs.is_current(ref, "sha256:a", "other")  # the inputs changed
+    assert not inputs.is_current("localhost/trainer-horovod:cpu", "sha256:a", "digest")
+    next(inputs.record_dir().glob("*.json")).write_text("{not json")
+    assert not inputs.is_current(ref, "sha256:a", "digest")  # a broken record: build
