@@ -27,6 +27,7 @@ same settings. This file is the command line and the builds; the rest sits besid
     cuda_base.py          the GPU builds' CUDA devel base, from PyPI's CUDA 13.0 wheels (Horovod's compile only)
     wheel_sources.py      torch's +cpu wheel and Horovod's wheel cache, served on 127.0.0.1
     image_sizes.py        each image's size, largest layers and budget (size-budget.json)
+    build_inputs.py       a build's inputs as one digest: an image built from the inputs at hand is not built again
 
 They import one another by plain name: run as a script, images/ is on sys.path (sys.path[0]).
 """
