@@ -1,8 +1,9 @@
 """How replicas that do not train (ps, PS workers, evaluators) learn that training is over.
 
 The chief writes ``<checkpoint_dir>/TRAINING_DONE`` (a fresh id each run) after its last commit and
-the export. Watchers remember the marker they found at start (a previous run's) and see the job
-done once the marker holds a different id. As a fallback they probe the chief's address: once seen
+the export. A watcher takes the marker it finds at start for a previous run's when it was written before its own
+process started, and sees the job done once the marker holds a different id; a marker written since (a replica
+restarted in place while the chief finished) is this run's. As a fallback they probe the chief's address: once seen
 listening, a chief silent for longer than ``--timeout`` means it is gone (retryable, no hang).
 A failing chief writes nothing, so a restarted chief finds its servers still serving.
 """
@@ -10,9 +11,11 @@ A failing chief writes nothing, so a restarted chief finds its servers still ser
 from __future__ import annotations
 
 import json
+import os
 import socket
 import time
 import uuid
+from pathlib import Path
 
 from entrypoint.errors import PeerError
 from entrypoint.outputs import storage
@@ -45,6 +48,26 @@ def _read(path: Location) -> str | None:
         return None
 
 
+def _finished_at(marker: str) -> float:
+    """When the marker's run finished (0.0 for a marker that does not say: taken for an old one)."""
+    try:
+        return float(json.loads(marker)["finished_at"])
+    except (ValueError, KeyError, TypeError):
+        return 0.0
+
+
+def process_started() -> float:
+    """When this process started (wall clock, from /proc); now where /proc cannot tell. A restarted replica's
+    watcher is made after its imports: a marker the chief wrote meanwhile is this run's, not a previous one's."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        boot = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                    if line.startswith("btime "))
+        return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return time.time()
+
+
 def _listening(address: str) -> bool:
     host, _, port = address.rpartition(":")
     try:
@@ -57,9 +80,12 @@ def _listening(address: str) -> bool:
 class DoneWatcher:
     """Polls for the chief's done marker; raises PeerError once the chief has been gone too long."""
 
-    def __init__(self, checkpoint_dir: str | Location, chief_address: str | None, timeout: float) -> None:
+    def __init__(self, checkpoint_dir: str | Location, chief_address: str | None, timeout: float,
+                 started: float | None = None) -> None:
         self.path = marker_path(checkpoint_dir)
-        self.stale = _read(self.path)
+        found = _read(self.path)
+        since = process_started() if started is None else started
+        self.stale = found if found is not None and _finished_at(found) < since else None
         self.chief_address, self.timeout = chief_address, timeout
         self._chief_seen = False
         self._silent_since: float | None = None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import time
 from pathlib import Path
 from unittest import mock
 
@@ -16,6 +17,7 @@ from entrypoint.failures import classify
 from entrypoint.options import RunOptions
 from entrypoint.planning.plan import Plan, make_plan
 from entrypoint.planning.usercode import UserCode, run_script
+from entrypoint.tensorflow import done as done_module
 from entrypoint.tensorflow.done import DoneWatcher, announce_done, clear_done
 from entrypoint.tensorflow.export import save_on_every_worker
 
@@ -53,13 +55,28 @@ def test_peer_failures_are_retryable_and_others_are_not() -> None:
 
 
 def test_done_marker_of_a_previous_run_is_ignored(tmp_path: Path) -> None:
-    announce_done(tmp_path)  # a previous run finished
-    watcher = DoneWatcher(tmp_path, None, timeout=1)
+    announce_done(tmp_path)  # a previous run finished before this replica's process started
+    watcher = DoneWatcher(tmp_path, None, timeout=1, started=time.time() + 1)
     assert not watcher.done()
     clear_done(tmp_path)
     assert not watcher.done()
     announce_done(tmp_path)
     assert watcher.done()
+
+
+def test_a_marker_written_after_the_process_started_is_this_runs(tmp_path: Path) -> None:
+    """A replica restarted in place while the chief finishes: the chief's marker appears between the process's start
+    and its watcher (made after TensorFlow's import): it is this run's end, not a previous run's."""
+    started = time.time()
+    announce_done(tmp_path)
+    assert DoneWatcher(tmp_path, None, timeout=1, started=started).done()
+    assert DoneWatcher(tmp_path, None, timeout=1).done()  # this process started before the marker was written
+    (tmp_path / "TRAINING_DONE").write_text("not json")  # a marker that does not say when: an old one
+    assert not DoneWatcher(tmp_path, None, timeout=1).done()
+
+
+def test_the_process_start_time_is_read_from_proc() -> None:
+    assert 0 < done_module.process_started() <= time.time()
 
 
 def test_a_chief_gone_silent_is_a_retryable_error(tmp_path: Path) -> None:
