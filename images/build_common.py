@@ -30,6 +30,11 @@ def is_ci() -> bool:
     return os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
+def cache_dir() -> Path:
+    """The local builds' own cache on this machine (XDG_CACHE_HOME, else ~/.cache): Horovod's wheels, build records."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")) / "trainer-images"
+
+
 def image_ref(image: str, variant: str = "cpu") -> str:
     """The local tag of an image's variant."""
     return f"localhost/trainer-{image}:{variant}"

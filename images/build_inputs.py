@@ -21,7 +21,7 @@ import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from build_common import ROOT
+from build_common import ROOT, cache_dir
 
 SKIPPED_PARTS = ("__pycache__",)
 SKIPPED_SUFFIXES = (".pyc",)
@@ -66,8 +66,7 @@ def without_revision(command: Sequence[str]) -> list[str]:
 
 
 def record_dir() -> Path:
-    cache_home = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache_home) / "trainer-images" / "built"
+    return cache_dir() / "built"
 
 
 def _record(ref: str) -> Path:

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from build_common import IMAGES, ROOT, log
+from build_common import IMAGES, ROOT, cache_dir, log
 from debian_base import BASE_PYTHON
 
 # The local wheel index is a build argument: a fixed port keeps it, and so the layer cache, the same. Each image
@@ -64,8 +64,7 @@ def horovod_wheel_cache() -> Path:
     """build_horovod_wheel.sh's wheel cache (TRAINER_WHEEL_CACHE, else under XDG_CACHE_HOME or ~/.cache)."""
     if os.environ.get("TRAINER_WHEEL_CACHE"):
         return Path(os.environ["TRAINER_WHEEL_CACHE"])
-    cache_home = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache_home) / "trainer-images" / "wheels"
+    return cache_dir() / "wheels"
 
 
 @dataclass(frozen=True)
