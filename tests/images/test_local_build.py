@@ -15,6 +15,7 @@ from dockerfile_parse import DockerfileParser
 
 from tests.containers.engine import base, common, cuda, driver, engines, inputs, sizes, wheels
 from tests.images.test_cloudbuild import build_steps, flag
+from tests.images.test_dockerfiles import instructions
 
 pytestmark = pytest.mark.images
 
@@ -220,9 +221,9 @@ def test_a_dockerignore_this_module_cannot_read_means_every_build_runs(tmp_path:
 def test_the_repository_dockerignore_is_read_and_covers_what_the_dockerfiles_copy() -> None:
     roots = inputs.context_roots(ROOT)
     assert roots is not None
-    copied = {src.split("/")[0] for image in common.IMAGES
-              for line in (ROOT / "images" / image / "Dockerfile").read_text().splitlines()
-              if line.startswith("COPY ") and "--from=" not in line for src in line.split()[1:-1]}
+    copied = {src.split("/")[0] for image in common.IMAGES for ins in instructions(image)
+              if ins["instruction"] == "COPY" and not ins["value"].startswith("--from=")
+              for src in ins["value"].split()[:-1]}
     assert copied <= {p.name for p in roots}, copied
 
 
