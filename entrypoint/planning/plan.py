@@ -149,7 +149,7 @@ def cpu_share(settings: PlatformSettings, topo: ClusterTopology, nproc: int) -> 
     the host, and the pools spin against each other (measured: 4x the CPU and 4x the time of a two-replica job on two
     busy cores). Not where the user set OMP_NUM_THREADS, a framework sets its own (torchrun's 1 for several processes
     a node), or the platform started the processes (their pools exist already)."""
-    if settings.cpus is None or topo.processes_started_externally or ev.OMP_NUM_THREADS in dict(settings.user_set):
+    if settings.cpus is None or topo.processes_started_externally or settings.user_values((ev.OMP_NUM_THREADS,)):
         return {}
     return {ev.OMP_NUM_THREADS: str(max(1, settings.cpus // max(1, nproc)))}
 
