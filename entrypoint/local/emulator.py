@@ -63,7 +63,7 @@ def _metrics_root(output_dir: str) -> Path:
     return Path(output_dir).resolve()
 
 
-def cpu_share(env: Mapping[str, str], replicas: int) -> int:
+def replica_cpus(env: Mapping[str, str], replicas: int) -> int:
     """Each replica's CPUs: the host's divided among the replicas, at least 1, as each would have its own VM's."""
     return max(1, host_cpus(env) // max(1, replicas))
 
@@ -75,7 +75,7 @@ def build_replicas(pools: Sequence[Pool], output_dir: str, trial: str | None,
     base = f"{output}/{trial}" if trial else output
     replicas = []
     started = [(pool, index, spec) for pool, index, spec in cluster_specs(pools, trial) if pool.start]
-    share = cpu_share(base_env, len(started))
+    share = replica_cpus(base_env, len(started))
     for pool, index, spec in started:
         name = f"{pool.name}-{index}"
         env = {k: v for k, v in base_env.items() if k not in (ev.CLUSTER_SPEC, ev.TF_CONFIG)}

@@ -10,7 +10,7 @@ import pytest
 from entrypoint.cluster.environments import resolve
 from entrypoint.cluster.environments.settings import host_cpus, read_settings
 from entrypoint.errors import ConfigError
-from entrypoint.local.emulator import build_replicas, cpu_share
+from entrypoint.local.emulator import build_replicas, replica_cpus
 from entrypoint.local.pools import vertex_pools
 from entrypoint.options import RunOptions
 from entrypoint.planning.plan import make_plan
@@ -49,7 +49,7 @@ def test_a_bad_cpu_count_is_one_config_error_naming_the_variable(value: str) -> 
 
 def test_local_divides_the_hosts_cpus_among_its_replicas() -> None:
     assert host_cpus({}) == len(os.sched_getaffinity(0)) and host_cpus({"TRAINER_CPUS": " 6 "}) == 6
-    assert cpu_share({"TRAINER_CPUS": "8"}, 3) == 2 and cpu_share({"TRAINER_CPUS": "2"}, 5) == 1
+    assert replica_cpus({"TRAINER_CPUS": "8"}, 3) == 2 and replica_cpus({"TRAINER_CPUS": "2"}, 5) == 1
     pools = vertex_pools(workers=4, ps=0, evaluators=0, command=["run"])
     replicas = build_replicas(pools, "/tmp/out", None, {"TRAINER_CPUS": "8"})
     assert [r.env["TRAINER_CPUS"] for r in replicas] == ["2"] * 4
