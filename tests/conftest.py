@@ -62,9 +62,27 @@ def subprocess_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 PYTHON = sys.executable
 
 
+UNKNOWN_SECONDS = 10.0  # a multi-process test not on record yet (a new one): about a typical one
+
+
+def run_order(items: list[pytest.Item], seconds: dict[str, float]) -> list[pytest.Item]:
+    """Multi-process tests (``slow``, ``containers``) first, the longest first by ``seconds`` (a test not on record
+    is taken for a typical one), then the rest in their usual order."""
+    from tests.slots import is_heavy  # here, not at the top: pytest registers tests.slots as a plugin first
+
+    def key(item: pytest.Item) -> tuple[bool, float]:
+        heavy = is_heavy(item)
+        return (not heavy, -seconds.get(item.nodeid, UNKNOWN_SECONDS) if heavy else 0.0)
+
+    return sorted(items, key=key)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Multi-process (``slow``) tests first, each group in its usual order: with pytest-xdist handing out one test at
-    a time (`make test` passes ``--maxschedchunk 1``; xdist's default chunks would give them all to the first
-    worker) the long ones start at once and the many short unit tests fill the workers' gaps at the end, instead of
-    one long test starting last and running alone. The same order on every worker, as xdist requires."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    """The run order (``run_order``) by each test's wall time in a recorded run (tests/durations.json, written by
+    `python3 tests/tiers.py durations`). With pytest-xdist handing out one test at a time (`make test` passes
+    ``--maxschedchunk 1``; xdist's default chunks would give them all to the first worker) the long ones start at
+    once and the many short ones fill the workers' gaps at the end, instead of a long test starting last and running
+    alone. The order comes from a committed file, so it is the same on every worker, as xdist requires."""
+    from tests.tiers import read_durations
+
+    items[:] = run_order(items, read_durations())

@@ -3,6 +3,7 @@
     python3 tests/tiers.py run NAME [--log-dir D] [--stream] -- COMMAND ...   # one tier, logged and timed
     python3 tests/tiers.py measure [--label L] [--hog N] [--log-dir D] -- make test   # a whole run: wall, CPU, table
     python3 tests/tiers.py table [--log-dir D] [--since EPOCH] [--cpu N]       # the tiers table of the last run
+    python3 tests/tiers.py durations [--log-dir D]     # tests/durations.json from the last run: longest tests first
 
 ``run`` writes the tier's whole output to ``D/NAME.log`` (and, with --stream, to the terminal as well), prints one
 line when it starts, a progress line every few minutes, and one when it ends (wall time and the CPU time of
@@ -190,6 +191,37 @@ def test_cpu_table(log_dir: Path, top: int) -> list[str]:
     return rows
 
 
+DURATIONS = ROOT / "tests" / "durations.json"
+DURATION_FLOOR = 0.05  # seconds: shorter tests (the unit tests, skipped ones) are left out of the record
+
+
+def read_durations(path: Path = DURATIONS) -> dict[str, float]:
+    """The wall seconds of each test on record in ``path`` (none if it is absent or unreadable)."""
+    try:
+        return {str(k): float(v) for k, v in json.loads(path.read_text())["tests"].items()}
+    except (OSError, ValueError, KeyError, AttributeError, TypeError):
+        return {}
+
+
+def write_durations(log_dir: Path, out: Path = DURATIONS) -> int:
+    """Record each test's wall time from the last run's test-cpu.jsonl in ``out`` (tests/conftest.py starts the
+    longest multi-process tests first by it); keeps what the log does not cover (a tier that did not run)."""
+    path = log_dir / "test-cpu.jsonl"
+    if not path.exists():
+        say(f"durations: no {path} (run make test first)")
+        return 1
+    kept = read_durations(out)
+    ran = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    kept.update({t["test"]: round(float(t["wall"]), 1) for t in ran})
+    tests = {name: wall for name, wall in sorted(kept.items(), key=lambda kv: (-kv[1], kv[0]))
+             if wall >= DURATION_FLOOR}
+    out.write_text(json.dumps({"about": "wall seconds of each test in a recorded make test run (tests/tiers.py "
+                                        "durations); tests/conftest.py starts the longest multi-process tests first",
+                               "tests": tests}, indent=0) + "\n")
+    say(f"durations: {len(tests)} tests of {len(ran)} recorded in {out}")
+    return 0
+
+
 def process_cpu(pid: int) -> float:
     """CPU seconds (user + system) a live process has used (/proc/PID/stat)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
@@ -248,7 +280,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     table_cmd.add_argument("--since", type=float, default=0.0, help="only tiers started after this epoch time")
     table_cmd.add_argument("--cpu", type=int, default=0, metavar="N",
                            help="then the N tests that spent most CPU (test-cpu.jsonl, tests/cputime.py)")
-    for cmd in (run_cmd, measure_cmd, table_cmd):
+    durations_cmd = sub.add_parser("durations", help="record the last run's test durations in tests/durations.json")
+    for cmd in (run_cmd, measure_cmd, table_cmd, durations_cmd):
         cmd.add_argument("--log-dir", type=Path, default=Path(os.environ.get("TIER_LOG_DIR", DEFAULT_LOG_DIR)))
     args, rest = parser.parse_known_args(argv)
     rest = rest[1:] if rest[:1] == ["--"] else rest
@@ -261,6 +294,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return measure(rest or ["make", "test"], args.label, log_dir, args.hog)
     if rest:
         parser.error(f"unexpected arguments {rest}")
+    if args.command == "durations":
+        return write_durations(log_dir)
     print("\n".join(tier_table(tier_records(log_dir, args.since))))
     if rows := test_cpu_table(log_dir, args.cpu):
         print("\n" + "\n".join(rows))
