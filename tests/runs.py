@@ -173,13 +173,15 @@ def vanish(job: Job, replica: str) -> float:
     return time.monotonic()
 
 
-def assert_restarted_in_place(job: Job, victim: str, timeout: float = 420) -> str:
-    """The job ended 0 after ``local`` restarted ``victim`` once in place, and left no process; its output."""
+def assert_restarted_in_place(job: Job, *victims: str, timeout: float = 420) -> str:
+    """The job ended 0 after ``local`` restarted each of ``victims`` once in place, and left no process; its
+    output."""
     assert job.wait(timeout) == 0, job.output()[-4000:]
     assert wait_gone(job.marker) == []
     output = job.output()
-    assert re.search(rf"\[local\] {victim} exited 137 \(retryable\): restart 1 of 5", output), output[-3000:]
-    assert f"[{victim}#1]" in output  # the restarted replica's lines show its attempt
+    for victim in victims:
+        assert re.search(rf"\[local\] {victim} exited 137 \(retryable\): restart 1 of 5", output), output[-3000:]
+        assert f"[{victim}#1]" in output  # the restarted replica's lines show its attempt
     return output
 
 
