@@ -1,6 +1,7 @@
 """The test infrastructure of `make test` (docs/testing.md): tests/tiers.py (a tier logged, timed and reported),
 tests/diagnostics.py (a failed test says where to look), tests/slots.py (a limit on multi-process tests) and
-tests/bytecode.py (a .pyc cut short is removed before a tier runs)."""
+tests/bytecode.py (a .pyc cut short is removed before a tier runs, the checkout is compiled) and the run order
+(tests/durations.json: the longest multi-process tests first)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests import bytecode, diagnostics, slots, tiers
-from tests.conftest import ROOT, subprocess_env
+from tests.conftest import ROOT, UNKNOWN_SECONDS, run_order, subprocess_env
 
 
 def test_a_failed_tier_prints_its_failures_records_its_times_and_keeps_its_exit_code(tmp_path: Path) -> None:
@@ -169,6 +170,20 @@ def test_a_pyc_cut_short_breaks_every_import_until_bytecode_removes_it(tmp_path:
     assert bytecode.heal([tmp_path], sys.implementation.cache_tag) == []  # rewritten whole by that import
 
 
+def test_the_checkout_is_compiled_where_imports_may_not_write_bytecode(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "pkg" / "sub").mkdir(parents=True)
+    for name in ("pkg/__init__.py", "pkg/sub/__init__.py", "pkg/sub/mod.py"):
+        (tmp_path / name).write_text("VALUE = 1\n")
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)  # PYTHONDONTWRITEBYTECODE=1, as this machine's shell has
+    bytecode.compile_packages(tmp_path, ("pkg", "absent"))
+    compiled = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*.pyc"))
+    tag = sys.implementation.cache_tag
+    assert compiled == [f"pkg/__pycache__/__init__.{tag}.pyc", f"pkg/sub/__pycache__/__init__.{tag}.pyc",
+                        f"pkg/sub/__pycache__/mod.{tag}.pyc"]
+    assert bytecode.heal([tmp_path], tag) == []  # whole files
+
+
 def test_each_test_records_its_cpu_with_its_processes_and_the_table_shows_the_costliest(tmp_path: Path) -> None:
     (tmp_path / "test_burn.py").write_text(
         "import subprocess, sys\n"
@@ -185,3 +200,47 @@ def test_each_test_records_its_cpu_with_its_processes_and_the_table_shows_the_co
     assert lines["test_burns_in_a_child"]["cpu"] >= 0.5 > lines["test_idle"]["cpu"]
     rows = tiers.test_cpu_table(tmp_path, top=1)
     assert rows[0].startswith("The 1 of 2 tests that spent most CPU") and "test_burns_in_a_child" in rows[-1]
+
+
+class Item:
+    """What the run order reads of a collected test: its node id and its markers."""
+
+    def __init__(self, nodeid: str, *markers: str) -> None:
+        self.nodeid, self.markers = nodeid, markers
+
+    def get_closest_marker(self, name: str) -> object | None:
+        return object() if name in self.markers else None
+
+
+def test_the_longest_multi_process_tests_run_first_and_a_new_one_counts_as_typical() -> None:
+    items = [Item("unit_a"), Item("short", "slow"), Item("unit_b"), Item("new", "slow"), Item("long", "slow"),
+             Item("box", "containers")]
+    seconds = {"short": 2.0, "long": 80.0, "box": 30.0, "unit_a": 5.0}
+    order = [item.nodeid for item in run_order(items, seconds)]  # type: ignore[arg-type]
+    assert order == ["long", "box", "new", "short", "unit_a", "unit_b"]  # new: UNKNOWN_SECONDS, between 30 and 2
+    assert 2.0 < UNKNOWN_SECONDS < 30.0
+
+
+def test_durations_are_recorded_from_the_last_run_longest_first_keeping_tests_that_did_not_run(
+        tmp_path: Path) -> None:
+    out = tmp_path / "durations.json"
+    out.write_text(json.dumps({"tests": {"other_tier::t": 12.0, "a::t": 1.0}}))
+    runs = [{"test": "a::t", "wall": 3.04, "cpu": 1.0}, {"test": "b::t", "wall": 40.0, "cpu": 9.0},
+            {"test": "unit::t", "wall": 0.01, "cpu": 0.01}]
+    (tmp_path / "test-cpu.jsonl").write_text("".join(json.dumps(r) + "\n" for r in runs))
+    assert tiers.write_durations(tmp_path, out) == 0
+    assert list(tiers.read_durations(out).items()) == [("b::t", 40.0), ("other_tier::t", 12.0), ("a::t", 3.0)]
+    assert tiers.write_durations(tmp_path / "nothing-ran", out) == 1  # no record: says so, keeps the file
+    assert tiers.read_durations(out)["b::t"] == 40.0
+    out.write_text("not json")
+    assert tiers.read_durations(out) == {} and tiers.read_durations(tmp_path / "absent.json") == {}
+
+
+def test_the_committed_durations_name_tests_that_exist() -> None:
+    """A renamed or merged test leaves its old name behind: the record is rewritten (tests/tiers.py durations)."""
+    recorded = tiers.read_durations()
+    assert recorded, "tests/durations.json is missing or unreadable"
+    sources = {f: (ROOT / f).read_text() for f in {name.split("::")[0] for name in recorded} if (ROOT / f).is_file()}
+    gone = [name for name in recorded
+            if f"def {name.split('::')[-1].split('[')[0]}(" not in sources.get(name.split("::")[0], "")]
+    assert gone == [], "renamed or removed tests: rewrite tests/durations.json (python3 tests/tiers.py durations)"
