@@ -32,7 +32,7 @@ HEAVY_MARKERS = ("slow", "containers")
 POLL = 0.2  # seconds between tries while every slot is taken
 IDLE_CORES = 0.5  # an extra slot opens when at least this much of a core was idle over the last WINDOW
 WINDOW = 3.0  # seconds
-COOLDOWN = 6.0  # seconds between two extra slots handed out (a test's processes take that long to get going)
+COOLDOWN = 6.0  # seconds between two extra slots handed out (a test's processes take about that long to get going)
 
 
 def _count(variable: str) -> int:
