@@ -86,7 +86,7 @@ def _stat(pid: int) -> list[str]:
         return []
 
 
-def _start_ticks(pid: int) -> int:
+def start_ticks(pid: int) -> int:
     """A process's start time (clock ticks since boot, /proc), 0 when unknown."""
     fields = _stat(pid)
     return int(fields[19]) if len(fields) > 19 and fields[19].isdigit() else 0
@@ -104,7 +104,7 @@ def _gone(holder: Holder) -> bool:
     fields = _stat(holder.pid)
     if fields and fields[0] in ("Z", "X"):
         return True
-    return bool(holder.started) and _start_ticks(holder.pid) != holder.started
+    return bool(holder.started) and start_ticks(holder.pid) != holder.started
 
 
 class JobLease:
@@ -113,7 +113,7 @@ class JobLease:
     def __init__(self, job_dir: str, job: str | None, host: str | None = None) -> None:
         self.job_dir = job_dir
         self.path = storage.path(local_path(job_dir)) / LEASE
-        self.me = Holder(uuid.uuid4().hex, job, host or socket.gethostname(), os.getpid(), _start_ticks(os.getpid()),
+        self.me = Holder(uuid.uuid4().hex, job, host or socket.gethostname(), os.getpid(), start_ticks(os.getpid()),
                          time.time())
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None

@@ -18,6 +18,7 @@ import uuid
 from pathlib import Path
 
 from entrypoint.errors import PeerError
+from entrypoint.lifecycle.lease import start_ticks
 from entrypoint.outputs import storage
 from entrypoint.outputs.storage import Location
 
@@ -59,13 +60,13 @@ def _finished_at(marker: str) -> float:
 def process_started() -> float:
     """When this process started (wall clock, from /proc); now where /proc cannot tell. A restarted replica's
     watcher is made after its imports: a marker the chief wrote meanwhile is this run's, not a previous one's."""
+    ticks = start_ticks(os.getpid())  # since boot
     try:
-        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
         boot = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
                     if line.startswith("btime "))
-        return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError, StopIteration):
         return time.time()
+    return boot + ticks / os.sysconf("SC_CLK_TCK") if ticks else time.time()
 
 
 def _listening(address: str) -> bool:

@@ -43,7 +43,7 @@ def process() -> Iterator[subprocess.Popen[bytes]]:
 
 def holder_of(job_dir: Path, pid: int, host: str, job: str | None = None) -> Holder:
     """A lease as that process (on that host) wrote it."""
-    found = Holder("t" * 32, job, host, pid, lease._start_ticks(pid), time.time())
+    found = Holder("t" * 32, job, host, pid, lease.start_ticks(pid), time.time())
     found.write(storage.path(job_dir) / LEASE)
     return found
 
