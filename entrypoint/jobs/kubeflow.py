@@ -141,11 +141,45 @@ def check_name(name: str, flag: str = "--name") -> None:
                           "and '-', at most 63, not ending in '-'")
 
 
-def default_name(image: str) -> str:
-    """A valid job name from the image's name (``pytorch-job`` for ``.../pytorch:v1``, ``job-3d`` for ``3d``)."""
+def default_name(image: str, limit: int = 63) -> str:
+    """A valid job name from the image's name (``pytorch-job`` for ``.../pytorch:v1``, ``job-3d`` for ``3d``), at
+    most ``limit`` characters."""
     base = parse_image(image).name.lower()
-    base = re.sub(r"[^a-z0-9-]+", "-", base).strip("-")[:50] or "trainer"
+    base = re.sub(r"[^a-z0-9-]+", "-", base).strip("-")[:max(1, min(50, limit - 4))].strip("-") or "trainer"
     return f"{base}-job" if base[0].isalpha() else f"job-{base}"
+
+
+def longest_generated_name(req: KubeflowRequest, name: str) -> str:
+    """The longest name the operator derives from the job's: a v1 operator's Service and pod per replica
+    ``<name>-<type>-<index>`` (training-operator's GenGeneralName, the type in lowercase); a TrainJob's JobSet pod
+    ``<name>-node-<job index>-<pod index>-<5 random>`` (JobSet's webhook checks it with the suffix ``-abcde``). Each
+    must be a DNS-1035 label of at most 63."""
+    if req.kind == "trainjob":
+        return f"{name}-node-0-{req.workers - 1}-abcde"
+    counts = {"chief": 1, "worker": req.workers - 1, "ps": req.ps, "evaluator": req.evaluators}
+    types = planned.KUBEFLOW_REPLICAS[req.kind]
+    return max((f"{name}-{types[role].lower()}-{counts[role] - 1}" for role in types if counts.get(role, 0) > 0),
+               key=len)
+
+
+def job_name(req: KubeflowRequest) -> str:
+    """--name, else a name from the image short enough for the names the operator derives from it."""
+    if req.name is not None:
+        return req.name
+    probe = "x" * 63
+    return default_name(req.image, 63 - (len(longest_generated_name(req, probe)) - len(probe)))
+
+
+def _check_generated_names(req: KubeflowRequest, name: str) -> None:
+    longest = longest_generated_name(req, name)
+    if len(longest) <= 63:
+        return
+    spare = 63 - (len(longest) - len(name))
+    what = ("JobSet names the TrainJob's pods <name>-node-0-<index>-<5 random characters>" if req.kind == "trainjob"
+            else "the operator names each replica's Service and pod <name>-<type>-<index>")
+    suffix = longest[len(name):]
+    raise ConfigError("--name", f"{what}, a DNS-1035 label of at most 63, and this job's longest, <name>{suffix}, "
+                      f"would have {len(longest)}: at most {spare} characters for this job")
 
 
 def _check_counts(req: KubeflowRequest) -> None:
@@ -175,13 +209,14 @@ def check(req: KubeflowRequest) -> str:
         why = registry.role_refusal(framework, role)
         if count and (why or role not in KIND_ROLES[req.kind]):
             raise ConfigError(flag, why or f"a {KINDS[req.kind]} has no {registry.ROLE_NAMES[role]}")
-    check_name(req.name or default_name(req.image))
+    check_name(job_name(req))
+    _check_generated_names(req, job_name(req))
     for flag, value in (("--namespace", req.namespace), ("--runtime", req.runtime)):
         if value is not None and not (_DNS_1123.fullmatch(value) and len(value) <= 63):
             raise ConfigError(flag, "must be a DNS-1123 label: lowercase letters, digits and '-', at most 63")
     counts = {"chief": 1, "worker": req.workers - 1, "ps": req.ps, "evaluator": req.evaluators}
     gpus = {role: req.pods_of(role).gpus for role in counts}
-    replicas = planned.kubeflow_replicas(req.kind, req.name or default_name(req.image), req.run_args,
+    replicas = planned.kubeflow_replicas(req.kind, job_name(req), req.run_args,
                                          dict(req.pods.env), counts, gpus)
     for replica in replicas:
         planned.plan_replica(replica, framework.name, "job kubeflow")
@@ -222,7 +257,7 @@ def _run_policy(req: KubeflowRequest) -> dict[str, Any]:
 
 def job_metadata(req: KubeflowRequest) -> dict[str, Any]:
     """The job's metadata: name, namespace, labels, annotations."""
-    items = (("name", req.name or default_name(req.image)), ("namespace", req.namespace),
+    items = (("name", job_name(req)), ("namespace", req.namespace),
              ("labels", dict(req.labels)), ("annotations", dict(req.annotations)))
     return {k: v for k, v in items if v}
 

@@ -1,0 +1,54 @@
+"""Jobs the platform would refuse or run differently than written: refused here in one line, or written as meant.
+
+Each test is one rule of the platform's (docs/jobs.md cites it): the names an operator derives from the job's, the
+regions a job's resources must share, the placement a CPU replica must not inherit, the local run of a spec.
+"""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from tests.jobspecs.helpers import TF_IMAGE, TORCH_IMAGE, job, one_line_error
+
+pytestmark = pytest.mark.jobs
+
+RUN = ["--", "--module", "trainers.x"]
+
+
+def _manifest(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, object]:
+    code, out, err = job(capsys, "kubeflow", *argv)
+    assert code == 0, err
+    return dict(yaml.safe_load(out))
+
+
+@pytest.mark.parametrize(("argv", "longest"), [
+    (["--kind", "pytorchjob", "--image", TORCH_IMAGE, "--workers", "2", "--name", "a" * 63], "master-0"),
+    (["--kind", "tfjob", "--image", TF_IMAGE, "--workers", "2", "--evaluators", "1", "--name", "t" * 52],
+     "evaluator-0"),
+    (["--kind", "trainjob", "--image", TORCH_IMAGE, "--workers", "4", "--name", "n" * 49], "node-0-3"),
+    (["--kind", "trainjob", "--image", TORCH_IMAGE, "--workers", "12", "--name", "n" * 48], "node-0-11"),
+])
+def test_names_the_operator_derives_must_fit_63(capsys: pytest.CaptureFixture[str], argv: list[str],
+                                                longest: str) -> None:
+    code, _, err = job(capsys, "kubeflow", *argv, *RUN)
+    line = one_line_error(code, err)
+    assert "--name" in line and "at most 63" in line and f"<name>-{longest}" in line, line
+
+
+@pytest.mark.parametrize(("argv", "limit"), [
+    (["--kind", "pytorchjob", "--workers", "2"], 63 - len("-master-0")),
+    (["--kind", "tfjob", "--workers", "2", "--evaluators", "1"], 63 - len("-evaluator-0")),
+    (["--kind", "trainjob", "--workers", "4"], 48),
+    (["--kind", "trainjob", "--workers", "12"], 47),
+])
+def test_names_at_the_limit_pass_and_default_names_fit(capsys: pytest.CaptureFixture[str], argv: list[str],
+                                                       limit: int) -> None:
+    image = TF_IMAGE if "tfjob" in argv else TORCH_IMAGE
+    assert _manifest(capsys, *argv, "--image", image, "--name", "b" * limit, *RUN)
+    code, _, err = job(capsys, "kubeflow", *argv, "--image", image, "--name", "b" * (limit + 1), *RUN)
+    one_line_error(code, err)
+    long_image = TORCH_IMAGE.replace("pytorch:v1", "pytorch-" + "x" * 60 + ":v1")
+    name = _manifest(capsys, *argv, "--image", long_image, "--framework", "tensorflow" if "tfjob" in argv
+                     else "pytorch", *RUN)["metadata"]
+    assert isinstance(name, dict) and len(name["name"]) <= limit and name["name"][0].isalpha(), name
