@@ -119,11 +119,15 @@ def _check_identity(ns: argparse.Namespace, region: str) -> None:
     if ns.reserved_ip_range and ns.network is None:
         raise ConfigError("--reserved-ip-range", "names a range of a VPC network: give --network too")
     if ns.tensorboard is not None:
-        if not _TENSORBOARD.fullmatch(ns.tensorboard):
+        board = _TENSORBOARD.fullmatch(ns.tensorboard)
+        if board is None:
             raise ConfigError("--tensorboard", "expected projects/PROJECT/locations/LOCATION/tensorboards/ID")
         if ns.service_account is None:
             raise ConfigError("--tensorboard", "uploading to a TensorBoard needs --service-account (the SDK "
                               "requires one with a tensorboard)")
+        if board["loc"] != region:
+            raise ConfigError("--tensorboard", f"the TensorBoard is in {board['loc']}, the job in {region}: a job "
+                              "uses the Vertex AI resources of its own region")
     if ns.kms_key is not None:
         match = _KMS.fullmatch(ns.kms_key)
         if match is None:

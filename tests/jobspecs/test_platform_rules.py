@@ -52,3 +52,14 @@ def test_names_at_the_limit_pass_and_default_names_fit(capsys: pytest.CaptureFix
     name = _manifest(capsys, *argv, "--image", long_image, "--framework", "tensorflow" if "tfjob" in argv
                      else "pytorch", *RUN)["metadata"]
     assert isinstance(name, dict) and len(name["name"]) <= limit and name["name"][0].isalpha(), name
+
+
+SA = ["--service-account", "sa@p.iam.gserviceaccount.com"]
+
+
+def test_a_tensorboard_in_another_region_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    board = ["--tensorboard", "projects/p/locations/europe-west4/tensorboards/1", *SA]
+    line = one_line_error(*job(capsys, "vertex", "--image", TORCH_IMAGE, *board, *RUN)[::2])
+    assert "--tensorboard" in line and "europe-west4" in line and "us-central1" in line, line
+    code, _, err = job(capsys, "vertex", "--image", TORCH_IMAGE, "--region", "europe-west4", *board, *RUN)
+    assert code == 0, err
