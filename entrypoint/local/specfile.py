@@ -14,6 +14,7 @@ import sys
 from dataclasses import dataclass, replace
 from typing import Any
 
+from entrypoint.cluster import envvars as ev
 from entrypoint.errors import ConfigError
 from entrypoint.jobs import network
 from entrypoint.jobs.args import infer_framework, run_options
@@ -49,13 +50,15 @@ def _replica_command(pool: PoolSpec) -> tuple[str, ...]:
     return ("run", *pool.args)
 
 
-def to_pools(job: JobSpec) -> list[Pool]:
-    """The emulator's pools: those on the chief's image (ours) started, the others only listed."""
+def to_pools(job: JobSpec, framework: str | None = None) -> list[Pool]:
+    """The emulator's pools: those on the chief's image (ours) started, the others only listed. ``framework`` is
+    the image's (its TRAINER_FRAMEWORK, beneath the pool's containerSpec.env as in the image)."""
     ours = job.pools[0].image_uri if job.pools[0] else ""
+    image_env = ((ev.TRAINER_FRAMEWORK, framework),) if framework else ()
     pools = []
     for spec in job.present():
         if spec.image_uri == ours:
-            pools.append(Pool(spec.name, spec.replicas, _replica_command(spec), env=spec.env))
+            pools.append(Pool(spec.name, spec.replicas, _replica_command(spec), env=(*image_env, *spec.env)))
         elif spec.index == 1:
             raise ConfigError(SOURCE, "the workers run another image than the chief; local --spec runs the "
                               "chief's image (ours) only", "workerPoolSpecs[1].containerSpec.imageUri")
@@ -145,5 +148,7 @@ def spec_pools(path: str) -> LocalJob:
     if trial_line:
         print(trial_line, flush=True)
     s = job.settings
-    return LocalJob(to_pools(job), s.restart_job_on_worker_restart, s.disable_retries,
+    if framework is not None:
+        print(f"[local] framework {framework} (the job's image sets TRAINER_FRAMEWORK={framework})", flush=True)
+    return LocalJob(to_pools(job, framework), s.restart_job_on_worker_restart, s.disable_retries,
                     DEFAULT_TRIAL if doc.study is not None else None)

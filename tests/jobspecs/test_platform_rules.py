@@ -6,10 +6,13 @@ regions a job's resources must share, the placement a CPU replica must not inher
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import yaml
 
-from tests.jobspecs.helpers import TF_IMAGE, TORCH_IMAGE, job, one_line_error
+from tests.jobspecs.helpers import HVD_IMAGE, TF_IMAGE, TORCH_IMAGE, job, one_line_error
 
 pytestmark = pytest.mark.jobs
 
@@ -63,3 +66,25 @@ def test_a_tensorboard_in_another_region_is_refused(capsys: pytest.CaptureFixtur
     assert "--tensorboard" in line and "europe-west4" in line and "us-central1" in line, line
     code, _, err = job(capsys, "vertex", "--image", TORCH_IMAGE, "--region", "europe-west4", *board, *RUN)
     assert code == 0, err
+
+
+@pytest.mark.parametrize(("image", "args", "framework"), [
+    (HVD_IMAGE, ["--module", "m"], "horovod"),
+    (TF_IMAGE, ["--module", "m"], "tensorflow"),
+    (TORCH_IMAGE.replace("pytorch:v1", "pytorch-cpu:v1"), ["--module", "m"], "pytorch"),
+    (TORCH_IMAGE, ["--framework", "horovod", "--module", "m"], "horovod"),  # the args' own, as job vertex reads it
+])
+def test_local_spec_runs_the_framework_of_the_spec(tmp_path: Path, image: str, args: list[str],
+                                                   framework: str) -> None:
+    """The image sets TRAINER_FRAMEWORK: each replica of local --spec gets it, beneath the pool's own env."""
+    from entrypoint.local.specfile import spec_pools
+
+    pool = {"machineSpec": {"machineType": "n1-standard-4"}, "containerSpec": {"imageUri": image, "args": args}}
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps({"workerPoolSpecs": [pool, {**pool, "replicaCount": 1}]}))
+    local = spec_pools(str(path))
+    assert [dict(p.env).get("TRAINER_FRAMEWORK") for p in local.pools] == [framework, framework]
+    with_env = {**pool["containerSpec"], "env": [{"name": "TRAINER_FRAMEWORK", "value": "pytorch"}]}
+    path.write_text(json.dumps({"workerPoolSpecs": [{**pool, "containerSpec": with_env}]}))
+    if "--framework" not in args:  # the pool's own env is above the image's, as in the container
+        assert dict(spec_pools(str(path)).pools[0].env)["TRAINER_FRAMEWORK"] == "pytorch"
