@@ -32,7 +32,7 @@ def test_sigterm_stops_every_rank_at_one_step_and_the_restart_resumes_there(tmp_
         job.wait_for_step(6)
         sent = job.send(signal.SIGTERM)
         assert job.wait(60) == 143, job.output()[-3000:]
-        assert time.monotonic() - sent < 15
+        assert time.monotonic() - sent < 30  # within the platform's 30 s grace period
         assert wait_gone(job.marker) == []
     finally:
         job.cleanup()
@@ -62,7 +62,8 @@ def test_a_lost_peer_is_retryable_on_the_survivor(tmp_path: Path, how: str) -> N
             os.kill(pid, signal.SIGKILL if how == "killed" else signal.SIGSTOP)
         lost = time.monotonic()
         assert nodes[0].wait(90) == 129, nodes[0].output()[-3000:]
-        assert time.monotonic() - lost < 10 + 15  # within --hang-timeout (Horovod's collectives never time out)
+        # named by --hang-timeout (10 s; Horovod's collectives never time out), with slack for a loaded machine
+        assert time.monotonic() - lost < 60
         expected = "peer_lost" if how == "killed" else "hang"
         # the survivor's verdict names the culprit: the replica whose heartbeat stopped, not the survivor itself
         line = last_line(nodes[0])

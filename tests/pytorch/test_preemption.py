@@ -53,9 +53,10 @@ def replica_pid(marker: str, replica: str) -> int:
 
 
 def assert_stopped_and_resumes(job: Job, job_dir: Path, resume: list[str], signalled_at: float) -> int:
-    """Exit 143 within 15 s, a checkpoint at or past the last logged step, and a restart that resumes there."""
+    """Exit 143 within the platform's 30 s grace period, a checkpoint at or past the last logged step, and a restart
+    that resumes there."""
     assert job.wait(60) == 143, job.output()[-3000:]
-    assert time.monotonic() - signalled_at < 15
+    assert time.monotonic() - signalled_at < 30
     assert wait_gone(job.marker) == []
     step = newest_step(job_dir / "checkpoints")
     assert step >= job.last_step() > 0
@@ -157,7 +158,7 @@ def test_local_ends_within_the_grace_period_when_user_code_ignores_sigterm(tmp_p
         job.wait_for(r"\[workerpool0-0\] ready")
         sent = job.send(signal.SIGTERM)
         assert job.wait(60) == 143
-        assert time.monotonic() - sent < 2 + 5 + 5  # the replicas' grace, local's margin, slack
+        assert time.monotonic() - sent < 30  # the 600 s sleep was cut short: the replicas' 2 s grace, local's margin
         assert wait_gone(job.marker) == []
     finally:
         job.cleanup()
@@ -193,8 +194,8 @@ def test_a_script_polling_the_context_api_saves_and_its_exit_code_passes_through
     try:
         job.wait_for(r"script step 5")
         sent = job.send(signal.SIGTERM)
-        assert job.wait(30) == 143
-        assert time.monotonic() - sent < 5
+        assert job.wait(60) == 143
+        assert time.monotonic() - sent < 30  # the script stopped at its next poll, within the grace period
         assert wait_gone(job.marker) == []
     finally:
         job.cleanup()

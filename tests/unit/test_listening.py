@@ -85,7 +85,7 @@ def test_the_chief_waits_for_a_server_that_comes_late() -> None:
         timer.join()
         for s in servers:
             s.die()
-    assert 0.9 < time.monotonic() - started < 10
+    assert 0.9 < time.monotonic() - started < 25  # within the 30 s --timeout
 
 
 def test_a_server_that_never_listens_is_named_at_the_timeout() -> None:
@@ -164,7 +164,7 @@ def test_parameter_server_replicas_serve_at_once_without_the_chief() -> None:
         assert plan.peers_serve
         started = time.monotonic()
         rendezvous.meet_peers(plan)
-        assert time.monotonic() - started < 1
+        assert time.monotonic() - started < 10  # not the plan's 20 s --timeout
 
 
 def test_the_parameter_server_chief_waits_until_its_servers_listen(caplog: pytest.LogCaptureFixture) -> None:
@@ -197,4 +197,4 @@ def test_a_parameter_server_script_starts_its_own_servers_so_its_chief_does_not_
     plan = ps_plan("workerpool0", free_port(), (free_port(), free_port()), script="tests/jobspecs/who_am_i.py")
     started = time.monotonic()
     rendezvous.meet_peers(plan)
-    assert time.monotonic() - started < 1
+    assert time.monotonic() - started < 10  # not the plan's 20 s --timeout

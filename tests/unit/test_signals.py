@@ -116,7 +116,7 @@ def test_a_deadline_missed_ends_the_process_with_142() -> None:
     started = time.monotonic()
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=subprocess_env(), timeout=10)
     assert exit_code_of(proc.returncode) == 142
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 20  # the alarm, not the 30 s sleep, ended it
 
 
 def sleeper(trap: bool) -> subprocess.Popen[bytes]:
@@ -136,7 +136,7 @@ def test_terminate_forwards_then_kills_what_outlives_the_grace_period() -> None:
     signals.terminate([polite, stubborn], signal.SIGTERM, 0.3)
     took = time.monotonic() - started
     assert (exit_code_of(polite.returncode), exit_code_of(stubborn.returncode)) == (143, 137)
-    assert 0.25 < took < 3
+    assert 0.25 < took < 30  # the stubborn child sleeps 60 s: SIGKILL ended it after the grace period
     for proc in (polite, stubborn):
         assert proc.stdout is not None
         proc.stdout.close()
@@ -157,6 +157,6 @@ def test_terminate_ends_what_a_child_leaves_in_its_group() -> None:
     started = time.monotonic()
     signals.terminate([proc], signal.SIGTERM, 1.0)
     assert exit_code_of(proc.returncode) == 143
-    assert 0.9 < time.monotonic() - started < 8
+    assert 0.9 < time.monotonic() - started < 30  # the grandchild sleeps 60 s: killed after the grace period
     assert signals._in_group(proc.pid) == [], f"grandchild {grandchild} outlived terminate"
     proc.stdout.close()

@@ -66,7 +66,8 @@ def test_the_first_failure_stops_the_rest_and_is_the_jobs_exit(code: int, tmp_pa
     took = time.monotonic() - started
     assert (outcome.code, outcome.first) == (code, failing)
     assert sleeper.exit_code == 137  # SIGTERM ignored, so SIGKILL after the grace period
-    assert GRACE < took < 5
+    assert GRACE < took < 30  # the stubborn child sleeps 60 s: it was killed, not waited for (a loaded machine starts
+    # the replicas slowly, so no tighter bound)
     out = capsys.readouterr().out
     assert "[workerpool0-1] got SIGTERM" in out
     assert f"[local] workerpool0-0 exited with {code} (" in out and "stopping the others" in out
@@ -76,9 +77,9 @@ def test_a_child_that_stops_on_sigterm_is_not_killed(tmp_path: Path, capsys: pyt
     ready = tmp_path / "ready"
     failing, sleeper = replica(0, exits(2, ready)), replica(1, polite(ready))
     started = time.monotonic()
-    outcome = run_replicas([failing, sleeper], grace=5)
+    outcome = run_replicas([failing, sleeper], grace=60)
     assert outcome.code == 2 and sleeper.exit_code == 143
-    assert time.monotonic() - started < 3  # no wait for the grace period
+    assert time.monotonic() - started < 30  # no wait for the 60 s grace period (nor the child's 60 s sleep)
     assert "[workerpool0-1] up" in capsys.readouterr().out
 
 

@@ -33,8 +33,8 @@ def test_a_wait_ends_as_soon_as_nothing_is_pending() -> None:
     done = threading.Event()
     threading.Timer(0.2, done.set).start()
     started = time.monotonic()
-    Wait(30).until(lambda: None if done.is_set() else ("the flag", ""), poll=0.01)
-    assert time.monotonic() - started < 5
+    Wait(60).until(lambda: None if done.is_set() else ("the flag", ""), poll=0.01)
+    assert time.monotonic() - started < 30  # not the 60 s --timeout
 
 
 def test_the_same_line_comes_again_every_log_every_seconds(caplog: pytest.LogCaptureFixture,
@@ -69,5 +69,5 @@ def test_bounded_gives_up_on_a_call_that_never_returns_and_passes_results_and_er
     with pytest.raises(PeerError, match=r"^gave up after 0.3 s \(--timeout\) waiting for the chief c: it never "
                                         r"answered$"):
         bounded(never.wait, Wait(0.3), "the chief c", "it never answered")
-    assert time.monotonic() - started < 3
+    assert time.monotonic() - started < 30  # the call never returns: the deadline ended it
     never.set()
