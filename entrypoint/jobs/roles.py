@@ -3,7 +3,8 @@
 Every replica type has its own pod template, so each may have its own requests, limits, node selector and
 tolerations. Defaults: every role gets the pod options; TensorFlow's parameter servers get no GPUs and none of the
 GPU placement either (a node selector for GPU nodes would put CPU-only servers on them, and the GPU taint's
-toleration is for pods that ask for GPUs: Kubernetes' ExtendedResourceToleration admission adds it to those).
+toleration is for pods that ask for GPUs: Kubernetes' ExtendedResourceToleration admission adds it to those), and
+nor does an evaluator given ``gpus=0`` in a GPU job (unless --role-node-selector / --role-toleration give its own).
 The training replicas' GPU count is one value (PyTorchJob's ``nprocPerNode``; MultiWorkerMirroredStrategy wants
 the same devices on every worker), so ``gpus`` is per role for ps and evaluators only.
 """
@@ -62,6 +63,10 @@ def role_options(ns: argparse.Namespace, kind: str, base: PodOptions) -> dict[st
     for text in ns.role_resources:
         role, rest = _split(text, "--role-resources", kind)
         out[role] = _resources(out[role], role, rest)
+    for role in _OWN_GPUS:  # a role whose own gpus=0 leaves the GPU pods' placement, as ps does by default
+        if role in out and base.gpus and not out[role].gpus:
+            out[role] = replace(out[role], node_selector=out[role].node_selector if role in selectors else (),
+                                tolerations=out[role].tolerations if role in tolerations else ())
     for role, opts in out.items():
         pods.check_requests(opts, f"{role}: ")
     return out

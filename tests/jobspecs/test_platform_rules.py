@@ -88,3 +88,20 @@ def test_local_spec_runs_the_framework_of_the_spec(tmp_path: Path, image: str, a
     path.write_text(json.dumps({"workerPoolSpecs": [{**pool, "containerSpec": with_env}]}))
     if "--framework" not in args:  # the pool's own env is above the image's, as in the container
         assert dict(spec_pools(str(path)).pools[0].env)["TRAINER_FRAMEWORK"] == "pytorch"
+
+
+def test_a_cpu_evaluator_leaves_the_gpu_placement(capsys: pytest.CaptureFixture[str]) -> None:
+    """gpus=0 for the evaluator drops the GPU node selector and toleration, as for parameter servers."""
+    gpu = ["--kind", "tfjob", "--image", TF_IMAGE, "--workers", "2", "--evaluators", "1", "--gpus", "1",
+           "--node-selector", "cloud.google.com/gke-accelerator=nvidia-l4", "--toleration",
+           "nvidia.com/gpu=present:NoSchedule"]
+    specs = _manifest(capsys, *gpu, "--role-resources", "evaluator:gpus=0,cpu=4", *RUN)["spec"]["tfReplicaSpecs"]
+    evaluator, worker = specs["Evaluator"]["template"]["spec"], specs["Worker"]["template"]["spec"]
+    assert "nodeSelector" not in evaluator and "tolerations" not in evaluator, evaluator
+    assert "nvidia.com/gpu" not in evaluator["containers"][0]["resources"].get("limits", {})
+    assert worker["nodeSelector"] and worker["tolerations"]
+    own = _manifest(capsys, *gpu, "--role-resources", "evaluator:gpus=0", "--role-node-selector",
+                    "evaluator:pool=cpu", *RUN)["spec"]["tfReplicaSpecs"]["Evaluator"]["template"]["spec"]
+    assert own["nodeSelector"] == {"pool": "cpu"} and "tolerations" not in own
+    kept = _manifest(capsys, *gpu, *RUN)["spec"]["tfReplicaSpecs"]["Evaluator"]["template"]["spec"]
+    assert kept["nodeSelector"] and kept["tolerations"]  # a GPU evaluator keeps the GPU placement
