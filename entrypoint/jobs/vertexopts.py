@@ -94,20 +94,26 @@ def parse_pairs(items: list[str], flag: str, split_commas: bool) -> list[tuple[s
     return pairs
 
 
+def _lowercase_letter(c: str) -> bool:
+    """A lowercase letter of any script, or a letter of a script without case (``数``): "international characters"."""
+    return c.isalpha() and not c.isupper()
+
+
 def _label_ok(text: str, key: bool) -> bool:
-    if len(text) > 64 or (key and not (text and text[0].isalpha() and text[0].islower())):
+    if len(text) > 64 or (key and not (text and _lowercase_letter(text[0]))):
         return False
-    return all(c.isdigit() or c in "_-" or (c.isalpha() and c.islower()) for c in text)
+    return all(c.isdigit() or c in "_-" or _lowercase_letter(c) for c in text)
 
 
 def check_labels(labels: list[tuple[str, str]]) -> None:
-    """CustomJob.labels' rules: at most 64; keys start with a lowercase letter; <= 64 of [a-z0-9_-] (any script)."""
+    """CustomJob.labels' rules: at most 64; keys start with a lowercase letter or an international character; keys
+    and values <= 64 Unicode code points of lowercase letters (any script), digits, '_', '-'."""
     if len(labels) > 64:
         raise ConfigError("--labels", "at most 64 labels")
     for key, value in labels:
         if not _label_ok(key, True) or not _label_ok(value, False):
-            raise ConfigError("--labels", f"{key[:64]}: keys start with a lowercase letter; keys and values have at "
-                              "most 64 lowercase letters, digits, '_' or '-'")
+            raise ConfigError("--labels", f"{key[:64]}: keys start with a lowercase letter (of any script); keys and "
+                              "values have at most 64 lowercase letters, digits, '_' or '-'")
 
 
 def _check_identity(ns: argparse.Namespace, region: str) -> None:

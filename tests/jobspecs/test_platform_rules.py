@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.jobspecs.helpers import HVD_IMAGE, TF_IMAGE, TORCH_IMAGE, job, one_line_error
+from tests.jobspecs.helpers import HVD_IMAGE, TF_IMAGE, TORCH_IMAGE, custom_job, job, one_line_error
 
 pytestmark = pytest.mark.jobs
 
@@ -105,3 +105,14 @@ def test_a_cpu_evaluator_leaves_the_gpu_placement(capsys: pytest.CaptureFixture[
     assert own["nodeSelector"] == {"pool": "cpu"} and "tolerations" not in own
     kept = _manifest(capsys, *gpu, *RUN)["spec"]["tfReplicaSpecs"]["Evaluator"]["template"]["spec"]
     assert kept["nodeSelector"] and kept["tolerations"]  # a GPU evaluator keeps the GPU placement
+
+
+def test_international_labels(capsys: pytest.CaptureFixture[str]) -> None:
+    """Lowercase letters of any script (a script without case counts): the API's "International characters are
+    allowed"; an uppercase letter of any script is refused."""
+    code, out, err = job(capsys, "vertex", "--image", TORCH_IMAGE, "--labels", "team=数据,команда=ml-1,ζ=", *RUN)
+    assert code == 0, err
+    assert dict(custom_job(out).labels) == {"team": "数据", "команда": "ml-1", "ζ": ""}
+    for bad in ("Team=x", "team=Данные", "_team=x", "数据=" + "x" * 65):
+        line = one_line_error(*job(capsys, "vertex", "--image", TORCH_IMAGE, "--labels", bad, *RUN)[::2])
+        assert "--labels" in line, line
