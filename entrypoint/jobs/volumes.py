@@ -24,7 +24,7 @@ HOST_PATH_TYPES = ("DirectoryOrCreate", "Directory", "FileOrCreate", "File", "So
 _DNS_1123 = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _BUCKET = re.compile(r"[a-z0-9][-a-z0-9_.]{1,220}[a-z0-9]")
 _USAGE = ("expected pvc:CLAIM:/PATH, hostpath:/HOST/PATH:/PATH or gcs:BUCKET:/PATH, then :ro, :type=T (hostpath) or "
-          ":mount-options=A,B (gcs)")
+          ":mount-options=A,B (gcs, last)")
 
 
 @dataclass(frozen=True)
@@ -59,19 +59,29 @@ class Volume:
         return {"name": self.name, "mountPath": self.mount_path, **({"readOnly": True} if self.read_only else {})}
 
 
-def _options(kind: str, words: list[str]) -> tuple[bool, str | None, str | None]:
-    read_only, host_type, mount_options = False, None, None
+def _options(kind: str, words: list[str]) -> tuple[bool, str | None]:
+    read_only, host_type = False, None
     for word in words:
-        key, eq, value = word.partition("=")
+        key, _, value = word.partition("=")
         if word == "ro":
             read_only = True
         elif kind == "hostpath" and key == "type" and value in HOST_PATH_TYPES:
             host_type = value
-        elif kind == "gcs" and key == "mount-options" and eq and value and " " not in value:
-            mount_options = value
         else:
             raise ConfigError("--volume", f"{kind}: {key!r} is not an option here; {_USAGE}")
-    return read_only, host_type, mount_options
+    return read_only, host_type
+
+
+def _mount_options(kind: str, options: str) -> tuple[str, str | None]:
+    """``...:mount-options=A,B`` comes last and takes the rest, ':' included (gcsfuse's config-file flags are
+    written ``file-cache:max-size-mb:-1``); the options before it, and the mount options."""
+    head, sep, value = f":{options}".partition(":mount-options=")
+    if not sep:
+        return options, None
+    if kind != "gcs" or not value or " " in value or value.startswith(",") or value.endswith(","):
+        raise ConfigError("--volume", f"{kind}: mount-options is a gcs option, A,B,... without spaces, and comes "
+                          f"last; {_USAGE}")
+    return head[1:], value
 
 
 def parse(texts: list[str]) -> tuple[Volume, ...]:
@@ -89,7 +99,8 @@ def parse(texts: list[str]) -> tuple[Volume, ...]:
             raise ConfigError("--volume", "hostpath: the node's path is absolute")
         if kind == "gcs" and not _BUCKET.fullmatch(source):
             raise ConfigError("--volume", "gcs: expected a bucket's name (no gs://)")
-        read_only, host_type, mount_options = _options(kind, [w for w in options.split(":") if w])
+        options, mount_options = _mount_options(kind, options)
+        read_only, host_type = _options(kind, [w for w in options.split(":") if w])
         out.append(Volume(f"{kind}-{len(out)}", kind, source, path, read_only, host_type, mount_options))
     paths = [v.mount_path for v in out] + ["/dev/shm"]
     if len(set(paths)) != len(paths):

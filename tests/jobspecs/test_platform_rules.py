@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.jobspecs.helpers import HVD_IMAGE, TF_IMAGE, TORCH_IMAGE, custom_job, job, one_line_error
+from tests.jobspecs.helpers import HVD_IMAGE, TF_IMAGE, TORCH_IMAGE, custom_job, job, kubeflow_model, one_line_error
 
 pytestmark = pytest.mark.jobs
 
@@ -116,3 +116,18 @@ def test_international_labels(capsys: pytest.CaptureFixture[str]) -> None:
     for bad in ("Team=x", "team=Данные", "_team=x", "数据=" + "x" * 65):
         line = one_line_error(*job(capsys, "vertex", "--image", TORCH_IMAGE, "--labels", bad, *RUN)[::2])
         assert "--labels" in line, line
+
+
+def test_gcs_mount_options_with_colons(capsys: pytest.CaptureFixture[str]) -> None:
+    """GKE's Cloud Storage FUSE mount options are written file-cache:max-size-mb:-1: mount-options= takes the rest."""
+    options = "implicit-dirs,file-cache:max-size-mb:-1,metadata-cache:ttl-secs:-1"
+    manifest = _manifest(capsys, "--kind", "pytorchjob", "--image", TORCH_IMAGE, "--service-account", "ksa",
+                         "--volume", f"gcs:my-bucket:/data:ro:mount-options={options}", *RUN)
+    (volume,) = [v for v in kubeflow_model(manifest).spec.pytorch_replica_specs["Master"].template.spec.volumes
+                 if v.csi is not None]
+    assert volume.csi.volume_attributes == {"bucketName": "my-bucket", "mountOptions": options}
+    assert volume.csi.read_only is True
+    for bad in ("gcs:my-bucket:/data:mount-options=a b", "pvc:claim:/data:mount-options=x"):
+        line = one_line_error(*job(capsys, "kubeflow", "--kind", "pytorchjob", "--image", TORCH_IMAGE, "--volume",
+                                   bad, *RUN)[::2])
+        assert "mount-options" in line, line
