@@ -52,10 +52,25 @@ def render_gcloud_config(job: JobSpec, region: str, command: str = "custom-jobs"
         # gcloud up to 415.0.0 overwrites the file's counts with these flags' default, 1: say them on the line.
         flags += [f"--max-trial-count={document['maxTrialCount']}",
                   f"--parallel-trial-count={document['parallelTrialCount']}"]
-    words = " ".join(shlex.quote(f) for f in flags).replace("\n", " ")  # one comment line
+    words = " ".join(one_line_word(f) for f in flags)  # one comment line, the same values
     track = "beta " if job.settings.psc_network_attachment else ""  # the GA messages lack pscInterfaceConfig
     header = f"# gcloud {track}ai {command} create {words} --config=THIS_FILE\n"
     return header + yamltext.dump(document if document is not None else job.rest_job_spec())
+
+
+def one_line_word(word: str) -> str:
+    """A shell word on one line: shlex's quoting, or bash's ``$'...'`` where the word holds a newline or another
+    control character (a display name with a newline stays that name, not one with a space)."""
+    if word.isprintable():
+        return shlex.quote(word)
+    escapes = {"\\": "\\\\", "'": "\\'", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
+
+    def escaped(c: str) -> str:
+        if c in escapes or c.isprintable():
+            return escapes.get(c, c)
+        return f"\\x{ord(c):02x}" if ord(c) < 0x80 else f"\\U{ord(c):08x}"  # \xHH above 0x7f is a byte
+
+    return "$'" + "".join(escaped(c) for c in word) + "'"
 
 
 def gcloud_list(values: list[str]) -> str:

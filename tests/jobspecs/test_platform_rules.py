@@ -7,6 +7,7 @@ regions a job's resources must share, the placement a CPU replica must not inher
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -131,3 +132,19 @@ def test_gcs_mount_options_with_colons(capsys: pytest.CaptureFixture[str]) -> No
         line = one_line_error(*job(capsys, "kubeflow", "--kind", "pytorchjob", "--image", TORCH_IMAGE, "--volume",
                                    bad, *RUN)[::2])
         assert "mount-options" in line, line
+
+
+def test_the_gcloud_config_header_keeps_a_display_name_with_a_newline(capsys: pytest.CaptureFixture[str]) -> None:
+    """The header is one comment line whose --display-name, run by bash, is the json format's displayName."""
+    name = "run 7\nlr=0.1 'best'"
+    code, out, err = job(capsys, "vertex", "--image", TORCH_IMAGE, "--display-name", name, "--format",
+                         "gcloud-config", *RUN)
+    assert code == 0, err
+    header = out.splitlines()[0]
+    assert header.startswith("# gcloud ai custom-jobs create ") and yaml.safe_load(out)["workerPoolSpecs"]
+    command = header[len("# "):].replace("--config=THIS_FILE", "")
+    words = subprocess.run(["bash", "-c", f"printf '%s\\0' {command[len('gcloud ai custom-jobs create '):]}"],
+                           capture_output=True, text=True, check=True).stdout.split("\0")
+    assert f"--display-name={name}" in words
+    assert json.loads(job(capsys, "vertex", "--image", TORCH_IMAGE, "--display-name", name, *RUN)[1])[
+        "displayName"] == name
