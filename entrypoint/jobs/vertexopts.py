@@ -29,6 +29,9 @@ _DOMAIN = re.compile(r"([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\.)+")  # DnsPeeringCo
 _EXPERIMENT = re.compile(r"(projects/(?P<project>[^/]+)/locations/(?P<loc>[^/]+)/metadataStores/default/contexts/)?"
                          r"(?P<name>[a-z0-9][a-z0-9-]{0,127})")
 _RUN_ID_MAX = 121
+# A Google Cloud region's name: a geography, a direction, a number (https://cloud.google.com/compute/docs/regions-zones).
+_REGION = re.compile(r"(us|europe|asia|northamerica|southamerica|australia|me|africa)-"
+                     r"(north|south|east|west|central|northeast|northwest|southeast|southwest)\d{1,2}")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -200,8 +203,17 @@ def _experiment(ns: argparse.Namespace, region: str) -> tuple[str | None, str | 
     return name, f"{name}-{run}"
 
 
+def check_region(region: str) -> None:
+    """--region has a region's form (``us-central1``): a typo would send the job nowhere and pick the reducers'
+    image from the wrong multi-region. Whether Vertex AI trains there is the API's to say (its list changes)."""
+    if not _REGION.fullmatch(region):
+        raise ConfigError("--region", "expected a Google Cloud region such as us-central1, europe-west4 or "
+                          "asia-southeast1 (a zone such as us-central1-a is not a region)")
+
+
 def settings(ns: argparse.Namespace, region: str) -> JobSettings:
     """The job-wide settings from the parsed options; ConfigError for a malformed or contradictory one."""
+    check_region(region)
     if ns.max_wait is not None and not ns.flex_start:
         raise ConfigError("--max-wait", "is how long --flex-start waits for capacity: give --flex-start")
     if ns.disable_retries and ns.restart_job_on_worker_restart:

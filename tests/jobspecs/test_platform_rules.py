@@ -148,3 +148,15 @@ def test_the_gcloud_config_header_keeps_a_display_name_with_a_newline(capsys: py
     assert f"--display-name={name}" in words
     assert json.loads(job(capsys, "vertex", "--image", TORCH_IMAGE, "--display-name", name, *RUN)[1])[
         "displayName"] == name
+
+
+@pytest.mark.parametrize("region", ["us-centrall", "eu-west4", "us-central1-a", "US-CENTRAL1", "europe"])
+def test_a_region_that_cannot_be_one_is_refused(capsys: pytest.CaptureFixture[str], region: str) -> None:
+    line = one_line_error(*job(capsys, "vertex", "--image", TORCH_IMAGE, "--region", region, *RUN)[::2])
+    assert line.startswith("entrypoint: error: --region: expected a Google Cloud region"), line
+
+
+@pytest.mark.parametrize("region", ["us-central1", "europe-west4", "asia-southeast1", "northamerica-northeast2",
+                                    "me-central2", "australia-southeast1", "africa-south1", "us-east5"])
+def test_regions_pass(capsys: pytest.CaptureFixture[str], region: str) -> None:
+    assert job(capsys, "vertex", "--image", TORCH_IMAGE, "--region", region, "--format", "python", *RUN)[0] == 0
