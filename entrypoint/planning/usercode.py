@@ -33,8 +33,24 @@ class UserCode:
     target: str
 
 
+MAX_MODULE_PARTS = 64  # deeper than any real package; importlib recurses per part, and 2000 parts overflow its stack
+
+
+def check_module_name(name: str) -> None:
+    """A dotted name of at most ``MAX_MODULE_PARTS`` non-empty parts, else a ConfigError.
+
+    A part need not be an identifier: ``python -m my-module`` runs ``my-module.py``, and so does ``--module``.
+    """
+    parts = name.split(".")
+    if len(parts) > MAX_MODULE_PARTS:
+        raise ConfigError("--module", f"a module name of {len(parts)} dotted parts (at most {MAX_MODULE_PARTS})")
+    if not all(parts):
+        raise ConfigError("--module", f"{name!r} has an empty part (a module name is dotted names: pkg.module)")
+
+
 def module_source(name: str) -> Path:
     """The source file of module ``name`` (found, not imported)."""
+    check_module_name(name)
     try:
         spec = importlib.util.find_spec(name)
     except (ImportError, ValueError) as exc:
