@@ -103,11 +103,22 @@ def amount(quantity: str) -> float:
 
 
 def check_requests(opts: PodOptions, where: str = "") -> None:
-    """A request above its limit is refused by the API server ("Requests cannot exceed Limits")."""
+    """A request above its limit is refused by the API server ("Requests cannot exceed Limits"); /dev/shm must
+    fit in the memory limit it counts against, in whole bytes."""
     for resource, request, limit in (("cpu", opts.cpu, opts.cpu_limit), ("memory", opts.memory, opts.memory_limit)):
         if request and limit and amount(request) > amount(limit):
             raise ConfigError(f"--{resource}/--{resource}-limit", f"{where}the {resource} request is above its limit; "
                               "Kubernetes refuses the pod (requests cannot exceed limits)")
+    if opts.shm_size is None:
+        return
+    if not amount(opts.shm_size).is_integer():
+        raise ConfigError("--shm-size", f"{where}is a number of bytes, not a fraction of one (500m is half a byte: "
+                          "write 512Mi)")
+    limit = opts.memory_limit or opts.memory
+    if limit and amount(opts.shm_size) > amount(limit):
+        raise ConfigError("--shm-size", f"{where}is above the memory limit, and a memory-backed /dev/shm counts "
+                          "against it (its files are the container's memory): the pod is killed before /dev/shm is "
+                          "full; at most the memory limit")
 
 
 def metadata(items: list[str], flag: str, labels: bool) -> tuple[tuple[str, str], ...]:

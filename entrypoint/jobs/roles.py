@@ -19,7 +19,7 @@ from entrypoint.jobs import pods
 from entrypoint.jobs.pods import PodOptions
 
 ROLES = {"pytorchjob": ("master", "worker"), "tfjob": ("chief", "worker", "ps", "evaluator"), "trainjob": ()}
-_RESOURCE_KEYS = ("cpu", "cpu-limit", "memory", "memory-limit", "gpus")
+_RESOURCE_KEYS = ("cpu", "cpu-limit", "memory", "memory-limit", "shm-size", "gpus")
 _OWN_GPUS = ("ps", "evaluator")
 
 
@@ -27,7 +27,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """The per-role options of ``job kubeflow``."""
     g = p.add_argument_group("per replica type (master|chief|worker|ps|evaluator; TrainJob: none)")
     g.add_argument("--role-resources", action="append", default=[], metavar="ROLE:KEY=VALUE[,...]",
-                   help="that role's cpu, cpu-limit, memory, memory-limit (and gpus for ps, evaluator), repeatable")
+                   help="that role's cpu, cpu-limit, memory, memory-limit, shm-size (and gpus for ps, evaluator), "
+                   "repeatable")
     g.add_argument("--role-node-selector", action="append", default=[], metavar="ROLE:KEY=VALUE",
                    help="that role's node selector, replacing --node-selector for it, repeatable")
     g.add_argument("--role-toleration", action="append", default=[], metavar="ROLE:KEY[=VALUE]:EFFECT",
@@ -92,4 +93,5 @@ def _resources(opts: PodOptions, role: str, text: str) -> PodOptions:
             values.get("cpu-limit", opts.cpu_limit), flag),
         memory=pods.quantity(values.get("memory", opts.memory), flag),
         memory_limit=pods.quantity(values.get("memory-limit", opts.memory_limit), flag),
+        shm_size=pods.quantity(values.get("shm-size", opts.shm_size), flag),
     )

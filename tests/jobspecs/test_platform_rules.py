@@ -160,3 +160,26 @@ def test_a_region_that_cannot_be_one_is_refused(capsys: pytest.CaptureFixture[st
                                     "me-central2", "australia-southeast1", "africa-south1", "us-east5"])
 def test_regions_pass(capsys: pytest.CaptureFixture[str], region: str) -> None:
     assert job(capsys, "vertex", "--image", TORCH_IMAGE, "--region", region, "--format", "python", *RUN)[0] == 0
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["--memory", "32Gi", "--shm-size", "64Gi"], "above the memory limit"),
+    (["--memory", "64Gi", "--memory-limit", "32Gi", "--shm-size", "48Gi"], "requests cannot exceed"),
+    (["--memory", "16Gi", "--memory-limit", "32Gi", "--shm-size", "48Gi"], "above the memory limit"),
+    (["--shm-size", "500m"], "fraction"),
+    (["--shm-size", "0.5"], "fraction"),
+    (["--memory", "64Gi", "--shm-size", "16Gi", "--role-resources", "ps:memory=8Gi"], "ps: is above the memory limit"),
+])
+def test_shm_size_must_fit_the_memory_limit_in_whole_bytes(capsys: pytest.CaptureFixture[str], argv: list[str],
+                                                           expected: str) -> None:
+    code, _, err = job(capsys, "kubeflow", "--kind", "tfjob", "--image", TF_IMAGE, "--workers", "2", "--ps", "1",
+                       *argv, *RUN)
+    assert expected in one_line_error(code, err)
+
+
+def test_shm_size_within_the_limit_and_per_role(capsys: pytest.CaptureFixture[str]) -> None:
+    specs = _manifest(capsys, "--kind", "tfjob", "--image", TF_IMAGE, "--workers", "2", "--ps", "1", "--memory",
+                      "64Gi", "--shm-size", "1.5Gi", "--role-resources", "ps:memory=8Gi,shm-size=2Gi",
+                      *RUN)["spec"]["tfReplicaSpecs"]
+    sizes = {k: v["template"]["spec"]["volumes"][0]["emptyDir"]["sizeLimit"] for k, v in specs.items()}
+    assert sizes == {"Chief": "1.5Gi", "Worker": "1.5Gi", "PS": "2Gi"}
