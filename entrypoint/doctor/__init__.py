@@ -73,6 +73,7 @@ def run_checks(plan: Plan, settings: PlatformSettings, cheap: bool) -> tuple[lis
         checks.driver(node.driver, node.image_cuda, node.forward_compat, node.driver_gpus),
         checks.gpus(plan.framework, plan.nproc_per_node, plan.gpus_per_node, node.driver_gpus, node.image_cuda,
                     forced=plan.options.nproc_per_node is not None),
+        checks.cpus(settings.cpus, node.cpus),
         checks.interfaces(settings.nccl_socket_ifname, settings.gloo_socket_ifname, node.interfaces, need.nccl,
                           need.gloo),
         checks.nofile(node.nofile, need.workers),

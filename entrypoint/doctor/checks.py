@@ -160,6 +160,18 @@ def gpus(framework: str, nproc: int, planned: int, driver_gpus: int, image_cuda:
                    f"CUDA_VISIBLE_DEVICES hides every GPU: {processes} on CPU")
 
 
+def cpus(given: int | None, usable: int) -> Finding:
+    """TRAINER_CPUS (the CPUs the replica's processes size their thread pools from) against this process's
+    affinity: more is accepted, and warned about (more threads than CPUs spin against each other)."""
+    if given is None:
+        return Finding("cpus", "ok", f"{count(usable, 'CPU')} to run on (TRAINER_CPUS not set)")
+    if given > usable:
+        return Finding("cpus", "warning", f"TRAINER_CPUS={given} but this process may run on {count(usable, 'CPU')}:"
+                       " thread pools sized from it oversubscribe the CPUs",
+                       f"TRAINER_CPUS={usable} or fewer (or leave it unset)")
+    return Finding("cpus", "ok", f"TRAINER_CPUS={given} of the {count(usable, 'CPU')} to run on")
+
+
 # ---- network interfaces and limits ----------------------------------------------------------------
 def nccl_matches(spec: str, interfaces: tuple[str, ...]) -> list[str]:
     """Interfaces NCCL_SOCKET_IFNAME selects: prefixes, ``=`` exact names, ``^`` to exclude (NCCL's rules)."""

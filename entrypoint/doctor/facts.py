@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from entrypoint.cluster.environments.settings import PlatformSettings
+from entrypoint.cluster.environments.settings import PlatformSettings, affinity_cpus
 from entrypoint.cluster.gpus import driver_gpu_count
 from entrypoint.errors import TrainerError
 from entrypoint.outputs import checkpoints
@@ -56,6 +56,7 @@ class NodeFacts:
     interfaces: tuple[str, ...]  # network interfaces, loopback included
     nofile: tuple[int, int]  # soft and hard open-file limits (UNLIMITED: -1)
     memlock: tuple[int, int]  # soft and hard locked-memory limits in bytes
+    cpus: int  # the CPUs this process may run on (its affinity)
 
 
 @dataclass(frozen=True)
@@ -121,7 +122,7 @@ def node_facts(settings: PlatformSettings) -> NodeFacts:
         shm=space(SHM), driver=driver_version(), driver_gpus=driver_gpu_count(), image_cuda=image_cuda(settings),
         forward_compat=any(FORWARD_COMPAT_DIR.glob("libcuda.so*")),
         interfaces=tuple(name for _, name in socket.if_nameindex()),
-        nofile=_limit(resource.RLIMIT_NOFILE), memlock=_limit(resource.RLIMIT_MEMLOCK),
+        nofile=_limit(resource.RLIMIT_NOFILE), memlock=_limit(resource.RLIMIT_MEMLOCK), cpus=affinity_cpus(),
     )
 
 

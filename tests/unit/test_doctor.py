@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -90,6 +91,30 @@ def test_gpus_against_the_plan(framework: str, nproc: int, planned: int, driver_
                                status: str) -> None:
     finding = checks.gpus(framework, nproc, planned, driver_gpus, "13.0", forced)
     assert finding.status == status, finding.line()
+
+
+@pytest.mark.parametrize(("given", "usable", "status"), [(None, 2, "ok"), (2, 2, "ok"), (1, 4, "ok"),
+                                                        (3, 2, "warning"), (64, 2, "warning")])
+def test_trainer_cpus_above_the_affinity_is_a_warning(given: int | None, usable: int, status: str) -> None:
+    found = checks.cpus(given, usable)
+    assert found.status == status
+    if status == "warning":
+        assert found.message.startswith(f"TRAINER_CPUS={given} but this process may run on {usable} CPUs")
+        assert found.fix == f"TRAINER_CPUS={usable} or fewer (or leave it unset)"
+
+
+def test_preflight_warns_once_about_trainer_cpus_and_runs_on(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    fake_node(monkeypatch, shm=Space(total=GIB, free=GIB))
+    plan = cli.build_plan(cli.parse_options("run", ["--framework", "pytorch", "--job-dir", str(tmp_path)]))
+    with caplog.at_level("WARNING", logger="entrypoint"):
+        assert doctor.preflight(plan, PlatformSettings(cpus=64)) == plan
+    [line] = [r.getMessage() for r in caplog.records]
+    assert line.startswith("doctor: cpus: TRAINER_CPUS=64 but this process may run on 2 CPUs") and "\n" not in line
+
+
+def test_the_cpus_fact_is_this_process_affinity() -> None:
+    assert facts.node_facts(PlatformSettings()).cpus == len(os.sched_getaffinity(0))
 
 
 def test_driver_version_is_read_from_the_kernel_module_line() -> None:
@@ -187,7 +212,7 @@ def test_a_marker_whose_sizes_the_files_do_not_have_is_not_trusted(tmp_path: Pat
 # ---- the plan, the preflight and the command ------------------------------------------------------------------
 def node(**changes: object) -> NodeFacts:
     base = dict(shm=DOCKER_SHM, driver=None, driver_gpus=0, image_cuda=None, forward_compat=False,
-                interfaces=("lo", "eth0"), nofile=(65536, 65536), memlock=(UNLIMITED, UNLIMITED))
+                interfaces=("lo", "eth0"), nofile=(65536, 65536), memlock=(UNLIMITED, UNLIMITED), cpus=2)
     return NodeFacts(**{**base, **changes})  # type: ignore[arg-type]
 
 
@@ -227,8 +252,8 @@ def test_doctor_command_lines_json_and_exit_code(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
     assert cli.main(["doctor", "--framework", "pytorch", "--job-dir", str(tmp_path)]) == 2
     lines = capsys.readouterr().out.splitlines()
-    assert [line.split()[1] for line in lines] == ["shm:", "driver:", "gpus:", "network:", "nofile:", "memlock:",
-                                                   "outputs:", "disk:", "peers:"]
+    assert [line.split()[1] for line in lines] == ["shm:", "driver:", "gpus:", "cpus:", "network:", "nofile:",
+                                                   "memlock:", "outputs:", "disk:", "peers:"]
     assert lines[1].startswith("error   driver: driver 575.57.08 is older than CUDA 13.0 needs (580 or newer)")
     assert lines[0].startswith("warning shm: /dev/shm has 64 MiB free of 64 MiB (Docker's default)")
     assert cli.main(["doctor", "--framework", "pytorch", "--job-dir", str(tmp_path), "--json"]) == 2

@@ -90,6 +90,11 @@ def host_cpus(environ: Mapping[str, str] | None = None) -> int:
     given = _cpus(env.get(ev.TRAINER_CPUS, "").strip() or None)
     if given is not None:
         return given
+    return affinity_cpus()
+
+
+def affinity_cpus() -> int:
+    """The CPUs this process may run on (its affinity; the host's count where the platform has none)."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
