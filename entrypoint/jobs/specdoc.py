@@ -17,7 +17,7 @@ from typing import Any
 
 from entrypoint.errors import ConfigError
 from entrypoint.jobs import yamltext
-from entrypoint.jobs.model import JobSettings, JobSpec, PoolSpec
+from entrypoint.jobs.model import LUSTRE_FIELDS, NFS_FIELDS, JobSettings, JobSpec, PoolSpec
 
 SOURCE = "--spec"
 # The fields of each message (aiplatform v1), camelCase; tests/jobspecs check them against the SDK's types.
@@ -129,8 +129,8 @@ def _pool(r: _Reader, index: int, raw: dict[str, Any]) -> PoolSpec:
         accelerator = (str(kind), count(acc_count, f"{path}.machineSpec.acceleratorCount", 1))
     for name in ("tpuTopology", "gpuPartitionSize"):
         r.get(machine, name, f"{path}.machineSpec")
-    for name in ("nfsMounts", "lustreMounts"):
-        r.get(raw, name, path)
+    nfs, lustre = (_mounts(r.get(raw, name, path), f"{path}.{name}", fields)
+                   for name, fields in (("nfsMounts", NFS_FIELDS), ("lustreMounts", LUSTRE_FIELDS)))
     disk = r.obj(r.get(raw, "diskSpec", path), f"{path}.diskSpec")
     affinity = r.obj(r.get(machine, "reservationAffinity", f"{path}.machineSpec"), f"{path}.machineSpec."
                      "reservationAffinity")
@@ -153,7 +153,18 @@ def _pool(r: _Reader, index: int, raw: dict[str, Any]) -> PoolSpec:
         disk_type=_field(disk, "bootDiskType") or None,
         disk_size_gb=count(_field(disk, "bootDiskSizeGb"), f"{path}.diskSpec.bootDiskSizeGb", 0) or None,
         reservation=_reservation(affinity, f"{path}.machineSpec.reservationAffinity"),
+        nfs_mounts=tuple((m[0], m[1], m[2]) for m in nfs),
+        lustre_mounts=tuple((m[0], m[1], m[2], m[3]) for m in lustre),
     )
+
+
+def _mounts(value: Any, path: str, fields: tuple[str, ...]) -> tuple[tuple[str, ...], ...]:
+    """nfsMounts / lustreMounts as tuples of their fields (a missing one empty; the API checks them)."""
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(m, dict) for m in value):
+        raise ConfigError(SOURCE, "must be a list of objects", path)
+    return tuple(tuple(str(_field(m, name) or "") for name in fields) for m in value)
 
 
 def _field(obj: dict[str, Any], camel: str) -> Any:

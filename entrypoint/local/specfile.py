@@ -125,9 +125,20 @@ def _report(job: JobSpec, doc: Document) -> None:
     if job.base_output_dir:
         print(f"[local] baseOutputDirectory {job.base_output_dir} is Vertex's; outputs go under --output-dir",
               flush=True)
+    mounts = _mount_paths(job)
+    if mounts:
+        print(f"[local] not mounted here: {', '.join(mounts)} (the job's NFS and Lustre shares); the replicas read "
+              "and write this machine's directories at those paths, where they exist", flush=True)
     ignored = not_emulated(doc.fields)
     if ignored:
         print(f"[local] not emulated here (the platform's to apply): {', '.join(ignored)}", flush=True)
+
+
+def _mount_paths(job: JobSpec) -> list[str]:
+    """Where Vertex AI mounts the pools' shares: /mnt/nfs/<mountPoint>, /mnt/lustre/<mountPoint>, once each."""
+    paths = [f"/mnt/nfs/{m[2]}" for p in job.present() for m in p.nfs_mounts]
+    paths += [f"/mnt/lustre/{m[3]}" for p in job.present() for m in p.lustre_mounts]
+    return list(dict.fromkeys(paths))
 
 
 def spec_pools(path: str) -> LocalJob:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import struct
 import tempfile
 from collections.abc import Callable
@@ -128,26 +129,41 @@ def _append(value: Any, out: IO[bytes] | None, writer_rank: int) -> None:
         out.write(_bytes(full))
 
 
+def partial(target: Location) -> Location:
+    """Where ``target`` is written until it is whole: on a disk a hidden name beside it, renamed over it at the end
+    (a reader, or a rerun's export, never sees a torn file at ``target``); on a store the object itself, which
+    appears only once its upload is finalized."""
+    return target if isinstance(target, RemotePath) else target.with_name(f".{target.name}.partial")
+
+
+def publish(written: Location, target: Location) -> None:
+    """``written`` (``partial(target)``, whole) becomes ``target`` at once."""
+    if written != target:
+        os.replace(str(written), str(target))
+
+
 def write_safetensors(state: dict[str, torch.Tensor], target: Location, writer: bool) -> None:
     """Stream ``state`` into ``target`` one tensor at a time; every rank calls this, only the ``writer`` writes."""
     entries = [(name, value.dtype, tuple(value.shape)) for name, value in state.items()]
     out: IO[bytes] | None = None
     writer_rank = _writer_rank(state, writer)
+    written = partial(target)
     try:
         if writer:
             target.parent.mkdir(parents=True, exist_ok=True)
-            out = target.open("wb")
+            out = written.open("wb")
             out.write(safetensors_header(entries))
         for value in state.values():
             _append(value, out, writer_rank)
         if out is not None:
             out.close()
             out = None
+            publish(written, target)
     except Exception as exc:
         if out is not None:
             out.close()
         if writer:
-            target.unlink(missing_ok=True)
+            written.unlink(missing_ok=True)
         raise output_error(exc, target) from None
 
 
@@ -190,5 +206,9 @@ def export_model(model: torch.nn.Module, model_dir: Location, custom: Callable[.
     state = model.state_dict()
     write_safetensors(state, model_dir / SAFETENSORS_FILE, chief)
     if not sharded:
-        write_file(state, model_dir / "state_dict.pt")
-        write_file(model, model_dir / "model.pt")
+        for name, obj in (("state_dict.pt", state), ("model.pt", model)):
+            write_file(obj, partial(model_dir / name))
+            try:
+                publish(partial(model_dir / name), model_dir / name)
+            except OSError as exc:
+                raise output_error(exc, model_dir / name) from None

@@ -183,3 +183,19 @@ def test_shm_size_within_the_limit_and_per_role(capsys: pytest.CaptureFixture[st
                       *RUN)["spec"]["tfReplicaSpecs"]
     sizes = {k: v["template"]["spec"]["volumes"][0]["emptyDir"]["sizeLimit"] for k, v in specs.items()}
     assert sizes == {"Chief": "1.5Gi", "Worker": "1.5Gi", "PS": "2Gi"}
+
+
+def test_local_spec_says_the_shares_are_not_mounted(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """nfsMounts / lustreMounts: one line names /mnt/nfs/<mountPoint> and /mnt/lustre/<mountPoint> as this machine's."""
+    from entrypoint.local.specfile import spec_pools
+
+    code, out, err = job(capsys, "vertex", "--image", TORCH_IMAGE, "--workers", "2", "--network",
+                         "projects/1/global/networks/vpc", "--nfs-mount", "10.0.0.2:/exports/data:data",
+                         "--lustre-mount", "10.0.0.3:lfs-handle:lfs:scratch", *RUN)
+    assert code == 0, err
+    (tmp_path / "spec.json").write_text(out)
+    spec_pools(str(tmp_path / "spec.json"))
+    lines = [line for line in capsys.readouterr().out.splitlines() if "not mounted here" in line]
+    assert lines == ["[local] not mounted here: /mnt/nfs/data, /mnt/lustre/scratch (the job's NFS and Lustre "
+                     "shares); the replicas read and write this machine's directories at those paths, where they "
+                     "exist"], lines
