@@ -111,6 +111,10 @@ def parse_parameter(kind: str, text: str, flag: str) -> Parameter:
     if not values or len(set(values)) != len(values):
         raise ConfigError(flag, f"{ident}: expected distinct values A,B,...")
     if kind == "categorical":
+        if rest.rpartition(":")[2] in SCALES:  # --param-discrete's syntax, where a scale has no meaning
+            raise ConfigError(flag, f"{ident}: categorical values have no scale (StudySpec's scaleType is for "
+                              "double, integer and discrete parameters), and the last value ends with one: drop "
+                              f"':{rest.rpartition(':')[2]}'")
         return Parameter(ident, kind, values=values)
     numbers = [_number(v, flag, ident) for v in values]
     if numbers != sorted(numbers) or len(numbers) > MAX_DISCRETE:

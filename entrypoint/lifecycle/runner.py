@@ -17,6 +17,7 @@ import tempfile
 from collections.abc import Iterator
 
 from entrypoint import context, failures
+from entrypoint.cluster import fabric
 from entrypoint.cluster.environments.settings import Handoff, read_settings, secret_values, secrets_in_args
 from entrypoint.errors import ConfigError, ExitCode
 from entrypoint.lifecycle import jobrecord, lease, rendezvous, signals
@@ -44,6 +45,7 @@ def describe_failures(ctx: failures.FailureContext, plan: Plan) -> failures.Fail
 def run_node(plan: Plan, ctx: failures.FailureContext) -> int:
     """Run this node's part of the job; a non-zero exit names the job's root cause on the last line."""
     user_code = plan.require_code()
+    prepare_fabric(plan)
     out = plan.outputs
     log.info("outputs: job dir %s; model %s; checkpoints %s; tensorboard %s", how_written(out.job_dir),
              how_written(out.model_dir), how_written(out.checkpoint_dir), how_written(out.tensorboard_dir))
@@ -61,6 +63,17 @@ def run_node(plan: Plan, ctx: failures.FailureContext) -> int:
     if code == ExitCode.OK:
         return ExitCode.OK
     return failures.finish_child(ctx, code)
+
+
+def prepare_fabric(plan: Plan) -> fabric.FabricStep:
+    """The GPU fabric step (docs/fabric.md), before any training process starts: this process's environment, which
+    every training process inherits, gets what the host's profile exports and loses the strays; logged by name."""
+    settings = read_settings()
+    step = fabric.prepare(fabric.mode_of(plan.options.fabric, settings.fabric), os.environ, settings.fabric_root)
+    for line in step.lines():
+        (log.warning if step.problem and line.startswith(f"fabric: {step.problem}") else log.info)(line)
+    fabric.apply(step, os.environ)
+    return step
 
 
 def job_key(plan: Plan) -> str | None:

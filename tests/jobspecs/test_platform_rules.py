@@ -199,3 +199,15 @@ def test_local_spec_says_the_shares_are_not_mounted(tmp_path: Path, capsys: pyte
     assert lines == ["[local] not mounted here: /mnt/nfs/data, /mnt/lustre/scratch (the job's NFS and Lustre "
                      "shares); the replicas read and write this machine's directories at those paths, where they "
                      "exist"], lines
+
+
+def test_a_categorical_parameter_with_a_scale_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    study = ["--hypertune-metric", "accuracy", "--goal", "maximize", "--max-trials", "4"]
+    for scale in ("linear", "log", "reverse-log"):
+        line = one_line_error(*job(capsys, "vertex-tuning", "--image", TORCH_IMAGE, *study, "--param-categorical",
+                                   f"opt=adam,sgd:{scale}", *RUN)[::2])
+        assert "--param-categorical" in line and "no scale" in line, line
+    code, out, err = job(capsys, "vertex-tuning", "--image", TORCH_IMAGE, *study, "--param-categorical",
+                         "act=relu,x:y", *RUN)
+    assert code == 0, err
+    assert json.loads(out)["studySpec"]["parameters"][0]["categoricalValueSpec"]["values"] == ["relu", "x:y"]
