@@ -10,14 +10,16 @@ from typing import Any
 
 from entrypoint import failures
 from entrypoint.cluster import envvars as ev
+from entrypoint.cluster import fabric
 from entrypoint.cluster.environments import read_settings, resolve, secret_like_names
-from entrypoint.cluster.environments.settings import secret_values
+from entrypoint.cluster.environments.settings import is_secret_name, secret_values
 from entrypoint.cluster.gpus import detect_gpu_count
 from entrypoint.errors import ExitCode, TrainerError
 from entrypoint.options import RunOptions
 from entrypoint.outputs.locations import resolve_outputs
 from entrypoint.outputs.logs import resolve_format, to_stderr
 from entrypoint.outputs.progress import setup_logging
+from entrypoint.outputs.redaction import MASK, hide
 from entrypoint.planning import registry
 from entrypoint.planning.plan import Plan, make_plan
 from entrypoint.planning.runargs import (
@@ -41,7 +43,18 @@ def build_plan(options: RunOptions) -> Plan:
 def describe(plan: Plan) -> dict[str, Any]:
     """The JSON ``describe`` prints: topology, plan, emitted variables, and secret-looking names only."""
     return {"topology": plan.topology.describe(), "plan": plan.describe(), "env": plan.emitted_env(),
-            "secret_like_variables": secret_like_names()}
+            "secret_like_variables": secret_like_names(), "fabric": describe_fabric(plan)}
+
+
+def describe_fabric(plan: Plan) -> dict[str, Any]:
+    """The fabric step ``run`` would take here: found, profile, every variable set (secret values hidden) and
+    removed (docs/fabric.md)."""
+    settings = read_settings()
+    step = fabric.prepare(fabric.mode_of(plan.options.fabric, settings.fabric), os.environ, settings.fabric_root)
+    view = step.describe()
+    secrets = secret_values() | {value for name, value in step.set.items() if is_secret_name(name)}
+    view["set"] = {name: MASK if is_secret_name(name) else hide(value, secrets) for name, value in step.set.items()}
+    return view
 
 
 def _describe(argv: Sequence[str]) -> int:

@@ -52,6 +52,7 @@ class RunOptions:
     framework_options: tuple[tuple[str, Any], ...] = ()
     user_args: tuple[str, ...] = field(default=())
 
+    fabric: str | None = None  # auto | off | gib | tcpxo | tcpx; None: $TRAINER_FABRIC, else auto (cluster/fabric.py)
     def framework_option(self, name: str, default: Any = None) -> Any:
         """The value of a framework's own flag (``fusion_threshold``), or ``default`` when not given."""
         return dict(self.framework_options).get(name, default)

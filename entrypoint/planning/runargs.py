@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import fields
 from typing import NoReturn
 
+from entrypoint.cluster.fabric import MODES as FABRIC_MODES
 from entrypoint.errors import ConfigError
 from entrypoint.options import (
     DEFAULT_BATCH_SIZE,
@@ -78,6 +79,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     loop.add_argument("--batch-size", type=positive_int,
                       help=f"per-replica batch size (default: the module's DEFAULTS, else {DEFAULT_BATCH_SIZE})")
     loop.add_argument("--log-every", type=positive_int, default=20, help="progress line every N steps")
+    parser.add_argument("--fabric", choices=FABRIC_MODES, help="auto (default, or $TRAINER_FABRIC): find this "
+                        "node's GPU fabric (gIB, TCPXO, TCPX) and pass its host profile's variables on; off: leave "
+                        "the environment as it is; gib|tcpxo|tcpx: that fabric must be there (docs/fabric.md)")
     loop.add_argument("--checkpoint-every", type=non_negative_int, default=0,
                       help="also checkpoint every N steps (0: only at epoch ends)")
     loop.add_argument("--keep-checkpoints", type=positive_int, default=3, help="committed checkpoints kept")

@@ -35,6 +35,8 @@ class PlatformSettings:
     gloo_socket_ifname: str | None = None  # the user's GLOO_SOCKET_IFNAME, likewise
     restart_count: int = 0  # how many times the platform restarted this replica (TRAINER_RESTART_COUNT)
     cpus: int | None = None  # the CPUs this replica may use (TRAINER_CPUS: `local` sets each replica's share)
+    fabric: str | None = None  # TRAINER_FABRIC: the default --fabric (checked by cluster/fabric.py)
+    fabric_root: str = "/"  # TRAINER_FABRIC_ROOT (tests only): where the node's tree is for the fabric step
     # The user's values of variables a framework sets defaults for (OMP_NUM_THREADS, HOROVOD_FUSION_THRESHOLD...):
     # each framework reads its own (``user_values``), and the user's value wins over its default.
     user_set: tuple[tuple[str, str], ...] = ()
@@ -69,6 +71,8 @@ def read_settings(environ: Mapping[str, str] | None = None) -> PlatformSettings:
         gloo_socket_ifname=get(ev.GLOO_SOCKET_IFNAME),
         restart_count=_count(ev.TRAINER_RESTART_COUNT, get(ev.TRAINER_RESTART_COUNT)),
         cpus=_cpus(get(ev.TRAINER_CPUS)),
+        fabric=get(ev.TRAINER_FABRIC),
+        fabric_root=get(ev.TRAINER_FABRIC_ROOT) or "/",
         user_set=tuple(sorted(user_overrides(ev.FRAMEWORK_DEFAULTED, env).items())),
     )
 
