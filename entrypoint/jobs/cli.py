@@ -106,6 +106,7 @@ def _request(ns: argparse.Namespace, run_args: tuple[str, ...]) -> tuple[VertexR
     req = VertexRequest(
         image=ns.image, run_args=run_args, framework=ns.framework, workers=ns.workers,
         machine_type=ns.machine_type, accelerator=ns.accelerator, ps=ns.ps, ps_machine_type=ns.ps_machine_type,
+        ps_disk=(ns.ps_boot_disk_type, ns.ps_boot_disk_size),
         evaluators=ns.evaluators, reduction_servers=ns.reduction_servers,
         reduction_server_machine_type=ns.reduction_server_machine_type, display_name=ns.display_name,
         base_output_dir=ns.base_output_dir, region=ns.region, settings=settings, extras=extras,

@@ -29,6 +29,7 @@ class VertexRequest:
     accelerator: str | None = None
     ps: int = 0
     ps_machine_type: str | None = None
+    ps_disk: tuple[str | None, int | None] = (None, None)  # --ps-boot-disk-type, --ps-boot-disk-size
     evaluators: int = 0
     reduction_servers: str | None = None
     reduction_server_machine_type: str = network.DEFAULT_REDUCER_MACHINE
@@ -88,6 +89,8 @@ def _check_counts(req: VertexRequest) -> None:
     if req.ps and req.reduction_servers:
         raise ConfigError("--reduction-servers", "a Reduction Server cannot serve ParameterServerStrategy: "
                           "workerpool2 is either --ps or --reduction-servers")
+    if req.ps == 0 and req.ps_disk != (None, None):
+        raise ConfigError("--ps-boot-disk-type/--ps-boot-disk-size", "are the parameter servers' disks: give --ps")
     if req.evaluators == 0 and req.evaluator != EvaluatorMachines():
         raise ConfigError("--evaluator-machine-type/--evaluator-accelerator/--evaluator-boot-disk-*",
                           "are the evaluators' machines: give --evaluators")
@@ -123,7 +126,7 @@ def _pools(req: VertexRequest, accelerator: tuple[str, int] | None,
                               network.reduction_server_image(req.region)))
     else:
         ps_machine = req.ps_machine_type or req.machine_type
-        pools.append(ours(2, req.ps, ps_machine, machines.implied_accelerator(ps_machine)))
+        pools.append(ours(2, req.ps, ps_machine, machines.implied_accelerator(ps_machine), *req.ps_disk))
     eval_machine = ev.machine_type or req.machine_type
     eval_acc = parse_accelerator(ev.accelerator, eval_machine, "--evaluator-accelerator") \
         if ev.machine_type or ev.accelerator else accelerator

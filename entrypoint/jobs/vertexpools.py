@@ -71,6 +71,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "--psc-network-attachment), repeatable")
     r.add_argument("--lustre-mount", action="append", default=[], metavar="IP:VOLUME_HANDLE:FILESYSTEM:MOUNT_POINT",
                    help="a Managed Lustre file system at /mnt/lustre/MOUNT_POINT, repeatable")
+    s = p.add_argument_group("parameter servers' boot disk (workerpool2; default: --boot-disk-*)")
+    s.add_argument("--ps-boot-disk-type", choices=DISK_TYPES)
+    s.add_argument("--ps-boot-disk-size", type=int, metavar="GB")
     e = p.add_argument_group("evaluators' own machines (workerpool3; default: the workers')")
     e.add_argument("--evaluator-machine-type", metavar="T")
     e.add_argument("--evaluator-accelerator", metavar="TYPE:COUNT")
@@ -152,7 +155,8 @@ def pool_extras(ns: argparse.Namespace, region: str | None) -> tuple[PoolExtras,
     env = parse_pairs(ns.env, "--env", split_commas=False)
     warnings = check_env(env, "--env")
     for flag, size in (("--boot-disk-size", ns.boot_disk_size), ("--evaluator-boot-disk-size",
-                                                                ns.evaluator_boot_disk_size)):
+                                                                ns.evaluator_boot_disk_size),
+                       ("--ps-boot-disk-size", ns.ps_boot_disk_size)):
         if size is not None and size < 1:
             raise ConfigError(flag, "must be a size in GB >= 1")
     nfs, lustre = mounts(ns)

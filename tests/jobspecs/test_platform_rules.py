@@ -211,3 +211,15 @@ def test_a_categorical_parameter_with_a_scale_is_refused(capsys: pytest.CaptureF
                          "act=relu,x:y", *RUN)
     assert code == 0, err
     assert json.loads(out)["studySpec"]["parameters"][0]["categoricalValueSpec"]["values"] == ["relu", "x:y"]
+
+
+def test_parameter_servers_have_their_own_boot_disk(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = job(capsys, "vertex", "--image", TF_IMAGE, "--workers", "2", "--ps", "2", "--boot-disk-size",
+                         "150", "--ps-boot-disk-type", "pd-standard", "--ps-boot-disk-size", "500", *RUN)
+    assert code == 0, err
+    pools = custom_job(out).job_spec.worker_pool_specs
+    assert [(p.disk_spec.boot_disk_type, p.disk_spec.boot_disk_size_gb) for p in pools] == [
+        ("", 150), ("", 150), ("pd-standard", 500)]
+    for argv in (["--ps-boot-disk-size", "100"], ["--ps", "1", "--ps-boot-disk-size", "0"]):
+        line = one_line_error(*job(capsys, "vertex", "--image", TF_IMAGE, "--workers", "2", *argv, *RUN)[::2])
+        assert "--ps-boot-disk" in line, line
