@@ -79,8 +79,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--service-account", metavar="NAME", help="the pods' Kubernetes service account")
     g.add_argument("--image-pull-secret", action="append", default=[], metavar="NAME", help="repeatable")
     g.add_argument("--volume", action="append", default=[], metavar="pvc:CLAIM:/PATH|hostpath:/HOST:/PATH|"
-                   "gcs:BUCKET:/PATH[:ro]", help="a volume mounted in every pod (gcs: GKE's Cloud Storage FUSE CSI "
-                   "driver, :mount-options=A,B), repeatable")
+                   "gcs:BUCKET:/PATH[:ro]|emptydir:memory|disk|local-ssd:/PATH[:size=Q]",
+                   help="a volume mounted in every pod (gcs: GKE's Cloud Storage FUSE CSI driver, :file-cache=Q, "
+                   ":cache=memory|local-ssd, :mount-options=A,B last), repeatable")
     g.add_argument("--pod-label", action="append", default=[], metavar="KEY=VALUE", help="on every pod, repeatable")
     g.add_argument("--pod-annotation", action="append", default=[], metavar="KEY=VALUE",
                    help='on every pod, repeatable (e.g. sidecar.istio.io/inject=false in Kubeflow namespaces)')
@@ -238,9 +239,10 @@ def pod_fields(opts: PodOptions) -> dict[str, Any]:
         ("imagePullSecrets", [{"name": n} for n in opts.image_pull_secrets] or None),
         ("schedulerName", opts.scheduler_name),
         ("priorityClassName", opts.priority_class),
-        ("nodeSelector", dict(opts.node_selector) or None),
+        ("nodeSelector", {**dict(opts.node_selector), **volumes.node_labels(opts.volumes)} or None),
         ("tolerations", [dict(t) for t in opts.tolerations] or None),
-        ("volumes", [*shm_volumes, *(v.to_volume() for v in opts.volumes)] or None),
+        ("volumes", [*shm_volumes, *(v.to_volume() for v in opts.volumes), *volumes.cache_volumes(opts.volumes)]
+         or None),
     ]
     return {k: v for k, v in items if v is not None}
 

@@ -1,4 +1,4 @@
-"""``job kubeflow --volume``: a PersistentVolumeClaim, a hostPath or a Cloud Storage bucket in every pod.
+"""``job kubeflow --volume``: a PersistentVolumeClaim, a hostPath, a Cloud Storage bucket or scratch space in every pod.
 
 Kubernetes' volumes (https://kubernetes.io/docs/concepts/storage/volumes/): ``persistentVolumeClaim``
 (``claimName``, ``readOnly``), ``hostPath`` (``path``, ``type``), ``csi``; a Volume's name "must be a DNS_LABEL and
@@ -7,6 +7,11 @@ unique within the pod", a mount path must not contain ':'. Cloud Storage through
 ``gcsfuse.csi.storage.gke.io``, ``volumeAttributes.bucketName`` and ``mountOptions`` ("all the flags in one string
 separated by a comma , without spaces"), and the pod annotation ``gke-gcsfuse/volumes: "true"`` "under
 spec.template.metadata" for workloads such as jobs; the pods' service account reads the bucket (Workload Identity).
+Its file cache (https://cloud.google.com/kubernetes-engine/docs/how-to/cloud-storage-fuse-csi-driver-perf): "set the
+volume attribute fileCacheCapacity or use the file-cache:max-size-mb mount option"; by default an emptyDir "backed by
+the ephemeral storage configured on the node", or the pod's own volume named ``gke-gcsfuse-cache`` (memory, or an
+emptyDir on Local SSD nodes). Scratch space: ``emptyDir`` in memory (``medium: Memory``) or on the node's ephemeral
+storage, its boot disk or, on nodes labelled ``cloud.google.com/gke-ephemeral-storage-local-ssd``, Local SSD.
 """
 
 from __future__ import annotations
@@ -17,14 +22,21 @@ from typing import Any
 
 from entrypoint.errors import ConfigError
 
-KINDS = ("pvc", "hostpath", "gcs")
+KINDS = ("pvc", "hostpath", "gcs", "emptydir")
+MEDIA = ("memory", "disk", "local-ssd")  # an emptyDir's (and the Cloud Storage FUSE file cache's) backing
+# GKE labels the nodes whose ephemeral storage (emptyDir) is on Local SSD (node pools made with
+# --ephemeral-storage-local-ssd): https://cloud.google.com/kubernetes-engine/docs/how-to/persistent-volumes/local-ssd
+LOCAL_SSD_NODES = ("cloud.google.com/gke-ephemeral-storage-local-ssd", "true")
+GCSFUSE_CACHE = "gke-gcsfuse-cache"  # the driver's sidecar takes a pod volume of this name as its file cache
 GCSFUSE_DRIVER = "gcsfuse.csi.storage.gke.io"
 GCSFUSE_ANNOTATION = ("gke-gcsfuse/volumes", "true")
 HOST_PATH_TYPES = ("DirectoryOrCreate", "Directory", "FileOrCreate", "File", "Socket", "CharDevice", "BlockDevice")
 _DNS_1123 = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _BUCKET = re.compile(r"[a-z0-9][-a-z0-9_.]{1,220}[a-z0-9]")
-_USAGE = ("expected pvc:CLAIM:/PATH, hostpath:/HOST/PATH:/PATH or gcs:BUCKET:/PATH, then :ro, :type=T (hostpath) or "
+_USAGE = ("expected pvc:CLAIM:/PATH, hostpath:/HOST/PATH:/PATH, gcs:BUCKET:/PATH or emptydir:memory|disk|local-ssd:"
+          "/PATH, then :ro, :type=T (hostpath), :size=Q (emptydir), :file-cache=Q|-1, :cache=memory|local-ssd or "
           ":mount-options=A,B (gcs, last)")
+_SIZE = re.compile(r"(\d+(\.\d+)?|\.\d+)(k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?")
 
 
 @dataclass(frozen=True)
@@ -38,6 +50,8 @@ class Volume:
     read_only: bool = False
     host_path_type: str | None = None
     mount_options: str | None = None
+    size: str | None = None  # emptydir: sizeLimit; gcs: the file cache's capacity (fileCacheCapacity)
+    cache: str | None = None  # gcs: the file cache's own volume, memory or local-ssd (default: the node's disk)
 
     def to_volume(self) -> dict[str, Any]:
         """The pod's Volume."""
@@ -49,8 +63,11 @@ class Volume:
         if self.kind == "hostpath":
             host = {"path": self.source, **({"type": self.host_path_type} if self.host_path_type else {})}
             return {"name": self.name, "hostPath": host}
+        if self.kind == "emptydir":
+            return {"name": self.name, "emptyDir": empty_dir(self.source, self.size)}
         attributes = {"bucketName": self.source, **({"mountOptions": self.mount_options} if self.mount_options
-                                                    else {})}
+                                                    else {}), **({"fileCacheCapacity": self.size} if self.size
+                                                                 else {})}
         return {"name": self.name, "csi": {"driver": GCSFUSE_DRIVER, "readOnly": self.read_only,
                                            "volumeAttributes": attributes}}
 
@@ -59,17 +76,31 @@ class Volume:
         return {"name": self.name, "mountPath": self.mount_path, **({"readOnly": True} if self.read_only else {})}
 
 
-def _options(kind: str, words: list[str]) -> tuple[bool, str | None]:
-    read_only, host_type = False, None
+def empty_dir(medium: str, size: str | None) -> dict[str, Any]:
+    """An emptyDir on ``medium``: memory (tmpfs, counted as the container's memory), or the node's ephemeral
+    storage, its disk or Local SSD (the pod then selects Local SSD nodes: ``node_labels``)."""
+    out: dict[str, Any] = {"medium": "Memory"} if medium == "memory" else {}
+    if size:
+        out["sizeLimit"] = size
+    return out
+
+
+def _options(kind: str, words: list[str]) -> dict[str, Any]:
+    found: dict[str, Any] = {"read_only": False}
     for word in words:
         key, _, value = word.partition("=")
-        if word == "ro":
-            read_only = True
+        if word == "ro" and kind != "emptydir":
+            found["read_only"] = True
         elif kind == "hostpath" and key == "type" and value in HOST_PATH_TYPES:
-            host_type = value
+            found["host_path_type"] = value
+        elif (kind, key) in (("emptydir", "size"), ("gcs", "file-cache")) and (
+                _SIZE.fullmatch(value) or (kind == "gcs" and value == "-1")):
+            found["size"] = value
+        elif kind == "gcs" and key == "cache" and value in ("memory", "local-ssd"):
+            found["cache"] = value
         else:
-            raise ConfigError("--volume", f"{kind}: {key!r} is not an option here; {_USAGE}")
-    return read_only, host_type
+            raise ConfigError("--volume", f"{kind}: {key!r} is not an option here (or not its value); {_USAGE}")
+    return found
 
 
 def _mount_options(kind: str, options: str) -> tuple[str, str | None]:
@@ -99,13 +130,39 @@ def parse(texts: list[str]) -> tuple[Volume, ...]:
             raise ConfigError("--volume", "hostpath: the node's path is absolute")
         if kind == "gcs" and not _BUCKET.fullmatch(source):
             raise ConfigError("--volume", "gcs: expected a bucket's name (no gs://)")
+        if kind == "emptydir" and source not in MEDIA:
+            raise ConfigError("--volume", f"emptydir: the medium is one of {', '.join(MEDIA)}")
         options, mount_options = _mount_options(kind, options)
-        read_only, host_type = _options(kind, [w for w in options.split(":") if w])
-        out.append(Volume(f"{kind}-{len(out)}", kind, source, path, read_only, host_type, mount_options))
+        found = _options(kind, [w for w in options.split(":") if w])
+        out.append(Volume(f"{kind}-{len(out)}", kind, source, path, mount_options=mount_options, **found))
     paths = [v.mount_path for v in out] + ["/dev/shm"]
     if len(set(paths)) != len(paths):
         raise ConfigError("--volume", "two volumes mounted at the same path (or at /dev/shm, which --shm-size owns)")
+    caches = {v.cache for v in out if v.cache}
+    if len(caches) > 1:
+        raise ConfigError("--volume", "gcs: the pod has one file cache volume (gke-gcsfuse-cache): give every bucket "
+                          "the same :cache=")
+    if caches and any(v.cache and not v.size and "file-cache:max-size-mb" not in (v.mount_options or "")
+                      for v in out):
+        raise ConfigError("--volume", "gcs: :cache= places the file cache, which is off until :file-cache=SIZE (or "
+                          "the mount option file-cache:max-size-mb) turns it on")
     return tuple(out)
+
+
+def cache_volumes(volumes: tuple[Volume, ...]) -> list[dict[str, Any]]:
+    """The Cloud Storage FUSE sidecar's file cache volume where :cache= asks for one: memory, or Local SSD."""
+    cached = [v for v in volumes if v.cache]
+    if not cached:
+        return []
+    sizes = [v.size for v in cached]
+    size = sizes[0] if len(cached) == 1 and sizes[0] != "-1" else None  # one bucket's bound is the volume's
+    return [{"name": GCSFUSE_CACHE, "emptyDir": empty_dir(cached[0].cache or "", size)}]
+
+
+def node_labels(volumes: tuple[Volume, ...]) -> dict[str, str]:
+    """The node labels the volumes need: Local SSD ephemeral storage for a local-ssd emptyDir or file cache."""
+    local_ssd = any((v.source if v.kind == "emptydir" else v.cache) == "local-ssd" for v in volumes)
+    return dict([LOCAL_SSD_NODES]) if local_ssd else {}
 
 
 def pod_annotations(volumes: tuple[Volume, ...]) -> dict[str, str]:

@@ -13,7 +13,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.jobspecs.helpers import HVD_IMAGE, TF_IMAGE, TORCH_IMAGE, custom_job, job, kubeflow_model, one_line_error
+from tests.jobspecs.helpers import (
+    HVD_IMAGE,
+    TF_IMAGE,
+    TORCH_IMAGE,
+    custom_job,
+    job,
+    kubeflow_model,
+    one_line_error,
+    trainjob_model,
+)
 
 pytestmark = pytest.mark.jobs
 
@@ -223,3 +232,40 @@ def test_parameter_servers_have_their_own_boot_disk(capsys: pytest.CaptureFixtur
     for argv in (["--ps-boot-disk-size", "100"], ["--ps", "1", "--ps-boot-disk-size", "0"]):
         line = one_line_error(*job(capsys, "vertex", "--image", TF_IMAGE, "--workers", "2", *argv, *RUN)[::2])
         assert "--ps-boot-disk" in line, line
+
+
+def test_scratch_volumes_and_the_gcs_file_cache(capsys: pytest.CaptureFixture[str]) -> None:
+    """emptydir on memory or Local SSD (the pods then select Local SSD nodes); a bucket's file cache, on its own
+    gke-gcsfuse-cache volume; read back by the training SDK's and Trainer's models."""
+    volumes = ["--volume", "emptydir:local-ssd:/scratch:size=375Gi", "--volume", "emptydir:memory:/fast:size=8Gi",
+               "--volume", "gcs:my-bucket:/data:ro:file-cache=200Gi:cache=memory:mount-options=implicit-dirs",
+               "--service-account", "ksa", "--node-selector", "pool=a3"]
+    manifest = _manifest(capsys, "--kind", "pytorchjob", "--image", TORCH_IMAGE, "--workers", "2", *volumes, *RUN)
+    pod = kubeflow_model(manifest).spec.pytorch_replica_specs["Worker"].template.spec
+    assert pod.node_selector == {"pool": "a3", "cloud.google.com/gke-ephemeral-storage-local-ssd": "true"}
+    by_name = {v.name: v for v in pod.volumes}
+    assert by_name["emptydir-0"].empty_dir.size_limit == "375Gi" and by_name["emptydir-0"].empty_dir.medium is None
+    assert (by_name["emptydir-1"].empty_dir.medium, by_name["emptydir-1"].empty_dir.size_limit) == ("Memory", "8Gi")
+    assert by_name["gcs-2"].csi.volume_attributes == {"bucketName": "my-bucket", "mountOptions": "implicit-dirs",
+                                                       "fileCacheCapacity": "200Gi"}
+    assert by_name["gke-gcsfuse-cache"].empty_dir.medium == "Memory"
+    assert [m.mount_path for m in pod.containers[0].volume_mounts] == ["/dev/shm", "/scratch", "/fast", "/data"]
+    trainjob = _manifest(capsys, "--kind", "trainjob", "--image", TORCH_IMAGE, *volumes, *RUN)
+    trainjob_model(trainjob)
+    (patch,) = trainjob["spec"]["runtimePatches"]
+    pod_patch = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"][
+        "spec"]
+    assert pod_patch["nodeSelector"]["cloud.google.com/gke-ephemeral-storage-local-ssd"] == "true"
+
+
+@pytest.mark.parametrize(("volume", "expected"), [
+    ("emptydir:ssd:/scratch", "the medium is one of"),
+    ("emptydir:memory:/scratch:ro", "not an option here"),
+    ("emptydir:memory:/scratch:size=1.5x", "not an option here"),
+    ("gcs:my-bucket:/data:cache=memory", "off until :file-cache"),
+    ("gcs:my-bucket:/data:file-cache=10Gi:cache=disk", "not an option here"),
+])
+def test_invalid_scratch_and_cache_volumes(capsys: pytest.CaptureFixture[str], volume: str, expected: str) -> None:
+    line = one_line_error(*job(capsys, "kubeflow", "--kind", "pytorchjob", "--image", TORCH_IMAGE, "--volume",
+                               volume, *RUN)[::2])
+    assert expected in line, line
