@@ -16,6 +16,7 @@ its own files; loading downloads the checkpoint once per process. The checkpoint
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import shutil
@@ -115,6 +116,7 @@ class ShardedCheckpointIO:
         except BaseException as exc:  # CheckpointException is a BaseException
             self._error = output_error(exc if isinstance(exc, Exception) else RuntimeError(str(exc)), path)
             log.error("checkpoint %s failed: %s", path.name, " ".join(str(exc).split())[:300])
+            self._discard(path)
             return
         finally:
             if local is not None:
@@ -127,6 +129,19 @@ class ShardedCheckpointIO:
             how = "written in %.2f s in the background" if self.background else "written in %.2f s"
             log.info(f"checkpoint %s committed (sharded over %d ranks): training blocked %.2f s, {how}",
                      path.name, dist.get_world_size(self.group), blocked, elapsed)
+
+    def _discard(self, path: Location) -> None:
+        """A failed save leaves no partial checkpoint (a full disk stays full otherwise): every rank removes its own
+        files of it, the chief the whole uncommitted directory (the save's collectives have ended on every rank)."""
+        with contextlib.suppress(OSError, StorageError):
+            if self.is_chief:
+                storage.rmtree(path)
+            elif not isinstance(path, RemotePath) and path.is_dir():  # this rank's own disk, or the shared one
+                for part in path.iterdir():
+                    if part.name.startswith(f"__{self.rank}_"):
+                        part.unlink(missing_ok=True)
+                with contextlib.suppress(OSError):
+                    path.rmdir()  # only when empty: on a disk of its own
 
     def _mine(self, target: Location, local: Path | None, path: Location) -> dict[str, Any] | str:
         """This rank's files of the checkpoint and their digests (uploaded from its private directory to a store);
