@@ -61,6 +61,8 @@ def _tcpxo(root: Path, lib: str) -> None:
         _write(root, f"{lib}/{name}")
     _write(root, f"{lib}/nccl-env-profile.sh", TCPXO_PROFILE)
     (root / "dev/aperture_devices").mkdir(parents=True, exist_ok=True)
+    if lib.startswith("/var/lib/"):  # a VM: the import-helper module's device is the host's own
+        _write(root, "/dev/dmabuf_import_helper")
 
 
 def _gib(root: Path, machine: str) -> None:

@@ -68,7 +68,7 @@ PATH_VARIABLES = (ev.NCCL_TUNER_CONFIG_PATH, ev.NCCL_SHIMNET_GUEST_CONFIG_CHECKE
                   ev.NCCL_NET_PLUGIN)
 
 
-_SYSTEM_LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib", "/lib")
+SYSTEM_LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib", "/lib")
 
 
 class ProfileError(Exception):
@@ -240,7 +240,7 @@ def strays(fabric: str | None, environ: Mapping[str, str], root: str = "/") -> d
     net = environ.get(ev.NCCL_NET, "")
     if net.strip().lower() == GIB and fabric != GIB:
         found[ev.NCCL_NET] = "names the gIB plugin, and this node has no gIB fabric"
-    dirs = [d for d in environ.get(ev.LD_LIBRARY_PATH, "").split(":") if d] + list(_SYSTEM_LIB_DIRS)
+    dirs = [d for d in environ.get(ev.LD_LIBRARY_PATH, "").split(":") if d] + list(SYSTEM_LIB_DIRS)
     for name in PATH_VARIABLES:
         value = environ.get(name, "").strip()
         if not value:

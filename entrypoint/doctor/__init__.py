@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from dataclasses import dataclass, replace
 
 from entrypoint.cluster.environments.settings import PlatformSettings
@@ -93,7 +94,17 @@ def run_checks(plan: Plan, settings: PlatformSettings, cheap: bool) -> tuple[lis
     if not cheap:
         hosts = [host_of(p.address) for p in plan.topology.training_peers() if p.address]
         found.append(checks.peers(resolvable(hosts)))
+        found += fabric_checks(plan, settings)  # run logs the fabric step itself (lifecycle/runner.py)
     return found, cap
+
+
+def fabric_checks(plan: Plan, settings: PlatformSettings) -> list[Finding]:
+    """The GPU fabric's checks (doctor/fabric.py) on the fabric step ``run`` would take here."""
+    from entrypoint.cluster.fabric import mode_of
+    from entrypoint.doctor import fabric
+
+    mode = mode_of(plan.options.fabric, settings.fabric)
+    return fabric.findings(fabric.facts(mode, os.environ, settings.fabric_root, load=True))
 
 
 def exit_code(found: list[Finding]) -> int:
