@@ -1,5 +1,7 @@
 """A real GCS JSON API server on 127.0.0.1 (gcp-storage-emulator, on disk in a temp dir) for gs:// tests.
 
+The emulator runs with the object preconditions it lacks and Cloud Storage checks (``tests/gcs_server.py``).
+
 gcsfs reaches it through its documented emulator setting, ``STORAGE_EMULATOR_HOST``. The server can be
 stopped and started again on the same port with the same data (``stop`` / ``start``).
 """
@@ -21,6 +23,7 @@ import pytest
 from entrypoint.lifecycle.supervisor import free_ports
 
 BUCKET = "trainer-test"
+SERVER = Path(__file__).with_name("gcs_server.py")
 
 
 class Emulator:
@@ -41,7 +44,8 @@ class Emulator:
         env = {**os.environ, "STORAGE_BASE": str(self.data_dir)}
         log = self.data_dir.parent / f"{self.data_dir.name}-emulator.log"
         with log.open("ab") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", "gcp_storage_emulator", "start", "--host", "127.0.0.1",
+            # tests/gcs_server.py: the emulator with Cloud Storage's preconditions (ifGenerationMatch)
+            self.proc = subprocess.Popen([sys.executable, str(SERVER), "start", "--host", "127.0.0.1",
                                           "--port", str(self.port), "--default-bucket", BUCKET, "--quiet"],
                                          env=env, stdout=out, stderr=out, start_new_session=True)
         deadline = time.monotonic() + 30

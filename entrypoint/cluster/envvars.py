@@ -85,6 +85,7 @@ TRAINER_RESTART_COUNT = "TRAINER_RESTART_COUNT"  # how many times the platform r
 # gets OMP_NUM_THREADS = TRAINER_CPUS / its node's processes (at least 1), unless the user set OMP_NUM_THREADS.
 TRAINER_CPUS = "TRAINER_CPUS"
 TRAINER_PLAN_FILE = "TRAINER_PLAN_FILE"  # the plan the launcher hands its worker processes (a private file)
+TRAINER_JOB_LEASE = "TRAINER_JOB_LEASE"  # the chief's job-dir lease token, for its processes' commit fence
 TRAINER_LOG_FORMAT = "TRAINER_LOG_FORMAT"  # default --log-format; the entrypoint sets the resolved one for children
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 PYTHONUNBUFFERED = "PYTHONUNBUFFERED"  # set by the images, and by `local` for each replica (output as it happens)

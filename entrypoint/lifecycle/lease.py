@@ -3,16 +3,26 @@
 Two jobs in one job dir would mix silently: the second resumes from the first's checkpoints, commits into them
 and exports over its model. So the chief holds ``<job dir>/job.lease`` (one object: whole or absent, on a disk
 and on ``gs://`` through the storage seam) while it runs, renewing it every ``RENEW`` seconds from a thread, and
-removes it when it ends. A chief that finds the lease held:
+removes it when it ends. Every write of the lease is conditional (``storage.create_exclusive``,
+``storage.replace_if``: a generation precondition on Cloud Storage, a hard link or a lock on a disk), so of two
+chiefs starting, taking over or renewing at once exactly one wins, without waiting to see who wrote last.
 
-- by the same job (the platform's restart of it: same cluster, same trial; ``local``'s replica restarts too),
-  takes it over at once;
-- by a process of this host that is gone (its pid no longer runs, or runs another program), takes it at once;
-- by a live process of this host, refuses at once;
-- by another host, watches it for ``STALE`` seconds: renewed means a live job (refused), not renewed means its
-  holder is gone (a crashed job, a lost VM), and the lease is taken over with a warning.
+A chief that finds the lease held judges its holder by the holder's pid only where that pid means the same
+process as its own pids do: the same host name, the same pid namespace and the same boot. Then a holder
+
+- that is this very process, or gone (its pid no longer runs, is a zombie, or runs another program), is taken
+  over at once (``local``'s in-place restarts, a crashed job's rerun);
+- that is alive is refused at once.
+
+Any other holder (another host; a container of this host with its own pid namespace, whose pids this one cannot
+see; the same job's previous attempt on another VM) is alive while it renews: a lease last written ``STALE``
+seconds ago or more is taken over at once; a younger one is watched until it is that old, renewed meanwhile
+means a live job (refused), not renewed means its holder is gone, and the lease is taken over with a warning.
 
 The refusal is one configuration error naming the job dir and the holder (exit 2: a retry would meet it again).
+A holder that finds at a renewal that another job took the lease over (its own renewals did not reach the store
+for ``STALE`` seconds, or a second job with the same identity) is *displaced*: ``on_lost`` is called once (the
+runner stops the job, ``runner.py``), and ``check`` raises from then on (checkpoint commits are fenced with it).
 """
 
 from __future__ import annotations
@@ -25,6 +35,7 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -32,18 +43,36 @@ from typing import Any
 from entrypoint.errors import ConfigError
 from entrypoint.outputs import storage
 from entrypoint.outputs.locations import local_path
-from entrypoint.outputs.storage import Location, StorageError
+from entrypoint.outputs.storage import Location, StorageError, Versioned
 
 log = logging.getLogger("entrypoint")
 LEASE = "job.lease"
 RENEW = 5.0  # seconds between renewals (an object store takes about one write of an object per second)
 STALE = 3 * RENEW  # a lease not renewed for this long has no live holder
-_POLL = 0.5
+_POLL = 0.5  # while watching another host's holder: how often its lease is read
+_FIELDS = ("token", "job", "host", "pid", "started", "since", "renewals", "pidns", "boot")
+
+
+def pid_namespace() -> str:
+    """This process's pid namespace (``pid:[4026531836]``), "" where unknown."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
+
+
+def boot_id() -> str:
+    """This boot of the machine (Linux's random boot id), "" where unknown."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
 
 
 @dataclass(frozen=True)
 class Holder:
-    """Who holds a job dir: the job (its cluster and trial, when it has one), the process, how often renewed."""
+    """Who holds a job dir: the job (its cluster and trial, when it has one), the process (its pid meaning what it
+    means in its pid namespace, on that boot of that host), how often it renewed."""
 
     token: str
     job: str | None
@@ -52,29 +81,49 @@ class Holder:
     started: int  # the process's start time in clock ticks since boot (tells a reused pid apart), 0 if unknown
     since: float
     renewals: int = 0
+    pidns: str = ""  # its pid namespace, "" if unknown (a lease of an older version: judged as another host's)
+    boot: str = ""  # its host's boot id, "" if unknown
 
     def __str__(self) -> str:
         when = time.strftime("%H:%M:%S", time.localtime(self.since))
         return f"pid {self.pid} on host {self.host}, since {when}"
 
+    def text(self) -> bytes:
+        """The lease's content."""
+        return json.dumps(asdict(self), sort_keys=True).encode()
+
     @classmethod
-    def read(cls, path: Location) -> Holder | None:
-        """The holder written at ``path``; None when there is none (or it is unreadable: a torn local write)."""
+    def parse(cls, data: bytes) -> Holder | None:
+        """The holder in a lease's content; None when it is none (empty: an ``O_EXCL`` create still writing)."""
         try:
-            data: Any = json.loads(path.read_text())
-            return cls(**{k: data[k] for k in ("token", "job", "host", "pid", "started", "since", "renewals")})
-        except (OSError, ValueError, TypeError, KeyError, StorageError):
+            found: Any = json.loads(data)
+            return cls(**{k: found[k] for k in _FIELDS if k in found})
+        except (ValueError, TypeError, KeyError):
             return None
 
+    @classmethod
+    def read(cls, path: Location) -> Holder | None:
+        """The holder written at ``path``; None when there is none (or it is unreadable)."""
+        try:
+            found = storage.read_versioned(path)
+        except (OSError, StorageError, ConfigError):
+            return None
+        return None if found is None else cls.parse(found.data)
+
     def write(self, path: Location) -> None:
-        """This holder at ``path``, whole (a rename on a disk, one object on a store)."""
-        text = json.dumps(asdict(self), sort_keys=True)
+        """This holder at ``path``, whole, unconditionally (tests stand in for other holders with it)."""
         if isinstance(path, Path):
             temporary = path.with_name(f".{path.name}.{self.token}")
-            temporary.write_text(text)
+            temporary.write_bytes(self.text())
             os.replace(temporary, path)
         else:
-            path.write_text(text)
+            path.write_bytes(self.text())
+
+    def same_pids(self, other: Holder) -> bool:
+        """Whether this holder's pid means the same process as ``other``'s pids do (one host, pid namespace and
+        boot, all known)."""
+        return (self.host, self.pidns, self.boot) == (other.host, other.pidns, other.boot) and \
+            bool(self.pidns) and bool(self.boot)
 
 
 def _stat(pid: int) -> list[str]:
@@ -93,8 +142,8 @@ def start_ticks(pid: int) -> int:
 
 
 def _gone(holder: Holder) -> bool:
-    """Whether the holder's process, on this host, no longer runs: its pid gone, a zombie nobody reaped yet, or
-    reused by another process."""
+    """Whether the holder's process, in this pid namespace, no longer runs: its pid gone, a zombie nobody reaped
+    yet, or reused by another process."""
     try:
         os.kill(holder.pid, 0)
     except ProcessLookupError:
@@ -107,14 +156,26 @@ def _gone(holder: Holder) -> bool:
     return bool(holder.started) and start_ticks(holder.pid) != holder.started
 
 
-class JobLease:
-    """This job's hold on its job dir (``acquire``, renewed from a thread, ``release``)."""
+def taken_over(job_dir: str, holder: Holder) -> ConfigError:
+    """The error of a job whose job dir another job took over while it ran."""
+    return ConfigError("--job-dir", f"{job_dir} was taken over by another job ({holder}) while this job ran: this "
+                       "job stopped without writing there again; give each job its own --job-dir")
 
-    def __init__(self, job_dir: str, job: str | None, host: str | None = None) -> None:
+
+class JobLease:
+    """This job's hold on its job dir (``acquire``, renewed from a thread, ``release``).
+
+    ``on_lost(holder)`` is called once, from the renewing thread, when another job took the lease over."""
+
+    def __init__(self, job_dir: str, job: str | None, host: str | None = None,
+                 on_lost: Callable[[Holder], None] | None = None) -> None:
         self.job_dir = job_dir
         self.path = storage.path(local_path(job_dir)) / LEASE
         self.me = Holder(uuid.uuid4().hex, job, host or socket.gethostname(), os.getpid(), start_ticks(os.getpid()),
-                         time.time())
+                         time.time(), pidns=pid_namespace(), boot=boot_id())
+        self.on_lost = on_lost
+        self.lost: Holder | None = None  # who took the job dir over, once one did
+        self._version = ""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -126,65 +187,131 @@ class JobLease:
 
     def acquire(self) -> JobLease:
         """Hold the job dir, or raise ConfigError naming the live job that holds it."""
-        current = Holder.read(self.path)
-        if current is not None and not self._may_take(current):
-            raise self._refusal(current)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.me.write(self.path)
-        time.sleep(_POLL)  # two chiefs starting at once: the last write wins, the other one reads it and gives way
-        winner = Holder.read(self.path)
-        if winner is not None and winner.token != self.me.token:
-            raise self._refusal(winner)
+        while True:
+            version = storage.create_exclusive(self.path, self.me.text())
+            if version is not None:
+                break
+            found = storage.read_versioned(self.path)
+            if found is None:
+                continue  # released meanwhile: create it again
+            current = Holder.parse(found.data)
+            if current is None and time.time() - found.written < STALE:
+                time.sleep(0.05)  # an O_EXCL create still writing its content (a file system without hard links)
+                continue
+            if current is not None and not self._may_take(current, found):
+                raise self._refusal(current)
+            version = storage.replace_if(self.path, self.me.text(), found.version)
+            if version is not None:
+                break
+            # another job took it (or renewed it) between the read and the write: judge the new holder
+        self._version = version
         self._thread = threading.Thread(target=self._renew, name="job-dir-lease", daemon=True)
         self._thread.start()
         return self
 
-    def _may_take(self, current: Holder) -> bool:
-        if self.me.job is not None and current.job == self.me.job:
-            log.info("job dir %s: taking over from the previous attempt of this job (%s)", self.job_dir, current)
-            return True
-        if current.host == self.me.host:
+    def _may_take(self, current: Holder, found: Versioned) -> bool:
+        if current.same_pids(self.me):
             if (current.pid, current.started) == (self.me.pid, self.me.started):
                 return True  # this very process
             gone = _gone(current)
             if gone:
                 log.info("job dir %s: its last holder (%s) is gone; taking it", self.job_dir, current)
             return gone
-        log.info("job dir %s is leased to %s: watching up to %g s whether that job still renews its lease",
-                 self.job_dir, current, STALE)
-        deadline = time.monotonic() + STALE
-        while time.monotonic() < deadline:
-            time.sleep(_POLL)
-            now = Holder.read(self.path)
-            if now is None:
-                return True  # released meanwhile
-            if now != current:
-                return False  # renewed (or taken by yet another job): alive
-        log.warning("job dir %s: its lease (%s) was not renewed for %g s: its job is gone; taking the job dir over",
-                    self.job_dir, current, STALE)
+        where = "another host" if current.host != self.me.host else "another pid namespace of this host"
+        age = time.time() - found.written
+        if age < STALE:
+            wait = STALE - max(age, 0.0)
+            log.info("job dir %s is leased to %s (%s), renewed %.0f s ago: watching up to %.0f s whether that job "
+                     "still renews its lease", self.job_dir, current, where, max(age, 0.0), wait)
+            deadline = time.monotonic() + wait
+            while time.monotonic() < deadline:
+                time.sleep(min(_POLL, max(0.0, deadline - time.monotonic())))
+                now = storage.read_versioned(self.path)
+                if now is None:
+                    return True  # released meanwhile
+                if now.version != found.version:
+                    return False  # renewed (or taken by yet another job): alive
+        same = " (an earlier attempt of this job)" if self.me.job is not None and current.job == self.me.job else ""
+        log.warning("job dir %s: its lease (%s%s) was not renewed for %g s: its job is gone; taking the job dir over",
+                    self.job_dir, current, same, STALE)
         return True
 
     def _refusal(self, holder: Holder) -> ConfigError:
-        return ConfigError("--job-dir", f"{self.job_dir} is in use by another live job ({holder}, which renews its "
-                           f"lease {LEASE}): give this job its own --job-dir, or stop the other one first")
+        same = (" with this job's own identity (the same cluster and trial: one job started twice?)"
+                if self.me.job is not None and holder.job == self.me.job else "")
+        return ConfigError("--job-dir", f"{self.job_dir} is in use by another live job{same} ({holder}, which renews "
+                           f"its lease {LEASE}): give this job its own --job-dir, or stop the other one first")
 
     def _renew(self) -> None:
         while not self._stop.wait(RENEW):
             with contextlib.suppress(OSError, StorageError):  # a store down for a while: renewed when back
-                current = Holder.read(self.path)
-                if current is not None and current.token != self.me.token:
-                    log.warning("job dir %s: another job (%s) took it over (this job's lease went unrenewed for "
-                                "%g s); from now on both write there", self.job_dir, current, STALE)
-                    return
-                self.me = replace(self.me, renewals=self.me.renewals + 1)
-                self.me.write(self.path)
+                renewed = replace(self.me, renewals=self.me.renewals + 1)
+                version = storage.replace_if(self.path, renewed.text(), self._version)
+                if version is not None:
+                    self.me, self._version = renewed, version
+                    continue
+                found = storage.read_versioned(self.path)
+                current = None if found is None else Holder.parse(found.data)
+                if found is not None and current is not None and current.token == self.me.token:
+                    self._version = found.version  # ours still (its metadata changed): renewed next time
+                    continue
+                if found is None:  # removed under us (by hand): this job holds it again, unless another did first
+                    version = storage.create_exclusive(self.path, self.me.text())
+                    if version is not None:
+                        self._version = version
+                        continue
+                    current = Holder.read(self.path)
+                self._displaced(current)
+                return
+
+    def _displaced(self, holder: Holder | None) -> None:
+        self.lost = holder or replace(self.me, token="?", host="?", pid=0)
+        log.warning("job dir %s: another job (%s) took it over (this job's lease went unrenewed for %g s, or a second "
+                    "job with this job's identity took it)", self.job_dir, self.lost, STALE)
+        if self.on_lost is not None:
+            self.on_lost(self.lost)
+
+    def check(self) -> None:
+        """Raise the error of a displaced job if another job holds the job dir now (read from the lease itself, not
+        only what the last renewal saw)."""
+        if self.lost is None and self._version:
+            current = Holder.read(self.path)
+            if current is not None and current.token != self.me.token:
+                self.lost = current
+        if self.lost is not None:
+            raise taken_over(self.job_dir, self.lost)
 
     def release(self) -> None:
         """Stop renewing; remove the lease if it is still this job's (the next job takes the dir at once)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=RENEW)
-        with contextlib.suppress(OSError, StorageError):
-            current = Holder.read(self.path)
-            if current is not None and current.token == self.me.token:
-                self.path.unlink()
+        if self.lost is None and self._version:
+            with contextlib.suppress(OSError, StorageError):
+                storage.remove_if(self.path, self._version)
+
+
+def held_by_another_job(job_dir: str, job: str | None, token: str | None) -> Holder | None:
+    """The holder of ``job_dir`` when it is not this job's (another token than the chief's ``token``, where this
+    process knows it; else another job identity than ``job``); None when the dir is this job's or nobody's."""
+    current = Holder.read(storage.path(local_path(job_dir)) / LEASE)
+    if current is None:
+        return None
+    if token:
+        return None if current.token == token else current
+    return current if job is not None and current.job is not None and current.job != job else None
+
+
+def in_use(job_dir: str) -> ConfigError | None:
+    """The refusal a chief starting now would meet on ``job_dir`` (a live job holds it), judged as ``acquire`` judges
+    (a holder of another host watched for its renewal), None when it would take it; nothing is written."""
+    probe = JobLease(job_dir, None)
+    try:
+        found = storage.read_versioned(probe.path)
+        current = None if found is None else Holder.parse(found.data)
+        if found is None or current is None or probe._may_take(current, found):
+            return None
+    except (OSError, StorageError, ConfigError):
+        return None  # the chief's own acquire decides
+    return probe._refusal(current)

@@ -13,20 +13,29 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 import tempfile
 from collections.abc import Iterator
 
 from entrypoint import context, failures
+from entrypoint.cluster import envvars as ev
 from entrypoint.cluster import fabric
 from entrypoint.cluster.environments.settings import Handoff, read_settings, secret_values, secrets_in_args
 from entrypoint.errors import ConfigError, ExitCode
 from entrypoint.lifecycle import jobrecord, lease, rendezvous, signals
+from entrypoint.outputs import checkpoints
 from entrypoint.outputs.locations import ensure_writable, how_written
 from entrypoint.planning import handoff, registry
 from entrypoint.planning.plan import Plan
 
 log = logging.getLogger("entrypoint")
-REFUSED = "trainer-refused"  # under the temp dir: the record of a job refused its job dir (not in the other's)
+REFUSED = "trainer-refused"  # under the temp dir: the records of a job refused (or displaced from) its job dir
+
+
+def refused_records() -> str:
+    """Where a job that does not hold its job dir records its failures: this node's temp dir, never the other
+    job's ``failures/`` (whose chief would name them as its own root cause)."""
+    return os.path.join(tempfile.gettempdir(), REFUSED)
 
 
 def describe_failures(ctx: failures.FailureContext, plan: Plan) -> failures.FailureContext:
@@ -51,18 +60,31 @@ def run_node(plan: Plan, ctx: failures.FailureContext) -> int:
              how_written(out.model_dir), how_written(out.checkpoint_dir), how_written(out.tensorboard_dir))
     if user_code.kind != "hooks":  # scripts write into AIP_MODEL_DIR & co. as into a bucket, where every path exists
         ensure_writable([out.model_dir, out.checkpoint_dir, out.tensorboard_dir])
-    with holding_job_dir(plan, ctx) as record:
-        with signals.stop_at_once("meeting the other replicas at the start-up barrier"):
-            rendezvous.meet_peers(plan)
-        os.environ.update(plan.emitted_env())  # what user code and children expect (TF_CONFIG, AIP_*, MASTER_*)
-        with handoff.plan_file(plan) as handed:
-            os.environ.update(handed)
-            code = registry.get(plan.framework).load_launcher()(plan, ctx)
-        if code == ExitCode.OK and record is not None:
-            jobrecord.finished(out.job_dir, record)
+    try:
+        with holding_job_dir(plan, ctx) as record:
+            with signals.stop_at_once("meeting the other replicas at the start-up barrier"):
+                rendezvous.meet_peers(plan)
+            os.environ.update(plan.emitted_env())  # what user code and children expect (TF_CONFIG, AIP_*, MASTER_*)
+            with handoff.plan_file(plan) as handed:
+                os.environ.update(handed)
+                code = registry.get(plan.framework).load_launcher()(plan, ctx)
+            if code == ExitCode.OK and record is not None:
+                jobrecord.finished(out.job_dir, record)
+    except BaseException:
+        _records_outside_anothers(plan, ctx)
+        raise
     if code == ExitCode.OK:
         return ExitCode.OK
-    return failures.finish_child(ctx, code)
+    _records_outside_anothers(plan, ctx)
+    return failures.finish_node(ctx, code)
+
+
+def _records_outside_anothers(plan: Plan, ctx: failures.FailureContext) -> None:
+    """A node of a job that does not hold its job dir (a refused duplicate's worker, failing while it waits for
+    its chief; a displaced job's) records its failure in its temp dir: another job's lease is in the dir."""
+    if ctx.job_dir is not None and ctx.job_dir != refused_records() and \
+            lease.held_by_another_job(plan.outputs.job_dir, job_key(plan), os.environ.get(ev.TRAINER_JOB_LEASE)):
+        ctx.job_dir = refused_records()
 
 
 def prepare_fabric(plan: Plan) -> fabric.FabricStep:
@@ -90,16 +112,43 @@ def holding_job_dir(plan: Plan, ctx: failures.FailureContext) -> Iterator[jobrec
     if not plan.topology.is_chief_node or (plan.placement is not None and not plan.placement.is_chief):
         yield None
         return
-    held = lease.JobLease(plan.outputs.job_dir, job_key(plan))
+    held = lease.JobLease(plan.outputs.job_dir, job_key(plan), on_lost=lambda holder: _displaced(ctx, holder))
     try:
         held.acquire()
     except ConfigError:
-        ctx.job_dir = os.path.join(tempfile.gettempdir(), REFUSED)  # the other job's failures/ are its own
+        ctx.job_dir = refused_records()  # the other job's failures/ are its own
         raise
+    os.environ[ev.TRAINER_JOB_LEASE] = held.me.token  # the node's training processes fence their commits with it
     try:
-        yield jobrecord.start(plan.outputs.job_dir, plan.options, ctx.secrets)
+        with checkpoints.fence(held.check):  # and so does this process (training in it, one process per node)
+            yield jobrecord.start(plan.outputs.job_dir, plan.options, ctx.secrets)
+        held.check()  # a launcher that ended because a worker's commit was fenced: the takeover is the cause
+    except BaseException as exc:
+        if held.lost is None:
+            with contextlib.suppress(ConfigError):
+                held.check()
+        if held.lost is not None:
+            ctx.job_dir = refused_records()
+            if not isinstance(exc, ConfigError):
+                raise lease.taken_over(plan.outputs.job_dir, held.lost) from exc
+        raise
     finally:
         held.release()
+
+
+def _displaced(ctx: failures.FailureContext, holder: lease.Holder) -> None:
+    """Another job took the job dir over while this one ran (the lease's renewing thread found it): end this node's
+    training at once, its processes SIGKILLed (no last checkpoint, export or summary), the failure recorded in the
+    temp dir, and exit 2 with a last line naming the job dir and the new holder."""
+    job_dir = ctx.job_dir or ""
+    ctx.job_dir = refused_records()
+    signals.kill_descendants()
+    own = failures.write_record(ctx, failures.classify(lease.taken_over(job_dir, holder)))
+    code = failures.finish(ctx, own)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 def run_process(plan: Plan, ctx: failures.FailureContext) -> int:
@@ -115,6 +164,17 @@ def run_process(plan: Plan, ctx: failures.FailureContext) -> int:
     return code
 
 
+def _still_held(plan: Plan, ctx: failures.FailureContext) -> None:
+    """A training process's commit fence: the job dir's lease still carries its chief's token."""
+    token = os.environ.get(ev.TRAINER_JOB_LEASE)
+    if not token:
+        return
+    holder = lease.held_by_another_job(plan.outputs.job_dir, job_key(plan), token)
+    if holder is not None:
+        ctx.job_dir = refused_records()
+        raise lease.taken_over(plan.outputs.job_dir, holder)
+
+
 def run_worker(handed: Handoff) -> int:
     """``python -m entrypoint.worker``: a process started by a launcher (torch elastic, Horovod)."""
     from entrypoint.outputs.progress import setup_logging
@@ -125,6 +185,7 @@ def run_worker(handed: Handoff) -> int:
         plan, launcher = handoff.load(handed)
         signals.die_with_parent(expected_parent=launcher)
         setup_logging(f"[{plan.placed.label()}] ")
-        return run_process(plan, ctx)
+        with checkpoints.fence(lambda: _still_held(plan, ctx)):
+            return run_process(plan, ctx)
 
     return failures.guarded(body, ctx)

@@ -16,12 +16,13 @@ Horovod) and Keras' ``KerasCheckpointIO`` (``tensorflow/checkpoint_io.py``) impl
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol, TypeVar
 
 from entrypoint.errors import ConfigError
@@ -33,6 +34,25 @@ _NAME = re.compile(r"^ckpt-(\d{8,})$")
 _CHUNK = 1 << 20
 log = logging.getLogger("entrypoint.checkpoints")
 T = TypeVar("T")
+_fences: list[Callable[[], None]] = []
+
+
+@contextlib.contextmanager
+def fence(check: Callable[[], None]) -> Iterator[None]:
+    """Within the block, call ``check`` before every commit (and summary) this process writes; it raises to refuse
+    the write. The runner fences with the job-dir lease (``lifecycle/lease.py``): a job whose job dir another job
+    took over commits nothing more there."""
+    _fences.append(check)
+    try:
+        yield
+    finally:
+        _fences.remove(check)
+
+
+def fenced() -> None:
+    """Raise if a registered fence refuses this process's next commit."""
+    for check in _fences:
+        check()
 
 
 class CheckpointError(Exception):
@@ -64,6 +84,7 @@ def commit(path: str | Location, meta: dict[str, Any], files: dict[str, dict[str
     if files is None:
         files = {storage.relative(p, root): file_digest(p) for p in root.rglob("*")
                  if p.is_file() and p.name != MARKER}
+    fenced()
     (root / MARKER).write_text(json.dumps({**meta, "files": files, "committed_at": time.time()}, sort_keys=True))
 
 

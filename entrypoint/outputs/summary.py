@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from entrypoint.outputs import storage
+from entrypoint.outputs.checkpoints import fenced
 from entrypoint.outputs.storage import Location
 
 SCHEMA_VERSION = 1
@@ -63,6 +64,7 @@ def strict(value: Any) -> Any:
 def write_summary(model_dir: str | Location, summary: TrainingSummary) -> Location:
     """Write ``training_summary.json`` into ``model_dir`` (strict JSON: a non-finite number is null; one object)."""
     path = storage.path(model_dir) / SUMMARY_FILE
+    fenced()  # a job whose job dir another job took over writes no summary (checkpoints.fence)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(strict(asdict(summary)), indent=2, sort_keys=True, allow_nan=False))
     return path

@@ -1,12 +1,16 @@
 """Whose job dir it is (``lease.py``) and what it last ran with (``jobrecord.py``): on a disk and on gs://.
 
-Real processes stand in for other holders (a live one, a dead one); another host's holder is a lease written with
-that host's name. No framework.
+Real processes stand in for other holders (a live one, a dead one, one in another pid namespace: ``unshare``);
+another host's holder is a lease written with that host's name. No framework.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import shutil
+import socket
 import subprocess
 import sys
 import threading
@@ -42,10 +46,18 @@ def process() -> Iterator[subprocess.Popen[bytes]]:
 
 
 def holder_of(job_dir: Path, pid: int, host: str, job: str | None = None) -> Holder:
-    """A lease as that process (on that host) wrote it."""
-    found = Holder("t" * 32, job, host, pid, lease.start_ticks(pid), time.time())
+    """A lease as that process (on that host; in this pid namespace when on this host) wrote it."""
+    here = host == socket.gethostname()
+    found = Holder("t" * 32, job, host, pid, lease.start_ticks(pid), time.time(),
+                   pidns=lease.pid_namespace() if here else "pid:[1]", boot=lease.boot_id() if here else "b")
     found.write(storage.path(job_dir) / LEASE)
     return found
+
+
+def aged(path: Path, seconds: float) -> None:
+    """The file as last written ``seconds`` ago."""
+    then = time.time() - seconds
+    os.utime(path, (then, then))
 
 
 def test_a_job_holds_its_dir_and_leaves_it_free(tmp_path: Path) -> None:
@@ -79,11 +91,47 @@ def test_a_dead_holder_of_this_host_leaves_nothing_stuck(tmp_path: Path) -> None
     assert time.monotonic() - started < 0.5
 
 
-def test_the_same_jobs_next_attempt_takes_over_at_once(tmp_path: Path, process: subprocess.Popen[bytes]) -> None:
-    """The platform restarts the job (same cluster, same trial): its previous attempt's lease is no refusal."""
-    holder_of(tmp_path, process.pid, "another-host", job="vertex:chief:2222:-")
+def test_the_same_jobs_next_attempt_takes_over_once_the_lease_is_stale(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The platform restarts the job (same cluster, same trial) on another VM: its previous attempt's lease, last
+    written STALE ago, is taken over at once (nothing watched). The same identity still renewing elsewhere (one
+    CLUSTER_SPEC started twice) is a live job: refused, saying so."""
+    holder_of(tmp_path, 1, "another-host", job="vertex:chief:2222:-")
+    aged(tmp_path / LEASE, lease.STALE + 1)
+    monkeypatch.setattr(lease.time, "sleep", no_sleep)
     with JobLease(str(tmp_path), "vertex:chief:2222:-") as held:
         assert Holder.read(tmp_path / LEASE) == held.me
+    monkeypatch.setattr(lease.time, "sleep", SLEEP)
+    with renewing(holder_of(tmp_path, 1, "another-host", job="vertex:chief:2222:-"), tmp_path / LEASE), \
+            pytest.raises(ConfigError, match=r"in use by another live job with this job's own identity"):
+        JobLease(str(tmp_path), "vertex:chief:2222:-").acquire()
+
+
+SLEEP = time.sleep
+
+
+def no_sleep(seconds: float) -> None:
+    raise AssertionError(f"slept {seconds} s")
+
+
+@contextlib.contextmanager
+def renewing(holder: Holder, path: Path) -> Iterator[None]:
+    """Another job renewing its lease every 0.2 s while the block runs."""
+    stop = threading.Event()
+
+    def renew() -> None:
+        current = holder
+        while not stop.wait(0.2):
+            current = replace(current, renewals=current.renewals + 1)
+            current.write(path)
+
+    thread = threading.Thread(target=renew)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 def test_another_hosts_holder_is_watched(tmp_path: Path) -> None:
@@ -91,36 +139,138 @@ def test_another_hosts_holder_is_watched(tmp_path: Path) -> None:
     stale = holder_of(tmp_path, 1, "another-host")
     started = time.monotonic()
     with JobLease(str(tmp_path), None):
-        assert 1.0 <= time.monotonic() - started < 3
+        assert time.monotonic() - started >= 0.5  # watched until the lease was STALE (1 s) old
     stale.write(tmp_path / LEASE)
-    stop = threading.Event()
+    with renewing(stale, tmp_path / LEASE), pytest.raises(ConfigError, match="in use by another live job"):
+        JobLease(str(tmp_path), None).acquire()
 
-    def renew() -> None:
-        current = stale
-        while not stop.wait(0.2):
-            current = replace(current, renewals=current.renewals + 1)
-            current.write(tmp_path / LEASE)
 
-    renewing = threading.Thread(target=renew)
-    renewing.start()
+def test_a_lease_last_written_stale_ago_is_taken_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its modification time says it: nothing to watch."""
+    holder_of(tmp_path, 1, "another-host")
+    aged(tmp_path / LEASE, lease.STALE + 1)
+    monkeypatch.setattr(lease.time, "sleep", no_sleep)
+    JobLease(str(tmp_path), None).acquire().release()
+
+
+def test_a_free_job_dir_is_taken_without_waiting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One atomic create: no sleep to see whether another chief wrote last."""
+    monkeypatch.setattr(lease.time, "sleep", no_sleep)
+    JobLease(str(tmp_path), None).acquire().release()
+    assert not (tmp_path / LEASE).exists()
+
+
+DRIVER = """
+import sys, time
+from entrypoint.errors import ConfigError
+from entrypoint.lifecycle import lease
+lease.RENEW, lease.STALE, lease._POLL = 0.2, 1.0, 0.05
+print("ready", flush=True)
+sys.stdin.readline()
+try:
+    held = lease.JobLease(sys.argv[1], None).acquire()
+except ConfigError as exc:
+    print("refused:", exc, flush=True)
+    sys.exit(2)
+print("holding", flush=True)
+time.sleep(float(sys.argv[2]))
+held.release()
+"""
+
+
+def driver(job_dir: Path, hold: float, *prefix: str) -> subprocess.Popen[str]:
+    """A process that takes the lease when told (a line on its stdin) and holds it ``hold`` seconds."""
+    root = Path(__file__).resolve().parents[2]
+    return subprocess.Popen([*prefix, sys.executable, "-c", DRIVER, str(job_dir), str(hold)], cwd=root, text=True,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(root)})
+
+
+def test_two_chiefs_starting_at_once_one_wins(tmp_path: Path) -> None:
+    """Four processes take a free job dir at the same moment: exactly one holds it, the others are refused."""
+    procs = [driver(tmp_path, 30) for _ in range(4)]
     try:
-        with pytest.raises(ConfigError, match="in use by another live job"):
-            JobLease(str(tmp_path), None).acquire()
+        for proc in procs:
+            assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        said = [proc.stdout.readline() for proc in procs if proc.stdout is not None]
+        assert sorted(line.split(":")[0].strip() for line in said) == ["holding", "refused", "refused", "refused"], said
     finally:
-        stop.set()
-        renewing.join()
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
+UNSHARE = shutil.which("unshare")
+
+
+def can_unshare() -> bool:
+    if UNSHARE is None:
+        return False
+    return subprocess.run([UNSHARE, "--pid", "--fork", "--mount-proc", "true"], capture_output=True).returncode == 0
+
+
+@pytest.mark.skipif(not can_unshare(), reason="needs unshare --pid (root, util-linux)")
+def test_a_holder_in_another_pid_namespace_of_this_host_is_not_judged_by_its_pid(tmp_path: Path) -> None:
+    """Two containers on one host (same host name, each its own pid namespace): the holder's pid means nothing in
+    the other's namespace, so the second one watches the lease, sees it renewed, and is refused."""
+    with JobLease(str(tmp_path), None) as held:
+        second = driver(tmp_path, 0, UNSHARE or "unshare", "--pid", "--fork", "--mount-proc")
+        out, _ = second.communicate("go\n", timeout=120)
+        assert second.returncode == 2, out
+        assert f"pid {held.me.pid} on host {held.me.host}" in out, out
+        assert Holder.read(tmp_path / LEASE).token == held.me.token  # type: ignore[union-attr]
+
+
+def test_a_job_whose_lease_was_taken_over_is_told_and_fenced(tmp_path: Path) -> None:
+    """Another job takes the lease (as a takeover after STALE would): the holder's next renewal finds it, calls
+    ``on_lost`` once, ``check`` raises from then on, and the release leaves the new holder's lease in place."""
+    lost: list[Holder] = []
+    told = threading.Event()
+    held = JobLease(str(tmp_path), None, on_lost=lambda holder: (lost.append(holder), told.set())).acquire()
+    held.check()
+    other = holder_of(tmp_path, 1, "another-host")
+    assert told.wait(60)
+    assert lost == [other]
+    with pytest.raises(ConfigError, match=rf"^--job-dir: {tmp_path} was taken over by another job \(pid 1 on host "
+                                          r"another-host, since .*\) while this job ran"):
+        held.check()
+    held.release()
+    assert Holder.read(tmp_path / LEASE) == other
+
+
+def test_the_fence_reads_the_lease_itself(tmp_path: Path) -> None:
+    """Between two renewals too: ``check`` reads the lease."""
+    with JobLease(str(tmp_path), None) as held:
+        lease.RENEW = 60.0  # type: ignore[misc]  # (the fixture restores it) no renewal in this test
+        held.check()
+        holder_of(tmp_path, 1, "another-host")
+        with pytest.raises(ConfigError, match="was taken over"):
+            held.check()
 
 
 def test_a_lease_on_a_bucket(emulator: Emulator, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The same on gs:// (the GCS emulator): held, refused to another job of another host, released."""
+    """The same on gs:// (the GCS emulator): held and renewed, refused to another job of another host, released;
+    taken over by another job, the holder is told."""
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", emulator.host)
     monkeypatch.setattr(storage, "_filesystems", {})
     job_dir = f"gs://{BUCKET}/lease/job"
-    with JobLease(job_dir, "local:127.0.0.1:1:-"):
-        assert Holder.read(storage.path(job_dir) / LEASE) is not None
+    path = storage.path(job_dir) / LEASE
+    with JobLease(job_dir, "local:127.0.0.1:1:-") as held:
+        assert Holder.read(path) == held.me
         with pytest.raises(ConfigError, match="in use by another live job"):
             JobLease(job_dir, "local:127.0.0.1:2:-", host="another-host").acquire()
-    assert not (storage.path(job_dir) / LEASE).exists()
+        assert Holder.read(path).renewals > 0  # type: ignore[union-attr]
+    assert not path.exists()
+    told = threading.Event()
+    held = JobLease(job_dir, None, on_lost=lambda _holder: told.set()).acquire()
+    other = replace(held.me, token="o" * 32, host="another-host")
+    other.write(path)
+    assert told.wait(60)
+    held.release()
+    assert Holder.read(path) == other
 
 
 def test_a_rerun_with_other_arguments_says_which_and_what_resuming_means(
