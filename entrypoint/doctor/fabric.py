@@ -108,8 +108,9 @@ def findings(found: FabricFacts) -> list[Finding]:
     if lay is None:
         return [Finding("fabric", "ok" if not removed else "warning", f"none found: NCCL's own transports{removed}",
                         None if not removed else "drop these variables from the image or the job")]
-    out = [Finding("fabric", "ok", f"{lay.fabric} ({lay.machines}) from {lay.source}; profile "
-                   f"{lay.profile or 'none'}; sets {len(step.set)} variables{removed}")]
+    out = [Finding("fabric", "warning" if removed else "ok", f"{lay.fabric} ({lay.machines}) from {lay.source}; "
+                   f"profile {lay.profile or 'none'}; sets {len(step.set)} variables{removed}",
+                   "drop these variables from the image or the job" if removed else None)]
     out.append(_plugin(found, lay))
     out += _needs(found, lay)
     return out

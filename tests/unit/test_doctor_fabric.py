@@ -69,3 +69,8 @@ def test_a_bad_profile_is_a_warning_naming_it(tmp_path: Path) -> None:
     (root / "usr/local/gib/scripts/set_nccl_env.sh").write_text("exit 1\n")
     found = doctor_fabric.findings(doctor_fabric.facts("auto", BASE, str(root), load=False))
     assert [f.status for f in found] == ["warning"] and "set_nccl_env.sh" in found[0].message
+
+
+def test_a_stray_beside_a_fabric_is_a_warning(tmp_path: Path) -> None:
+    root = fabric_trees.build(tmp_path, "a3mega-gke")
+    assert verdicts(root, NCCL_NET="gIB")["fabric"] == "warning"
