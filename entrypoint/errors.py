@@ -19,6 +19,7 @@ class ExitCode(IntEnum):
     NONFINITE_LOSS = 65  # the training loss became NaN or infinite (sysexits EX_DATAERR): fix data or hyperparameters
     OUTPUT_NOT_WRITABLE = 73  # an output directory is read-only or not ours to write (sysexits EX_CANTCREAT)
     DISK_FULL = 74  # no space left where outputs go (sysexits EX_IOERR)
+    STARTUP_TIMEOUT = 124  # the start-up outlived --startup-timeout (timed out, as timeout(1)): a retry is as slow
     PEER_LOST = 129  # a peer never came, died or froze; a rendezvous, collective or training step timed out
     START_DEADLINE = 142  # SIGALRM: TensorFlow's cluster start outlived --timeout (it cannot be interrupted otherwise)
     HOST_UNRESOLVABLE = 196  # a peer's host name never resolved (128 + sysexits EX_NOHOST, made retryable)
@@ -65,6 +66,8 @@ DISK_FULL = FailureClass("disk_full", ExitCode.DISK_FULL, "no space left on the 
 NONFINITE_LOSS = FailureClass("nonfinite_loss", ExitCode.NONFINITE_LOSS, "the training loss became NaN or infinite")
 PEER_LOST = FailureClass("peer_lost", ExitCode.PEER_LOST, "a peer is missing, died, froze or timed out")
 HANG = FailureClass("hang", ExitCode.PEER_LOST, "no training step completed within --hang-timeout")
+STARTUP_TIMEOUT = FailureClass("startup_timeout", ExitCode.STARTUP_TIMEOUT,
+                               "the start-up (building, restoring, the first step) outlived --startup-timeout")
 HOST_UNRESOLVABLE = FailureClass("host_unresolvable", ExitCode.HOST_UNRESOLVABLE, "a peer's host name never resolved")
 STORAGE_UNAVAILABLE = FailureClass("storage_unavailable", ExitCode.STORAGE_UNAVAILABLE,
                                    "the object store holding the outputs was unreachable or failing")

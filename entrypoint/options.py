@@ -15,6 +15,9 @@ DEFAULT_TIMEOUT = 300.0
 # platform's own grace (Kubernetes' default terminationGracePeriodSeconds is 30 s).
 DEFAULT_GRACE_PERIOD = 25.0
 DEFAULT_HANG_TIMEOUT = 1800.0
+# The start-up (building the datasets and the model, the restore, the first step) gets its own limit: a dataset
+# download or a large model's load can take long, and takes as long again on a retry.
+DEFAULT_STARTUP_TIMEOUT = 1800.0
 LOG_FORMATS = ("auto", "text", "json")
 
 
@@ -34,6 +37,7 @@ class RunOptions:
     timeout: float = DEFAULT_TIMEOUT
     grace_period: float = DEFAULT_GRACE_PERIOD
     hang_timeout: float = DEFAULT_HANG_TIMEOUT
+    startup_timeout: float = DEFAULT_STARTUP_TIMEOUT
     epochs: int | None = None
     batch_size: int | None = None
     log_every: int = 20

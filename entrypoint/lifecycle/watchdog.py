@@ -1,13 +1,21 @@
-"""Watchdogs: a training loop that stops stepping, and a framework start that never returns.
+"""Watchdogs: a training loop that never gets going or stops stepping, and a framework start that never returns.
 
-The hang watchdog: when no training step completes for ``--hang-timeout``, dump every Python stack and fail.
+The hang watchdog has two clocks, one after the other. The start-up (the hooks loop's start, building the
+datasets, the model and the optimizer, the group, the restore, the parallel wrap and the first training step) must
+end within ``--startup-timeout``: a dataset download or a large model's load can be slow, and is as slow again on a
+retry, so its expiry is permanent (class ``startup_timeout``, exit 124) and the message names the phase and the flag
+to raise. The first step belongs to the start-up: it imports what the optimizer needs on first use
+(``torch._dynamo``), traces and compiles (``--compile``, Keras' ``tf.function``), which takes a fresh process
+seconds, on a loaded machine far more. From the end of the first step on, no training step may take longer than
+``--hang-timeout``.
 
 A collective's own timeout catches a peer that died; it does not catch a rank stuck in a data loader,
-a deadlocked thread or an NCCL call that never returns. The loop calls ``beat(step)`` after each step
-and sets ``phase``; a thread checks the time since the last beat. On expiry the process prints all
-its threads' stacks (faulthandler), writes its failure record (class ``hang``, naming its rank, the
-last step and where it stood) and exits with the retryable code, so the job restarts from its newest
-checkpoint instead of burning its reservation.
+a deadlocked thread or an NCCL call that never returns. The loop calls ``beat(step)`` as it goes and
+``trained(step)`` after each step, and sets ``phase``; a thread checks the time since the start and, after the
+start-up, since the last beat. On expiry the process prints all its threads' stacks (faulthandler), writes its
+failure record (naming its rank, the last step and where it stood) and exits: a hang (class ``hang``, or this rank
+waiting for a peer whose heartbeat stopped, at either clock) with the retryable code, so the job restarts from its
+newest checkpoint instead of burning its reservation.
 
 The start deadline: TensorFlow's cluster start holds the GIL while it waits for a lost peer, so no thread of
 the process can act. A small watcher process (``python -m entrypoint.lifecycle.watchdog``, prepared before the wait)
@@ -39,21 +47,23 @@ BACKSTOP = 3.0  # seconds after the watcher's deadline: the kernel's alarm, shou
 
 
 class HangWatchdog:
-    """Fails this process when ``beat`` is not called for ``timeout`` seconds (0: off)."""
+    """Fails this process when its start-up outlives ``startup_timeout``, or when, from the end of the first training
+    step on, ``beat`` is not called for ``timeout`` seconds (either 0: that clock is off)."""
 
-    def __init__(self, timeout: float, ctx: failures.FailureContext) -> None:
-        self.timeout, self.ctx = timeout, ctx
+    def __init__(self, timeout: float, ctx: failures.FailureContext, startup_timeout: float = 0.0) -> None:
+        self.timeout, self.startup_timeout, self.ctx = timeout, startup_timeout, ctx
         self.board: PeerBoard | None = None  # the peers' heartbeats, to name who this rank waits for
         self.phase = "starting"
+        self.starting_up = True  # until the first training step completed (or nothing was left to train)
         self._step = 0
-        self._last = time.monotonic()
+        self._began = self._last = time.monotonic()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def start(self) -> HangWatchdog:
-        """Start watching (a daemon thread); a no-op when the timeout is 0."""
-        if self.timeout > 0 and self._thread is None:
-            self._last = time.monotonic()
+        """Start watching (a daemon thread; the start-up clock starts now); a no-op when both timeouts are 0."""
+        if (self.timeout > 0 or self.startup_timeout > 0) and self._thread is None:
+            self._began = self._last = time.monotonic()
             self._thread = threading.Thread(target=self._watch, name="hang-watchdog", daemon=True)
             self._thread.start()
         return self
@@ -64,36 +74,71 @@ class HangWatchdog:
         return self._step
 
     def beat(self, step: int, phase: str = "training") -> None:
-        """A training step completed (cheap: a few assignments)."""
-        self._step, self._last, self.phase = step, time.monotonic(), phase
+        """The loop goes on at ``step``, now ``phase`` (cheap: a few assignments). After the start-up the step clock
+        starts again; during it the start-up clock runs on."""
+        self._step, self.phase = step, phase
+        if not self.starting_up:
+            self._last = time.monotonic()
         self.ctx.step = step
         if self.board is not None:
             self.board.step = step
+
+    def trained(self, step: int, phase: str = "training") -> None:
+        """A training step completed: the start-up is over (if it was not), the step clock starts again."""
+        self.end_startup()
+        self.beat(step, phase)
+
+    def end_startup(self) -> None:
+        """The start-up is over (its first step completed, or nothing is left to train): the step clock starts."""
+        if self.starting_up:
+            self._last = time.monotonic()
+            self.starting_up = False
 
     def stop(self) -> None:
         """Stop watching."""
         self._stop.set()
 
-    def _watch(self) -> None:
-        while not self._stop.wait(min(10.0, max(self.timeout / 4, 0.5))):
-            if time.monotonic() - self._last > self.timeout:
-                self._fire()
+    def _poll(self) -> float:
+        limits = [t for t in (self.timeout, self.startup_timeout) if t > 0] or [1.0]
+        return min(10.0, max(min(limits) / 4, 0.5))
 
-    def _fire(self) -> None:
+    def expired(self, now: float) -> tuple[float, str] | None:
+        """The limit that ran out at ``now`` (``time.monotonic()``) and its flag; None while time is left."""
+        if self.starting_up:
+            return (self.startup_timeout, "--startup-timeout") if 0 < self.startup_timeout < now - self._began \
+                else None
+        return (self.timeout, "--hang-timeout") if 0 < self.timeout < now - self._last else None
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self._poll()):
+            if not self.starting_up and self.timeout <= 0:
+                return  # the start-up is over and the step clock is off
+            if (limit := self.expired(time.monotonic())) is not None:
+                self._fire(*limit)
+
+    def _fire(self, limit: float, flag: str) -> None:
         rank = "" if self.ctx.rank is None else f"rank {self.ctx.rank} "
-        message = (f"no training step completed for {self.timeout:g} s (--hang-timeout): {rank}on {self.ctx.replica} "
-                   f"stalled after step {self._step} while {self.phase}")
+        waited = f"{limit:g} s ({flag})"
+        if flag == "--startup-timeout":
+            cls = errors.STARTUP_TIMEOUT
+            message = f"{rank}on {self.ctx.replica} still {self.phase} after {waited}"
+            advice = "; raise --startup-timeout if this start is expected to be slow"
+        else:
+            cls, advice = errors.HANG, ""
+            message = (f"no training step completed for {waited}: {rank}on {self.ctx.replica} "
+                       f"stalled after step {self._step} while {self.phase}")
         sys.stderr.write(f"entrypoint: {message}; Python stacks of every thread follow\n")
         faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
         silent = self.board.silent() if self.board is not None else []
         verdicts = []
         if silent:  # this rank waits for peers that stopped: they are the cause, named by their heartbeats
+            cls, advice = errors.HANG, ""  # a lost peer, not a slow start: a restart can help
             message += f", waiting for {peers.describe(silent)}"
             for lost in silent:
-                text = f"{peers.describe([lost])}; the others waited {self.timeout:g} s (--hang-timeout)"
+                text = f"{peers.describe([lost])}; the others waited {waited}"
                 verdicts.append(failures.record_verdict(self.ctx, lost.member.replica, lost.member.rank, errors.HANG,
                                                         text))
-        own = failures.write_record(self.ctx, failures.Failure(errors.HANG, message))
+        own = failures.write_record(self.ctx, failures.Failure(cls, message + advice))
         code = failures.finish(self.ctx, own, blame=verdicts[0] if verdicts else None)
         sys.stderr.flush()
         sys.stdout.flush()

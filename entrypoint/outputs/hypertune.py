@@ -48,6 +48,21 @@ class MetricReporter:
             hyperparameter_metric_tag=name, metric_value=float(value), global_step=int(step)
         )
 
+    def report_final(self, name: str, history: dict[str, list[float]], step: int) -> None:
+        """A rerun with nothing left to train: ``name``'s last value in the job's ``history`` again, at ``step``.
+
+        The run that trained it may have ended between its last commit and its report, or its metrics file went
+        with its VM: a trial must still end with its metric."""
+        if not self.enabled:
+            return
+        values = history.get(name) or []
+        if not values:
+            log.warning("tuning metric %r is not in the final checkpoint's history %s: not reported", name,
+                        sorted(history))
+            return
+        log.info("nothing left to train: reporting tuning metric %r of the final checkpoint again", name)
+        self.report(name, float(values[-1]), step)
+
     @property
     def path(self) -> str | None:
         """Where the metrics went (None until the first report)."""

@@ -101,7 +101,7 @@ class Plan:
             "checkpoint_dir": self.outputs.checkpoint_dir, "tensorboard_dir": self.outputs.tensorboard_dir,
             "server_pool": self.server_pool, "code": asdict(self.code) if self.code else None,
             "timeout": self.options.timeout, "grace_period": self.options.grace_period,
-            "hang_timeout": self.options.hang_timeout,
+            "hang_timeout": self.options.hang_timeout, "startup_timeout": self.options.startup_timeout,
         }
 
     def to_dict(self) -> dict[str, Any]:

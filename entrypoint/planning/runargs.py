@@ -18,6 +18,7 @@ from entrypoint.options import (
     DEFAULT_EPOCHS,
     DEFAULT_GRACE_PERIOD,
     DEFAULT_HANG_TIMEOUT,
+    DEFAULT_STARTUP_TIMEOUT,
     DEFAULT_TIMEOUT,
     LOG_FORMATS,
     RunOptions,
@@ -71,7 +72,11 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--grace-period", type=positive_float, default=DEFAULT_GRACE_PERIOD,
                         help="seconds a stopping process gets to save before SIGKILL (default 25)")
     parser.add_argument("--hang-timeout", type=non_negative_float, default=DEFAULT_HANG_TIMEOUT,
-                        help="fail (retryable) when no training step completes for this long; 0: off (default 1800)")
+                        help="fail (retryable) when no training step completes for this long, from the first "
+                        "step on; 0: off (default 1800)")
+    parser.add_argument("--startup-timeout", type=non_negative_float, default=DEFAULT_STARTUP_TIMEOUT,
+                        help="fail (permanent, exit 124) when the hooks loop's start-up (datasets, model, restore, "
+                        "first step) takes longer; 0: off (default 1800)")
     parser.add_argument("--log-format", choices=LOG_FORMATS, help="auto (default, or $TRAINER_LOG_FORMAT): json on "
                         "Kubernetes outside Vertex AI, text elsewhere; json: one Cloud Logging object per line")
     loop = parser.add_argument_group("training loop (hooks mode)")

@@ -129,15 +129,20 @@ class Trainer:
 
     def _build(self) -> tuple[TrainState, TrainBatches, Dataset[Any]]:
         """The user's datasets, model (replicated or sharded: ``parallel.py``) and optimizer; this rank's batches."""
-        ctx, opts = self.ctx, self.options
+        ctx, opts, phase = self.ctx, self.options, self.resilience.doing
         if ctx.is_chief:
+            phase("checking the output directories")
             ensure_writable([ctx.model_dir, ctx.checkpoint_dir, ctx.tensorboard_dir])
         torch.manual_seed(opts.seed)
+        phase("building the datasets (build_datasets)")
         train_set, eval_set = self.module.build_datasets(self.args, ctx)
         torch.manual_seed(opts.seed)  # the model's first weights do not depend on what the datasets drew
+        phase("building the model (build_model)")
         model = self.module.build_model(self.args, ctx)
+        phase("placing the model (sharding it, or moving it to its device)")
         self.parallel = self._parallel(model)
         model = self.parallel.shard(model, self._units())
+        phase("building the optimizer")
         state = TrainState(model, *self._optimizer(model))
         batches = TrainBatches(train_set, self.batch_size, ctx.rank, ctx.world_size, opts.seed, self._workers(),
                                ctx.device.type == "cuda")
@@ -193,6 +198,7 @@ class Trainer:
         """Data parallelism over the (current) group: rank 0's parameters reach every rank."""
         assert self.parallel is not None
         check_placement(self.plan.placed, self.comm)  # again after an in-place recovery re-formed the group
+        self.resilience.doing("wrapping the model for data parallelism")
         state.ddp, state.optimizer = self.parallel.wrap(state.model, state.optimizer)
         self.digests.setdefault("start", self.comm.gather_object(self.parallel.digest(state.model)))
 
@@ -276,6 +282,8 @@ class Trainer:
         elif self.ctx.is_chief:
             export_model(state.model.to("cpu").eval(), self.ctx.model_dir, hook, self.ctx)
         if self.ctx.is_chief:
+            if self.metric_name and start_epoch >= self.epochs:  # a rerun at the final checkpoint: report it again
+                self.reporter.report_final(str(self.metric_name), state.history, state.step)
             self._summarize(state, start_step, start_epoch, total, seconds, digests, ranks, steps)
         # The replicas leave together, after the export: a chief lost while exporting finds its peers still
         # there when it is restarted, so its restart (from the final checkpoint) exports again.

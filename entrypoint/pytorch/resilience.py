@@ -3,8 +3,9 @@
 ``Resilience`` owns what keeps a step safe, so that the training loop reads as training:
 
 - ``running()``: the stop signals are taken over (SIGTERM/SIGINT only set a flag), the hang watchdog runs from
-  the first hook on (each phase, ``build_datasets`` included, must end within ``--hang-timeout``), and a lost
-  peer that ended the run is named from the heartbeats.
+  the first hook on (the start-up, ``build_datasets`` to the end of the first step, must end within
+  ``--startup-timeout``; each later step within ``--hang-timeout``), and a lost peer that ended the run is named
+  from the heartbeats.
 - ``before_step`` / ``after_step(state, loss)``: the watchdog's phases and beats, a failed background checkpoint
   write, and the per-step vote (``vote.py``): every rank learns at the same step that a signal arrived
   anywhere (the chief commits that step, every rank exits 128 + N) or that a loss was not finite.
@@ -52,7 +53,7 @@ class Resilience:
         self.failure_context, self.inplace = failure_context, inplace
         self.request = StopRequest()
         self.vote = StepVote(comm, self.request, ctx.device)
-        self.watchdog = HangWatchdog(plan.options.hang_timeout, failure_context)
+        self.watchdog = HangWatchdog(plan.options.hang_timeout, failure_context, plan.options.startup_timeout)
         self.board: peers.PeerBoard | None = None
         self.in_place_allowed = True
         self._recoveries_at: list[int] = []  # the step of each in-place recovery
@@ -63,7 +64,7 @@ class Resilience:
     def running(self) -> Iterator[Resilience]:
         """Stop signals and the hang watchdog for the whole run; a lost peer that ended it is named."""
         self.request.install()
-        self.watchdog.phase = "building the datasets, the model and the optimizer (the module's hooks)"
+        self.watchdog.phase = "starting the training loop"
         self.watchdog.start()
         try:
             yield self
@@ -79,7 +80,8 @@ class Resilience:
                 self.board.stop()
 
     def starting(self, what: str) -> None:
-        """The loop starts ``what``, which must end within ``--hang-timeout`` (the clock starts now)."""
+        """The loop starts ``what``: within the start-up's ``--startup-timeout``; after it, within ``--hang-timeout``
+        (that clock starts now)."""
         self.watchdog.beat(self.watchdog.step, what)
 
     def doing(self, what: str) -> None:
@@ -87,8 +89,9 @@ class Resilience:
         self.watchdog.phase = what
 
     def beat(self, state: TrainState) -> None:
-        """Training goes on at ``state``'s step (the clock starts now)."""
-        self.watchdog.beat(state.step, "waiting for the next batch")
+        """Training goes on at ``state``'s step (after the start-up, the step clock starts now)."""
+        self.watchdog.beat(state.step, "waiting for the first batch" if self.watchdog.starting_up else
+                           "waiting for the next batch")
 
     def form_group(self) -> None:
         """Survivors keep training: form the group's first generation before anything is built (a replacement of a
@@ -96,7 +99,6 @@ class Resilience:
         if self.inplace is not None:
             self.starting("forming the process group")
             self.inplace.form()
-            self.starting("building the datasets, the model and the optimizer (the module's hooks)")
 
     def restart_on_loss(self) -> None:
         """The model is sharded: a lost peer takes its shards with it, so the job restarts from its checkpoint."""
@@ -147,13 +149,15 @@ class Resilience:
 
     # ---- a step ------------------------------------------------------------------------------
     def before_step(self) -> None:
-        """A training step starts."""
-        self.watchdog.phase = "in a training step"
+        """A training step starts (the first one is part of the start-up: first imports, compilation)."""
+        self.watchdog.phase = "in the first training step (first imports, compilation)" if self.watchdog.starting_up \
+            else "in a training step"
         self._step_started = time.monotonic()
 
     def after_step(self, state: TrainState, loss: Any) -> None:
-        """A step ended (``loss`` None: its finiteness was agreed on already): beat, vote, stop or fail as agreed."""
-        self.watchdog.beat(state.step, "waiting for the next batch")
+        """A step ended (``loss`` None: its finiteness was agreed on already): beat, vote, stop or fail as agreed.
+        The first one ends the start-up: ``--hang-timeout`` holds from here on."""
+        self.watchdog.trained(state.step, "waiting for the next batch")
         self.saver.io.check()
         self._act(state, self.vote.poll(state.step, loss))
 
@@ -173,6 +177,7 @@ class Resilience:
         if verdict is not None and verdict.nonfinite:
             self._fail_nonfinite(state, verdict)
         self.saver.io.wait()
+        self.watchdog.end_startup()  # nothing was left to train (a rerun at the final checkpoint)
         self.watchdog.phase = "exporting the model (chief) and waiting for it (the others)"
 
     def _act(self, state: TrainState, verdict: StepVerdict | None) -> None:

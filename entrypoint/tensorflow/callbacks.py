@@ -173,8 +173,8 @@ class ProgressAndSteps(tf.keras.callbacks.Callback):
         self.start_step = global_step(self.model)
         per_epoch = self.params.get("steps") or 0
         self._progress = Progress(per_epoch * self.epochs, self.global_batch_size, self.start_step)
-        if self.watchdog is not None:
-            self.watchdog.start().beat(self.start_step, "starting the first step")
+        if self.watchdog is not None:  # the first step is part of the start-up: Keras traces and compiles it
+            self.watchdog.start().beat(self.start_step, "in the first training step (Keras traces and compiles it)")
 
     @property
     def expected_steps(self) -> int | None:
@@ -192,8 +192,8 @@ class ProgressAndSteps(tf.keras.callbacks.Callback):
         """Count the batch and beat the watchdog; print a progress line on the chief every ``log_every`` steps."""
         self.batches += 1
         step = self.start_step + self.batches
-        if self.watchdog is not None:
-            self.watchdog.beat(step, "between steps (validating, checkpointing or waiting for the next batch)")
+        if self.watchdog is not None:  # the first one ends the start-up: --hang-timeout holds from here on
+            self.watchdog.trained(step, "between steps (validating, checkpointing or waiting for the next batch)")
         if self.verbose and self._progress is not None and self.batches % self.log_every == 0:
             # Keras sums the replicas' batch logs (its "auto" reduction off TPU): show their mean.
             loss = to_float((fetched(logs) or {}).get("loss", float("nan"))) / self.replicas

@@ -144,8 +144,11 @@ def train(plan: Plan, module: ModuleType, failure_context: failures.FailureConte
     args = parse_user_args(module, options.user_args)
     tf.keras.utils.set_random_seed(options.seed)  # same pipelines on every worker: DATA sharding relies on it
     strategy = make_strategy(plan, failure_context)
-    # After the strategy: TensorFlow's cluster start installs its own SIGTERM handler, ours replaces it.
-    watchdog = HangWatchdog(options.hang_timeout, failure_context)
+    # After the strategy: TensorFlow's cluster start installs its own SIGTERM handler, ours replaces it. From here the
+    # start-up (building, restoring, the first step) is bounded by --startup-timeout, each later step by --hang-timeout.
+    watchdog = HangWatchdog(options.hang_timeout, failure_context, options.startup_timeout)
+    watchdog.phase = "starting the training loop"
+    watchdog.start()
     # ParameterServerStrategy: the chief watches its servers; a lost one is why training failed (retryable).
     servers = plan.topology.training_peers(include_servers=True)[1:] if is_parameter_server(strategy) else ()
     try:
@@ -164,16 +167,21 @@ def _train(plan: Plan, module: ModuleType, args: argparse.Namespace, strategy: A
     from entrypoint.tensorflow.preemption import BACKUP_DIR, restore_backup
 
     started, options, out = time.time(), plan.options, plan.outputs
+    watchdog.phase = "preparing the training context"
     ctx = make_context(plan, module, strategy, staging)
     if staging.any_staged:
         log.info("TensorFlow writes the gs:// outputs to %s; the chief uploads each commit, the export and "
                  "TensorBoard's events from there", staging.root)
     if ctx.is_chief:
+        watchdog.phase = "checking the output directories"
         ensure_writable([out.model_dir, out.checkpoint_dir, out.tensorboard_dir])
         clear_done(staging.target("checkpoints"))
+    watchdog.phase = "building the model (build_model)"
     model = build_compiled_model(module, args, ctx)
+    watchdog.phase = "building the datasets (build_datasets)"
     inputs = fit_inputs(module, args, ctx)
     writer = KerasCheckpointIO(Path(ctx.checkpoint_dir), ctx.is_chief, Retention(options.keep_checkpoints), staging)
+    watchdog.phase = "restoring the newest checkpoint"
     initial_epoch, resumed = resume(model, plan, writer, staging)
     restore_backup(Path(ctx.checkpoint_dir) / BACKUP_DIR, staging)  # BackupAndRestore reads the chief's copy
     metric = options.hypertune_metric or getattr(module, "HYPERTUNE_METRIC", None)
@@ -182,6 +190,7 @@ def _train(plan: Plan, module: ModuleType, args: argparse.Namespace, strategy: A
                                                  staging)
     log.info("training %d epoch(s), global batch %d (%d per replica x %d)", ctx.epochs, ctx.global_batch_size,
              ctx.per_replica_batch_size, ctx.num_replicas_in_sync)
+    watchdog.phase = "starting Keras' fit (its callbacks restore the backup)"
     history = model.fit(**inputs, epochs=ctx.epochs, initial_epoch=initial_epoch, callbacks=callbacks, verbose=0)
     steps = gather_steps(strategy, progress.batches)
     export_model(model, Path(ctx.model_dir), ctx.is_chief)

@@ -5,7 +5,9 @@ calls ``sys.exit(0)`` in ``build_model``; ``--fault hang-building`` never return
 ``--fault-replica`` only, if given); ``--eval-samples N`` keeps N evaluation samples; ``--fault hang`` blocks
 rank 0 at ``--at-step``; ``--fault nan`` makes the loss NaN from ``--at-step`` on (``nan-once``: at that step
 only), on ``--fault-rank`` (default: every rank);
-``--step-sleep`` slows every step so a test can interrupt mid-epoch; ``--blob-a/--blob-b`` are echoed back by length.
+``--step-sleep`` slows every step so a test can interrupt mid-epoch; ``--build-sleep`` makes ``build_model`` take that
+many seconds (a large model's load, a slow start), ``--first-step-sleep`` the first step (its first imports on a
+loaded machine); ``--blob-a/--blob-b`` are echoed back by length.
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fault-rank", type=int, default=-1)
     parser.add_argument("--at-step", type=int, default=5)
     parser.add_argument("--step-sleep", type=float, default=0.0)
+    parser.add_argument("--build-sleep", type=float, default=0.0, help="seconds build_model takes (a slow start)")
+    parser.add_argument("--first-step-sleep", type=float, default=0.0, help="seconds the first step takes longer")
     parser.add_argument("--export-delay", type=float, default=0.0, help="seconds the export waits before writing")
     parser.add_argument("--hidden-on-restart", type=int, default=0, help="a different model in w1-1 restart 1")
     parser.add_argument("--record-batches", action="store_true", help="each rank appends a digest of every batch")
@@ -63,6 +67,9 @@ def build_model(args: argparse.Namespace, ctx: Any) -> nn.Module:
     """The digits MLP; or ``sys.exit(0)`` when asked to fail here."""
     if args.fault == "exit":
         sys.exit(0)
+    if args.build_sleep:
+        print(f"build_model: sleeping {args.build_sleep:g} s", flush=True)
+        time.sleep(args.build_sleep)
     _state["args"] = args
     restart = (os.environ.get("TRAINER_REPLICA"), os.environ.get("TRAINER_RESTART_COUNT", "0"))
     if args.hidden_on_restart and restart == ("workerpool1-1", "1"):
@@ -96,6 +103,8 @@ def compute_loss(model: nn.Module, batch: Any, ctx: Any) -> Any:
         time.sleep(3600)
     if args.step_sleep:
         time.sleep(args.step_sleep)
+    if _state["steps"] == 1 and args.first_step_sleep:
+        time.sleep(args.first_step_sleep)
     inputs, labels = batch
     if args.record_batches:
         record = ctx.model_dir.parent / "batches" / f"rank{ctx.rank}.txt"

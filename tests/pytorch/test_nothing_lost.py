@@ -170,7 +170,11 @@ def test_gcs_without_its_mount_or_credentials_is_one_line_naming_the_bucket_and_
 
 
 def test_a_frozen_worker_under_local_is_named_by_the_hang_watchdog_as_the_root_cause(tmp_path: Path) -> None:
-    job = Job(*local_args(tmp_path, "--hang-timeout", "8", "--grace-period", "2", "--", "--step-sleep", "0.05"))
+    # The first step is part of the start-up (--startup-timeout): on a loaded machine it took longer than 8 s (the
+    # optimizer's first use imports torch._dynamo) and the watchdog fired before any worker froze. It is made slower
+    # than --hang-timeout here on purpose; the step clock starts once it is over.
+    job = Job(*local_args(tmp_path, "--hang-timeout", "8", "--grace-period", "2", "--", "--step-sleep", "0.05",
+                          "--first-step-sleep", "10"))
     group = 0
     try:
         job.wait_for_step(6)

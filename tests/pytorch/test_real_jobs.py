@@ -1,5 +1,6 @@
 """What real jobs do, and nothing is lost or hangs unbounded: preemption with DataLoader workers, an evaluation set
-smaller than the world, and a stall while a rank builds its datasets (alone, or with its peers waiting for it)."""
+smaller than the world, a start-up slower than --hang-timeout (it trains) or than --startup-timeout (it ends, naming
+the phase), and a stall while a rank builds its datasets with its peers waiting for it."""
 
 from __future__ import annotations
 
@@ -88,16 +89,34 @@ def test_an_evaluation_set_smaller_than_the_world_is_evaluated_without_a_lost_pe
     assert re.search(r"epoch 1/1 eval .*accuracy=", job.output())
 
 
-def test_a_hang_in_build_datasets_is_caught_by_the_hang_timeout(tmp_path: Path) -> None:
-    job = Job(*run_args(tmp_path, "--hang-timeout", "10", "--", "--fault", "hang-building"))
+def test_a_start_up_past_the_startup_timeout_ends_permanently_naming_the_phase_and_the_flag(tmp_path: Path) -> None:
+    # --hang-timeout 1 would have fired at once while building (it did, as a retryable hang): it starts at the first
+    # step now. The start-up clock starts with the loop: 20 s leaves a loaded machine room to reach build_model.
+    job = Job(*run_args(tmp_path, "--startup-timeout", "20", "--hang-timeout", "1", "--", "--build-sleep", "3600"))
     try:
-        job.wait_for(r"build_datasets: sleeping forever")
-        assert ended_within(job, 10 + 25), f"build_datasets hangs past --hang-timeout 10:\n{job.output()[-2000:]}"
-        line = error_line(job)
-        assert job.wait(10) == 129 and "hang" in line and "building the datasets" in line, line
-        assert [r["class"] for r in failure_records(tmp_path)] == ["hang"]
+        job.wait_for(r"build_model: sleeping")
+        assert ended_within(job, 20 + 60), f"build_model sleeps past --startup-timeout 20:\n{job.output()[-2000:]}"
+        assert job.wait(10) == 124, job.output()[-3000:]
     finally:
         job.cleanup()
+    line = error_line(job)
+    assert line.startswith("entrypoint: error: startup_timeout on "), line
+    assert "still building the model (build_model) after 20 s (--startup-timeout); raise --startup-timeout if this " \
+        "start is expected to be slow" in line and line.endswith("(exit 124, permanent)"), line
+    assert re.search(r"line \d+ in build_model", job.output()), job.output()[-3000:]  # every stack was dumped
+    assert [r["class"] for r in failure_records(tmp_path)] == ["startup_timeout"]
+
+
+def test_a_start_up_slower_than_the_hang_timeout_trains_to_the_end(tmp_path: Path) -> None:
+    # build_model takes 25 s, longer than --hang-timeout 20 (which once covered building and ended the job 129 at every
+    # attempt) and well within --startup-timeout: the step clock starts at the first step.
+    job = Job(*run_args(tmp_path, "--epochs", "1", "--hang-timeout", "20", "--startup-timeout", "600", "--",
+                        "--build-sleep", "25"))
+    try:
+        assert job.wait(300) == 0, job.output()[-3000:]
+    finally:
+        job.cleanup()
+    assert "build_model: sleeping 25 s" in job.output() and failure_records(tmp_path) == []
 
 
 @pytest.mark.parametrize("where", ["before-the-start-up-barrier", "while-building-its-datasets"])

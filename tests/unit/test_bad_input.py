@@ -193,7 +193,7 @@ def test_fuzz_integer_variables(env: dict[str, str]) -> None:
 
 @pytest.mark.parametrize(("flag", "value"), [("--timeout", "inf"), ("--timeout", "nan"), ("--timeout", "-1"),
                                              ("--grace-period", "inf"), ("--hang-timeout", "inf"),
-                                             ("--hang-timeout=-inf", None)])
+                                             ("--hang-timeout=-inf", None), ("--startup-timeout", "nan")])
 def test_a_deadline_must_be_a_finite_number(flag: str, value: str | None) -> None:
     """``--timeout inf`` is no deadline at all (and failed later as the user's OverflowError): a config error."""
     from entrypoint.planning.runargs import parse_options

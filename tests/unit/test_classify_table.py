@@ -244,7 +244,8 @@ def test_signal_classes_are_128_plus_the_number(signum: int, code: int, cls: str
 
 
 @pytest.mark.parametrize(("code", "retryable"), [(0, False), (1, False), (65, False), (73, False), (74, False),
-                                                  (127, False), (128, True), (129, True), (143, True), (197, True)])
+                                                  (124, False), (127, False),
+                                                  (128, True), (129, True), (143, True), (197, True)])
 def test_retryable_means_128_and_above(code: int, retryable: bool) -> None:
     assert errors.is_retryable(code) is retryable
 
