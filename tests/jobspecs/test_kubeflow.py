@@ -184,7 +184,7 @@ def test_parameter_servers_stay_off_the_gpu_nodes(capsys: pytest.CaptureFixture[
     assert ps.node_selector == {"pool": "cpu"} and ps.tolerations is None
     assert ps.containers[0].resources.requests == {"cpu": "4", "memory": "16Gi"}
     assert ps.containers[0].resources.limits == {"memory": "16Gi"}  # no GPUs
-    assert evaluator.node_selector == {"cloud.google.com/gke-accelerator": "nvidia-l4"}
+    assert evaluator.node_selector is None  # a CPU evaluator leaves the GPU placement, as the ps do
     assert [t.key for t in evaluator.tolerations] == ["spot"]
     assert evaluator.containers[0].resources.limits == {"memory": "8Gi"}
     assert chief.containers[0].resources.limits == {"memory": "32Gi", "nvidia.com/gpu": "1"}
