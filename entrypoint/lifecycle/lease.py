@@ -3,8 +3,8 @@
 Two jobs in one job dir would mix silently: the second resumes from the first's checkpoints, commits into them
 and exports over its model. So the chief holds ``<job dir>/job.lease`` (one object: whole or absent, on a disk
 and on ``gs://`` through the storage seam) while it runs, renewing it every ``RENEW`` seconds from a thread, and
-removes it when it ends. Every write of the lease is conditional (``storage.create_exclusive``,
-``storage.replace_if``: a generation precondition on Cloud Storage, a hard link or a lock on a disk), so of two
+removes it when it ends. Every write of the lease is conditional (``conditional.create_exclusive``,
+``conditional.replace_if``: a generation precondition on Cloud Storage, a hard link or a lock on a disk), so of two
 chiefs starting, taking over or renewing at once exactly one wins, without waiting to see who wrote last.
 
 A chief that finds the lease held judges its holder by the holder's pid only where that pid means the same
@@ -41,9 +41,10 @@ from pathlib import Path
 from typing import Any
 
 from entrypoint.errors import ConfigError
-from entrypoint.outputs import storage
+from entrypoint.outputs import conditional, storage
+from entrypoint.outputs.conditional import Versioned
 from entrypoint.outputs.locations import local_path
-from entrypoint.outputs.storage import Location, StorageError, Versioned
+from entrypoint.outputs.storage import Location, StorageError
 
 log = logging.getLogger("entrypoint")
 LEASE = "job.lease"
@@ -105,7 +106,7 @@ class Holder:
     def read(cls, path: Location) -> Holder | None:
         """The holder written at ``path``; None when there is none (or it is unreadable)."""
         try:
-            found = storage.read_versioned(path)
+            found = conditional.read_versioned(path)
         except (OSError, StorageError, ConfigError):
             return None
         return None if found is None else cls.parse(found.data)
@@ -189,10 +190,10 @@ class JobLease:
         """Hold the job dir, or raise ConfigError naming the live job that holds it."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         while True:
-            version = storage.create_exclusive(self.path, self.me.text())
+            version = conditional.create_exclusive(self.path, self.me.text())
             if version is not None:
                 break
-            found = storage.read_versioned(self.path)
+            found = conditional.read_versioned(self.path)
             if found is None:
                 continue  # released meanwhile: create it again
             current = Holder.parse(found.data)
@@ -201,7 +202,7 @@ class JobLease:
                 continue
             if current is not None and not self._may_take(current, found):
                 raise self._refusal(current)
-            version = storage.replace_if(self.path, self.me.text(), found.version)
+            version = conditional.replace_if(self.path, self.me.text(), found.version)
             if version is not None:
                 break
             # another job took it (or renewed it) between the read and the write: judge the new holder
@@ -227,7 +228,7 @@ class JobLease:
             deadline = time.monotonic() + wait
             while time.monotonic() < deadline:
                 time.sleep(min(_POLL, max(0.0, deadline - time.monotonic())))
-                now = storage.read_versioned(self.path)
+                now = conditional.read_versioned(self.path)
                 if now is None:
                     return True  # released meanwhile
                 if now.version != found.version:
@@ -247,17 +248,17 @@ class JobLease:
         while not self._stop.wait(RENEW):
             with contextlib.suppress(OSError, StorageError):  # a store down for a while: renewed when back
                 renewed = replace(self.me, renewals=self.me.renewals + 1)
-                version = storage.replace_if(self.path, renewed.text(), self._version)
+                version = conditional.replace_if(self.path, renewed.text(), self._version)
                 if version is not None:
                     self.me, self._version = renewed, version
                     continue
-                found = storage.read_versioned(self.path)
+                found = conditional.read_versioned(self.path)
                 current = None if found is None else Holder.parse(found.data)
                 if found is not None and current is not None and current.token == self.me.token:
                     self._version = found.version  # ours still (its metadata changed): renewed next time
                     continue
                 if found is None:  # removed under us (by hand): this job holds it again, unless another did first
-                    version = storage.create_exclusive(self.path, self.me.text())
+                    version = conditional.create_exclusive(self.path, self.me.text())
                     if version is not None:
                         self._version = version
                         continue
@@ -289,7 +290,7 @@ class JobLease:
             self._thread.join(timeout=RENEW)
         if self.lost is None and self._version:
             with contextlib.suppress(OSError, StorageError):
-                storage.remove_if(self.path, self._version)
+                conditional.remove_if(self.path, self._version)
 
 
 def held_by_another_job(job_dir: str, job: str | None, token: str | None) -> Holder | None:
@@ -308,7 +309,7 @@ def in_use(job_dir: str) -> ConfigError | None:
     (a holder of another host watched for its renewal), None when it would take it; nothing is written."""
     probe = JobLease(job_dir, None)
     try:
-        found = storage.read_versioned(probe.path)
+        found = conditional.read_versioned(probe.path)
         current = None if found is None else Holder.parse(found.data)
         if found is None or current is None or probe._may_take(current, found):
             return None

@@ -22,7 +22,7 @@ from entrypoint.cluster import envvars as ev
 from entrypoint.cluster import fabric
 from entrypoint.cluster.environments.settings import Handoff, read_settings, secret_values, secrets_in_args
 from entrypoint.errors import ConfigError, ExitCode
-from entrypoint.lifecycle import jobrecord, lease, rendezvous, signals
+from entrypoint.lifecycle import jobrecord, lease, rendezvous, shutdown, signals
 from entrypoint.outputs import checkpoints
 from entrypoint.outputs.locations import ensure_writable, how_written
 from entrypoint.planning import handoff, registry
@@ -144,11 +144,7 @@ def _displaced(ctx: failures.FailureContext, holder: lease.Holder) -> None:
     ctx.job_dir = refused_records()
     signals.kill_descendants()
     own = failures.write_record(ctx, failures.classify(lease.taken_over(job_dir, holder)))
-    code = failures.finish(ctx, own)
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    os._exit(code)
+    shutdown.now(failures.finish(ctx, own))
 
 
 def run_process(plan: Plan, ctx: failures.FailureContext) -> int:

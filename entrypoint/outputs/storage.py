@@ -6,8 +6,7 @@
 checkpoint, summary and failure-record code is written once. Object stores have no atomic rename: a
 single object appears whole or not at all, so what must be atomic (a commit marker, a summary, a
 failure record) is one object written last. Where two writers must not both win (the job dir's lease),
-``create_exclusive``, ``replace_if`` and ``remove_if`` write only if nothing is there / the version read is
-still there: a generation precondition on Cloud Storage, a hard link or a lock on a disk.
+``conditional.py`` writes only if nothing is there, or the version read is still there.
 
 Credentials: Application Default Credentials as ``google.auth.default()`` reads them; with
 ``STORAGE_EMULATOR_HOST`` set, gcsfs talks to that server anonymously (its documented emulator
@@ -18,19 +17,14 @@ setting). Every failure of the store (network, credentials, a missing bucket) is
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import hashlib
-import json
 import logging
 import os
 import re
 import shutil
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
-from urllib.parse import quote
 
 from entrypoint.cluster import envvars as ev
 from entrypoint.cluster.environments.settings import credentials_file_named, storage_emulator
@@ -274,170 +268,7 @@ class RemotePath:
     def mkdir(self, parents: bool = False, exist_ok: bool = False) -> None:
         """Nothing: prefixes exist once an object is under them."""
 
-    # ---- conditional writes (``create_exclusive``, ``replace_if``: one of two writers wins) ------------
-    @property
-    def _generations(self) -> bool:
-        """Whether the store checks a write's precondition itself (Cloud Storage's generations); other fsspec
-        stores get a read, a comparison and a write: two steps, a writer that lost finds out at its next check."""
-        return self.protocol in ("gs", "gcs")
-
-    def read_versioned(self) -> Versioned | None:
-        """The object with its version (Cloud Storage: its generation) and the time of its last write (None when
-        absent); the content read is that generation's, even if the object is replaced meanwhile."""
-        for _ in range(5):
-            try:
-                info = self._call("info", self._key)
-                if self._generations:
-                    version = str(info["generation"])
-                    data: bytes = self._call("cat_file", self._key, generation=version)
-                else:
-                    data = self.read_bytes()
-                    version = _digest(data)
-            except FileNotFoundError:  # absent, or replaced between the two requests (its old generation gone)
-                if not self.exists():
-                    return None
-                continue
-            written = info.get("mtime")
-            return Versioned(data, version, written.timestamp() if hasattr(written, "timestamp") else 0.0)
-        return None
-
-    def write_if(self, data: bytes, version: str) -> str | None:
-        """Write the object only if its version is still ``version`` ("0": only if absent), on Cloud Storage in one
-        request (``ifGenerationMatch``); the new version, None when the precondition failed (another writer won)."""
-        if not self._generations:
-            current = self.read_versioned()
-            if (current is None) != (version == "0") or (current is not None and current.version != version):
-                return None
-            self.write_bytes(data)
-            return _digest(data)
-        bucket, _, key = self._key.partition("/")
-        metadata = json.dumps({"name": key})
-        body = (f"--==0==\nContent-Type: application/json; charset=UTF-8\n\n{metadata}\n--==0==\n"
-                "Content-Type: application/octet-stream\n\n").encode() + data + b"\n--==0==--"
-        try:  # gcsfs's own upload request (core.simple_upload), with the precondition it offers only as "0"
-            out = self._call("call", "POST", f"{self.fs._location}/upload/storage/v1/b/{quote(bucket)}/o",
-                             uploadType="multipart", headers={"Content-Type": 'multipart/related; boundary="==0=="'},
-                             data=body, json_out=True, ifGenerationMatch=version)
-        except FileExistsError:  # 412 Precondition Failed
-            return None
-        return str(out["generation"])
-
-    def unlink_if(self, version: str) -> bool:
-        """Delete the object only if its version is still ``version``; whether it was."""
-        try:
-            if not self._generations:
-                current = self.read_versioned()
-                if current is None or current.version != version:
-                    return False
-                self.unlink()
-                return True
-            bucket, _, key = self._key.partition("/")
-            self._call("call", "DELETE", "b/{}/o/{}", bucket, key, ifGenerationMatch=version)
-        except (FileNotFoundError, FileExistsError):
-            return False
-        return True
-
-
 Location = Path | RemotePath
-
-
-@dataclass(frozen=True)
-class Versioned:
-    """A file's (object's) content, its version (an object's generation; a local file's content digest) and the
-    time of its last write (seconds since the epoch, as the file system or the store recorded it)."""
-
-    data: bytes
-    version: str
-    written: float
-
-
-def create_exclusive(target: Location, data: bytes) -> str | None:
-    """Write ``data`` at ``target`` only if nothing is there, in one step: the new version, None if something was.
-
-    On a store: one request conditioned on ``ifGenerationMatch=0`` (of two writers, the store lets one win). On a
-    disk: a complete temp file hard-linked to ``target`` (``link`` fails where the name exists; the file appears
-    with its whole content); where the file system has no hard links (a FUSE mount), an ``O_EXCL`` create, whose
-    content follows a moment later (a reader may see it empty: ``read_versioned`` says so, not an error).
-    """
-    if isinstance(target, RemotePath):
-        return target.write_if(data, "0")
-    temporary = target.with_name(f".{target.name}.{uuid.uuid4().hex}")
-    temporary.write_bytes(data)
-    try:
-        os.link(temporary, target)
-    except FileExistsError:
-        return None
-    except OSError:  # no hard links here
-        try:
-            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:
-            return None
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
-    finally:
-        temporary.unlink(missing_ok=True)
-    return _digest(data)
-
-
-def read_versioned(target: Location) -> Versioned | None:
-    """``target``'s content, version and last write; None when absent."""
-    if isinstance(target, RemotePath):
-        return target.read_versioned()
-    try:
-        with target.open("rb") as handle:
-            data, written = handle.read(), os.fstat(handle.fileno()).st_mtime
-    except FileNotFoundError:
-        return None
-    return Versioned(data, _digest(data), written)
-
-
-def replace_if(target: Location, data: bytes, version: str) -> str | None:
-    """Replace ``target`` with ``data`` only if it still is at ``version``: the new version, None if it is not
-    (changed or removed by another writer). A store checks the generation itself; on a disk the check and the
-    rename hold a lock on the directory (``flock``; where the file system has none, the check and the rename are
-    two steps, and a writer that lost finds it out at its next check)."""
-    if isinstance(target, RemotePath):
-        return target.write_if(data, version)
-    with _locked(target.parent):
-        current = read_versioned(target)
-        if current is None or current.version != version:
-            return None
-        temporary = target.with_name(f".{target.name}.{uuid.uuid4().hex}")
-        temporary.write_bytes(data)
-        os.replace(temporary, target)
-    return _digest(data)
-
-
-def remove_if(target: Location, version: str) -> bool:
-    """Delete ``target`` only if it still is at ``version`` (as ``replace_if`` checks it); whether it was."""
-    if isinstance(target, RemotePath):
-        return target.unlink_if(version)
-    with _locked(target.parent):
-        current = read_versioned(target)
-        if current is None or current.version != version:
-            return False
-        target.unlink(missing_ok=True)
-    return True
-
-
-def _digest(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-@contextlib.contextmanager
-def _locked(directory: Path) -> Iterator[None]:
-    """An exclusive ``flock`` on ``directory`` for the block (nothing where the file system offers none)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        yield
-        return
-    try:
-        with contextlib.suppress(OSError):
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # closing the last descriptor releases the lock
 
 
 @contextlib.contextmanager
