@@ -105,6 +105,7 @@ GLOO_SOCKET_IFNAME = "GLOO_SOCKET_IFNAME"  # likewise for gloo (torch.distribute
 # --- Cloud Storage (read by storage.py; the Google libraries read their own) -------------------
 # --- The GPU fabric step (cluster/fabric.py, docs/fabric.md) -------------------------------
 TRAINER_FABRIC = "TRAINER_FABRIC"  # the default --fabric: auto | off | gib | tcpxo | tcpx
+TRAINER_FABRIC_APPLIED = "TRAINER_FABRIC_APPLIED"  # set when the entrypoint starts itself again with the step applied
 TRAINER_FABRIC_ROOT = "TRAINER_FABRIC_ROOT"  # tests only: where the node's tree is mounted (default /)
 LD_LIBRARY_PATH = "LD_LIBRARY_PATH"  # the fabric's plugin directory goes first, as the recipes set it
 NCCL_LIB_DIR = "NCCL_LIB_DIR"  # TCPXO's plugin directory, which its profile reads

@@ -91,10 +91,24 @@ def prepare_fabric(plan: Plan) -> fabric.FabricStep:
     """The GPU fabric step (docs/fabric.md), before any training process starts: this process's environment, which
     every training process inherits, gets what the host's profile exports and loses the strays; logged by name."""
     settings = read_settings()
+    if settings.fabric_applied:  # this process is the entrypoint started again with the step applied (below)
+        return fabric.FabricStep("applied")
     step = fabric.prepare(fabric.mode_of(plan.options.fabric, settings.fabric), os.environ, settings.fabric_root)
     for line in step.lines():
         (log.warning if step.problem and line.startswith(f"fabric: {step.problem}") else log.info)(line)
+    library_path = os.environ.get(ev.LD_LIBRARY_PATH, "")
     fabric.apply(step, os.environ)
+    if os.environ.get(ev.LD_LIBRARY_PATH, "") != library_path:
+        # The dynamic loader read LD_LIBRARY_PATH when this process started: a framework that trains in this
+        # process (TensorFlow, a node of one PyTorch process) would load an NCCL that cannot find the plugin.
+        # The same command starts again, in the same process (the platform sees no change), with the step applied.
+        os.environ[ev.TRAINER_FABRIC_APPLIED] = "1"
+        log.info("fabric: the entrypoint starts again with the plugin's directory on its library path")
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        for handler in logging.getLogger().handlers + log.handlers:
+            handler.flush()
+        os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
     return step
 
 

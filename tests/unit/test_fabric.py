@@ -157,3 +157,34 @@ def test_run_node_applies_the_step_to_the_environment_training_inherits(
     monkeypatch.setenv("NCCL_NET", "gIB")
     runner.prepare_fabric(SimpleNamespace(options=RunOptions(fabric="off")))  # type: ignore[arg-type]
     assert os.environ["NCCL_NET"] == "gIB"
+
+
+def test_run_starts_itself_again_when_the_library_path_changes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The dynamic loader reads LD_LIBRARY_PATH only at a process's start: the entrypoint execs itself once."""
+    import sys
+    from types import SimpleNamespace
+
+    from entrypoint.lifecycle import runner
+    from entrypoint.options import RunOptions
+
+    class Exec(Exception):
+        pass
+
+    def fake_execv(path: str, argv: list[str]) -> None:
+        raise Exec(path, argv)
+
+    root = fabric_trees.build(tmp_path, "a4")
+    monkeypatch.setenv("TRAINER_FABRIC_ROOT", str(root))
+    monkeypatch.setenv("LD_LIBRARY_PATH", "/usr/local/nvidia/lib64")
+    monkeypatch.delenv("TRAINER_FABRIC_APPLIED", raising=False)
+    for name in fabric_trees.gib_exports("a4"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(os, "execv", fake_execv)
+    plan = SimpleNamespace(options=RunOptions())
+    with pytest.raises(Exec) as started:
+        runner.prepare_fabric(plan)  # type: ignore[arg-type]
+    assert started.value.args == (sys.executable, [sys.executable, *sys.orig_argv[1:]])
+    assert os.environ["LD_LIBRARY_PATH"] == "/usr/local/gib/lib64:/usr/local/nvidia/lib64"
+    assert os.environ["NCCL_NET"] == "gIB" and os.environ["TRAINER_FABRIC_APPLIED"] == "1"
+    assert runner.prepare_fabric(plan).mode == "applied"  # type: ignore[arg-type]  # started again: no second step

@@ -37,6 +37,7 @@ class PlatformSettings:
     cpus: int | None = None  # the CPUs this replica may use (TRAINER_CPUS: `local` sets each replica's share)
     fabric: str | None = None  # TRAINER_FABRIC: the default --fabric (checked by cluster/fabric.py)
     fabric_root: str = "/"  # TRAINER_FABRIC_ROOT (tests only): where the node's tree is for the fabric step
+    fabric_applied: bool = False  # TRAINER_FABRIC_APPLIED: the entrypoint started again with the step applied
     # The user's values of variables a framework sets defaults for (OMP_NUM_THREADS, HOROVOD_FUSION_THRESHOLD...):
     # each framework reads its own (``user_values``), and the user's value wins over its default.
     user_set: tuple[tuple[str, str], ...] = ()
@@ -73,6 +74,7 @@ def read_settings(environ: Mapping[str, str] | None = None) -> PlatformSettings:
         cpus=_cpus(get(ev.TRAINER_CPUS)),
         fabric=get(ev.TRAINER_FABRIC),
         fabric_root=get(ev.TRAINER_FABRIC_ROOT) or "/",
+        fabric_applied=bool(get(ev.TRAINER_FABRIC_APPLIED)),
         user_set=tuple(sorted(user_overrides(ev.FRAMEWORK_DEFAULTED, env).items())),
     )
 
