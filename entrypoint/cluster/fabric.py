@@ -14,6 +14,8 @@ is ``/`` except in tests, ``TRAINER_FABRIC_ROOT``).
 
 from __future__ import annotations
 
+import glob
+import importlib.metadata
 import os
 import re
 import signal
@@ -85,6 +87,8 @@ class FabricStep:
     removed: dict[str, str] = field(default_factory=dict)  # name -> why (values are never shown)
     kept: tuple[str, ...] = ()  # the user's values the profile would have changed
     problem: str | None = None  # the one line about a bad profile (auto goes on without the fabric)
+    host_nccl: str | None = None  # the NCCL core the plugin's directory holds (it comes first: it runs)
+    image_nccl: str | None = None  # the image's own NCCL core (the nvidia-nccl wheel torch came with)
 
     @property
     def fabric(self) -> str | None:
@@ -103,6 +107,8 @@ class FabricStep:
             lay, names = self.layout, ", ".join(sorted(self.set)) or "nothing"
             out.append(f"fabric: {lay.fabric} ({lay.machines}) from {lay.source}: plugin {lay.plugin_dir}, profile "
                        f"{lay.profile or 'none (the job sets its variables)'}; set {names}")
+            out.append(f"fabric: NCCL core in {lay.plugin_dir}: {self.host_nccl or 'none'} (first on LD_LIBRARY_PATH: "
+                       f"it runs where present); the image's: {self.image_nccl or 'none'}")
         if self.kept:
             out.append(f"fabric: kept the user's {', '.join(self.kept)} over the profile's")
         out += [f"fabric: removed {name}: {why}" for name, why in sorted(self.removed.items())]
@@ -115,7 +121,7 @@ class FabricStep:
                 "layout": lay.source if lay else None, "plugin_dir": lay.plugin_dir if lay else None,
                 "profile": lay.profile if lay else None, "set": dict(sorted(self.set.items())),
                 "removed": dict(sorted(self.removed.items())), "kept_user_values": list(self.kept),
-                "problem": self.problem}
+                "problem": self.problem, "nccl": {"plugin_dir": self.host_nccl, "image": self.image_nccl}}
 
 
 def mode_of(option: str | None, setting: str | None) -> str:
@@ -182,7 +188,27 @@ def prepare(mode: str, environ: Mapping[str, str], root: str = "/", timeout: flo
     removed = {n: why for n, why in strays(fabric, {**environ, **chosen}, root).items() if n not in chosen}
     chosen.update({n: exported[n] for n in removed if n in exported})
     kept = tuple(n for n in kept if n not in removed)
-    return FabricStep(mode, layout, chosen, removed, kept, problem)
+    host = nccl_in(under(root, layout.plugin_dir)) if layout is not None and problem is None else None
+    return FabricStep(mode, layout, chosen, removed, kept, problem, host, image_nccl())
+
+
+def nccl_in(directory: str) -> str | None:
+    """The version of the NCCL core in ``directory`` (``libnccl.so.2.21.5``, or what ``libnccl.so.2`` links to)."""
+    names = [os.path.basename(p) for p in glob.glob(os.path.join(directory, "libnccl.so.2*"))]
+    if os.path.islink(os.path.join(directory, "libnccl.so.2")):
+        names.append(os.path.basename(os.readlink(os.path.join(directory, "libnccl.so.2"))))
+    versions = sorted({n[len("libnccl.so."):] for n in names if n.count(".") >= 4})
+    return versions[-1] if versions else ("present" if names else None)
+
+
+def image_nccl() -> str | None:
+    """The image's NCCL wheel's version (``nvidia-nccl-cu12`` / ``-cu13``), read without importing a framework."""
+    for name in ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11"):
+        try:
+            return f"{importlib.metadata.version(name)} ({name})"
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
 
 
 def source_profile(layout: Layout, environ: Mapping[str, str], root: str, timeout: float) -> dict[str, str]:

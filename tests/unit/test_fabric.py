@@ -188,3 +188,15 @@ def test_run_starts_itself_again_when_the_library_path_changes(
     assert os.environ["LD_LIBRARY_PATH"] == "/usr/local/gib/lib64:/usr/local/nvidia/lib64"
     assert os.environ["NCCL_NET"] == "gIB" and os.environ["TRAINER_FABRIC_APPLIED"] == "1"
     assert runner.prepare_fabric(plan).mode == "applied"  # type: ignore[arg-type]  # started again: no second step
+
+
+def test_both_nccl_cores_are_named(tmp_path: Path) -> None:
+    root = fabric_trees.build(tmp_path, "a3ultra")
+    lib = root / "usr/local/gib/lib64"
+    (lib / "libnccl.so.2.27.7").write_text("")
+    (lib / "libnccl.so.2").symlink_to("libnccl.so.2.27.7")
+    step = fabric.prepare("auto", BASE, str(root))
+    assert step.host_nccl == "2.27.7" and step.describe()["nccl"] == {"plugin_dir": "2.27.7",
+                                                                       "image": fabric.image_nccl()}
+    assert any("NCCL core in /usr/local/gib/lib64: 2.27.7" in line for line in step.lines())
+    assert fabric.prepare("auto", BASE, str(fabric_trees.build(tmp_path / "a4", "a4"))).host_nccl is None
