@@ -55,6 +55,9 @@ def subprocess_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     # its replicas, at least one each). Without it every process starts an OpenMP pool as wide as the machine and
     # the pools spin against each other: a two-replica job took 4x the CPU on two busy cores (docs/testing.md).
     env["TRAINER_CPUS"] = "1"
+    # No test asks a real metadata server for the platform's advance notice (a CI VM on GCE has one): a closed port
+    # here; the tests of the notice give their fake server's address (tests/metadata.py).
+    env["GCE_METADATA_HOST"] = "127.0.0.1:9"
     env.update(extra or {})
     return env
 

@@ -122,6 +122,9 @@ STORAGE_EMULATOR_HOST = "STORAGE_EMULATOR_HOST"  # gcsfs's emulator setting: gs:
 GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT = "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"  # set to false under the emulator
 GOOGLE_APPLICATION_CREDENTIALS = "GOOGLE_APPLICATION_CREDENTIALS"  # ADC's key file (named in errors, never read by us)
 
+# --- The platform's advance notice (read by settings.metadata_host; Google's libraries read it too) --------------
+GCE_METADATA_HOST = "GCE_METADATA_HOST"  # host[:port] of the metadata server (default metadata.google.internal)
+
 # --- Variables a framework sets a default for, where the user's own value wins -------------
 # (each framework declares its own as ``Framework.user_variables``; ``read_settings`` reads what the user set)
 FRAMEWORK_DEFAULTED = (OMP_NUM_THREADS, TORCH_NCCL_ASYNC_ERROR_HANDLING, *HOROVOD_TUNING, TF_USE_LEGACY_KERAS,

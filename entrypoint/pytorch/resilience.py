@@ -8,7 +8,8 @@
   from the heartbeats.
 - ``before_step`` / ``after_step(state, loss)``: the watchdog's phases and beats, a failed background checkpoint
   write, and the per-step vote (``vote.py``): every rank learns at the same step that a signal arrived
-  anywhere (the chief commits that step, every rank exits 128 + N) or that a loss was not finite.
+  anywhere (the chief commits that step, every rank exits 128 + N), that a loss was not finite, or that the
+  platform gave a node an advance notice (``notices.py``: that step is committed at once, training goes on).
 - ``checkpoint(state)`` and ``settle(state)``: the vote in flight is finished before anything is saved,
   evaluated or exported, so no checkpoint holds the state of a step whose loss was not finite.
 - ``attempts(state)``: the training runs once; with survivors-keep-training on (``survivors.py``), a lost peer
@@ -35,6 +36,7 @@ from entrypoint.outputs import checkpoints
 from entrypoint.planning.plan import Plan
 from entrypoint.pytorch.collectives import Collectives
 from entrypoint.pytorch.defaults import HookContext
+from entrypoint.pytorch.notices import AdvanceNotice
 from entrypoint.pytorch.resume import LoopCheckpoints
 from entrypoint.pytorch.state import TrainState
 from entrypoint.pytorch.survivors import Healing, InPlace
@@ -58,6 +60,8 @@ class Resilience:
         self.in_place_allowed = True
         self._recoveries_at: list[int] = []  # the step of each in-place recovery
         self._step_started = time.monotonic()
+        self.notice = AdvanceNotice(plan, ctx)  # the platform's advance notice (``notices.py``)
+        self._noticed_at: tuple[int, int] | None = None  # (step, epoch) of the last checkpoint a notice asked for
 
     # ---- the run ------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -66,6 +70,7 @@ class Resilience:
         self.request.install()
         self.watchdog.phase = "starting the training loop"
         self.watchdog.start()
+        self.notice.start()
         try:
             yield self
         except BaseException as exc:
@@ -76,6 +81,7 @@ class Resilience:
         finally:
             self.request.uninstall()
             self.watchdog.stop()
+            self.notice.stop()
             if self.board is not None:
                 self.board.stop()
 
@@ -159,7 +165,8 @@ class Resilience:
         The first one ends the start-up: ``--hang-timeout`` holds from here on."""
         self.watchdog.trained(state.step, "waiting for the next batch")
         self.saver.io.check()
-        self._act(state, self.vote.poll(state.step, loss))
+        self._act(state, self.vote.poll(state.step, loss, self.notice.for_vote()))
+        self.notice.after_step(state.saved_step, self.saver.io.write_seconds)
 
     def settle(self, state: TrainState) -> None:
         """Finish the vote in flight (before saving, evaluating or exporting); stop or fail as it says."""
@@ -168,8 +175,11 @@ class Resilience:
     def checkpoint(self, state: TrainState) -> None:
         """Commit ``state`` (chief) once the vote in flight is settled."""
         self.settle(state)
+        if self._noticed_at == (state.step, state.epoch):
+            return  # an advance notice committed this very state already
         self.watchdog.phase = "checkpointing"
         self.saver.save(state)
+        self.notice.saved(state.step)
 
     def finishing(self, state: TrainState) -> None:
         """Training is complete: a stop asked for at the very end is moot; every write is committed."""
@@ -185,6 +195,22 @@ class Resilience:
             self._fail_nonfinite(state, verdict)
         if verdict is not None and verdict.stop:
             self._stop(state)
+        if verdict is not None and verdict.notices:
+            self._save_on_notice(state, verdict)
+
+    def _save_on_notice(self, state: TrainState, verdict: StepVerdict) -> None:
+        """Every rank heard of the platform's advance notice at the same step: commit this step at once (outside
+        the cadence), wait for the write, and train on until the signal."""
+        self.settle(state)  # this step must be finite; a stop agreed on meanwhile commits it itself
+        if self._noticed_at == (state.step, state.epoch):
+            return  # a notice heard on another node in the vote just settled committed it
+        self.watchdog.phase = "checkpointing on the platform's advance notice"
+        self._noticed_at = (state.step, state.epoch)
+        self.saver.save(state)
+        self.notice.saved(state.step)
+        self.saver.io.wait()
+        if self.ctx.is_chief:
+            log.info("%s", self.notice.committed(verdict, state.step))
 
     def _stop(self, state: TrainState) -> None:
         """Every rank agreed to stop: commit this exact step (chief), wait for the write, exit 128 + signal."""

@@ -142,6 +142,16 @@ def storage_emulator(environ: Mapping[str, str] | None = None) -> str | None:
     return env.get(ev.STORAGE_EMULATOR_HOST) or None
 
 
+METADATA_HOST = "metadata.google.internal"  # GCE's metadata server, as Google's libraries name it by default
+
+
+def metadata_host(environ: Mapping[str, str] | None = None) -> str:
+    """The metadata server's ``host[:port]``: ``GCE_METADATA_HOST`` (honoured by Google's libraries too; tests point
+    it at a fake server), else GCE's own name (it resolves only where a metadata server is)."""
+    env = os.environ if environ is None else environ
+    return env.get(ev.GCE_METADATA_HOST, "").strip() or METADATA_HOST
+
+
 def credentials_file_named(environ: Mapping[str, str] | None = None) -> bool:
     """Whether ``GOOGLE_APPLICATION_CREDENTIALS`` names a key file (its value, a secret-like name's, is not shown)."""
     env = os.environ if environ is None else environ
