@@ -30,7 +30,7 @@ from entrypoint.cluster.environments._parse import get_trial
 from entrypoint.cluster.environments.settings import host_cpus, secret_values, secrets_in_args
 from entrypoint.errors import ConfigError, ExitCode, is_retryable
 from entrypoint.failures.records import read_records, record_names
-from entrypoint.lifecycle import signals
+from entrypoint.lifecycle import lease, signals
 from entrypoint.lifecycle.restart_policy import (
     DEFAULT_BACKOFF_LIMIT,
     POLICIES,
@@ -168,6 +168,9 @@ def run_cluster(pools: Sequence[Pool], output_dir: str, trial: str | None = None
     replicas = build_replicas(pools, output_dir, trial, dict(os.environ))
     output = _output_base(output_dir)
     job_dir = f"{output}/{trial}" if trial else output
+    refused = lease.in_use(job_dir)  # a live job's dir: refused before any replica starts, nothing written there
+    if refused is not None:
+        raise refused
     # Records already there are an earlier run's, even one written a moment ago (read_records allows clock skew).
     ctx = failures.FailureContext(replica="local", job_dir=job_dir, started=time.time(),
                                   before=record_names(job_dir))

@@ -7,14 +7,17 @@ ones differ; retention after a fall-back keeps the rewritten good checkpoint. Re
 
 from __future__ import annotations
 
+import json
 import re
 import signal
+import time
 from pathlib import Path
 
 import pytest
 
+from entrypoint.lifecycle.lease import LEASE, Holder
 from entrypoint.outputs import checkpoints
-from tests.runs import Job, entrypoint, failure_text, summary, wait_gone
+from tests.runs import Job, assert_restarted_in_place, entrypoint, failure_text, last_line, summary, vanish, wait_gone
 
 pytest.importorskip("torch")
 pytestmark = [pytest.mark.pytorch, pytest.mark.slow]
@@ -85,6 +88,58 @@ def test_a_second_job_on_a_live_jobs_job_dir_is_refused_at_once(tmp_path: Path) 
         first.cleanup()
     result = summary(tmp_path / "model")
     assert result["start_step"] == 0 and result["final_step"] == result["expected_steps"] == 44, result
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_a_job_whose_job_dir_another_job_took_over_stops_writing_there(tmp_path: Path, processes: int) -> None:
+    """Another job takes the lease over while this one trains (as a takeover after STALE, or a second job with the
+    same identity, would): this job commits nothing more there, writes no summary or export, ends its training
+    processes and exits 2, its last line naming the job dir and the new holder; the lease stays the new holder's."""
+    job = Job(*run_args(tmp_path, "--epochs", "5", "--checkpoint-every", "4", "--nproc-per-node", str(processes),
+                        "--", "--step-sleep", "0.1"))
+    try:
+        job.wait_for("checkpoint ckpt-00000004 committed")
+        other = Holder("o" * 32, "vertex:another:2222:-", "another-host", 4242, 0, time.time(), pidns="pid:[1]",
+                       boot="b")
+        taken = time.time()
+        other.write(tmp_path / LEASE)
+        assert job.wait(120) == 2, job.output()[-3000:]
+        assert wait_gone(job.marker) == [], "the job's training processes outlived it"
+    finally:
+        job.cleanup()
+    line = last_line(job)
+    assert str(tmp_path) in line and "was taken over by another job (pid 4242 on host another-host" in line, line
+    late = [path for _step, path in checkpoints.committed(tmp_path / "checkpoints", warn=False)
+            if json.loads((path / checkpoints.MARKER).read_text())["committed_at"] > taken]
+    assert late == [], f"committed after the takeover: {late}"
+    assert not (tmp_path / "model" / "training_summary.json").exists()
+    assert not list((tmp_path / "model").glob("*.safetensors")) and not list((tmp_path / "model").glob("*.pt"))
+    assert not list((tmp_path / "failures").glob("*.json")), "the displaced job recorded its failure in the dir"
+    assert Holder.read(tmp_path / LEASE) == other
+
+
+def local_args(output: Path, *extra: str) -> list[str]:
+    return ["local", "--workers", "2", "--output-dir", str(output), "--", "run", "--framework", "pytorch",
+            "--timeout", "60", "--module", "tests.pytorch.faults", "--log-every", "2", *extra]
+
+
+def test_a_refused_duplicate_under_local_writes_nothing_into_the_live_jobs_dir(tmp_path: Path) -> None:
+    """A second ``local`` on a live ``local`` job's output dir is refused and writes nothing there: the live job's
+    failures/ stays empty of its records, and the live job, losing a worker afterwards, restarts it in place (its
+    root cause is never the duplicate's configuration error)."""
+    live = Job(*local_args(tmp_path, "--epochs", "2", "--checkpoint-every", "10", "--", "--step-sleep", "0.1"))
+    try:
+        live.wait_for(r"\[workerpool0-0\].*checkpoint ckpt-00000010 committed")
+        record = (tmp_path / "job.json").read_text()
+        duplicate = entrypoint(*local_args(tmp_path, "--epochs", "1"), timeout=180)
+        assert duplicate.returncode == 2, failure_text(duplicate)
+        assert "in use by another live job" in last_line(duplicate) and str(tmp_path) in last_line(duplicate)
+        assert not list((tmp_path / "failures").glob("*.json")), "the refused job wrote failure records there"
+        assert (tmp_path / "job.json").read_text() == record  # nor its arguments
+        vanish(live, "workerpool1-0")
+        assert_restarted_in_place(live, "workerpool1-0")
+    finally:
+        live.cleanup()
 
 
 @pytest.mark.parametrize(("first", "again", "changed"), [
