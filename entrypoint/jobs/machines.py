@@ -98,6 +98,7 @@ N1_GB_PER_VCPU = {"standard": 3.75, "highmem": 6.5, "highcpu": 0.9}
 
 # Boot disk types a machine series cannot boot from (DiskSpec.bootDiskType).
 HYPERDISK_ONLY = ("a3-ultragpu-", "a4-highgpu-")  # A3 Ultra, A4: Hyperdisk only
+RDMA_MACHINES = ("a3-ultragpu-", "a4-highgpu-")  # GPU-to-GPU over CX-7 RDMA NICs with gIB (docs/fabric.md)
 HYPERDISK_DEFAULT = ("a3-ultragpu-",)  # DiskSpec's default there is hyperdisk-balanced already
 NO_HYPERDISK_FAMILIES = ("n1",)  # N1 (with or without GPUs) takes Persistent Disk only
 HYPERDISK = "hyperdisk-balanced"

@@ -37,6 +37,9 @@ def _check_reducers(job: JobSpec, source: str) -> list[str]:
         raise ConfigError(source, "a Reduction Server needs at least 2 training VMs (chief + workers)")
     assert chief is not None
     warnings = []
+    if chief.machine_type.startswith(machines.RDMA_MACHINES):
+        warnings.append(f"{chief.machine_type}: reducers move the all-reduce off its RDMA NICs (CX-7, gIB) onto the "
+                        "general-purpose NIC, a fraction of their bandwidth: drop the reducers (docs/fabric.md)")
     if not network.carries_plugin(chief.image_uri):
         warnings.append(f"{parse_image(chief.image_uri).name}: neither its name nor its tag says it carries the "
                         "Reduction Server NCCL plugin (our REDUCTION_SERVER=1 builds are tagged -rs); without it "

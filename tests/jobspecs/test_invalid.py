@@ -296,3 +296,14 @@ def test_a_missing_choice_lists_the_choices(capsys: pytest.CaptureFixture[str], 
                                             expected: str) -> None:
     code, _, err = job(capsys, *argv, *RUN)
     assert expected in one_line_error(code, err)
+
+
+@pytest.mark.parametrize("machine", ["a3-ultragpu-8g", "a4-highgpu-8g"])
+def test_reducers_on_rdma_machines_warn(capsys: pytest.CaptureFixture[str], machine: str) -> None:
+    code, out, err = job(capsys, "vertex", "--image", TORCH_IMAGE, "--workers", "2", "--machine-type", machine,
+                         "--reduction-servers", "2", *RUN)
+    assert code == 0 and out
+    assert f"entrypoint: warning: {machine}: reducers move the all-reduce off its RDMA NICs" in err
+    code, out, err = job(capsys, "vertex", "--image", TORCH_IMAGE, "--workers", "2", "--machine-type",
+                         "a3-megagpu-8g", "--reduction-servers", "2", *RUN)
+    assert code == 0 and "RDMA NICs" not in err
