@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from entrypoint.lifecycle.lease import LEASE, Holder
+from entrypoint.lifecycle.supervisor import free_ports
 from entrypoint.outputs import checkpoints
 from tests.runs import Job, assert_restarted_in_place, entrypoint, failure_text, last_line, summary, vanish, wait_gone
 
@@ -116,6 +117,24 @@ def test_a_job_whose_job_dir_another_job_took_over_stops_writing_there(tmp_path:
     assert not list((tmp_path / "model").glob("*.safetensors")) and not list((tmp_path / "model").glob("*.pt"))
     assert not list((tmp_path / "failures").glob("*.json")), "the displaced job recorded its failure in the dir"
     assert Holder.read(tmp_path / LEASE) == other
+
+
+def test_a_worker_of_a_job_refused_its_job_dir_records_its_failure_elsewhere(tmp_path: Path) -> None:
+    """A refused duplicate's worker on another node waits for its chief in vain and fails (peer_lost at --timeout):
+    another job's lease is in the dir, so its record goes to its own temp dir, not into that job's failures/."""
+    job_dir, temp = tmp_path / "job", tmp_path / "tmp"
+    job_dir.mkdir()
+    temp.mkdir()
+    Holder("o" * 32, "vertex:127.0.0.1:1:-", "another-host", 4242, 0, time.time(), pidns="pid:[1]",
+           boot="b").write(job_dir / LEASE)
+    chief, worker = free_ports(2)
+    cluster = {"workerpool0": [f"127.0.0.1:{chief}"], "workerpool1": [f"127.0.0.1:{worker}"]}
+    spec = json.dumps({"cluster": cluster, "environment": "cloud", "task": {"type": "workerpool1", "index": 0}})
+    proc = entrypoint(*run_args(job_dir, "--timeout", "5"), env={"CLUSTER_SPEC": spec, "TMPDIR": str(temp)},
+                      timeout=120)
+    assert proc.returncode == 129, failure_text(proc)
+    assert not list((job_dir / "failures").glob("*.json")), "the worker recorded its failure in another job's dir"
+    assert list((temp / "trainer-refused" / "failures").glob("*.json")), failure_text(proc)
 
 
 def local_args(output: Path, *extra: str) -> list[str]:
