@@ -16,6 +16,7 @@ from entrypoint.jobs import (
     formats,
     kubeflow,
     network,
+    placement,
     pods,
     pyformat,
     roles,
@@ -95,6 +96,7 @@ def parser() -> _Parser:
     _common(kf)
     kubeflow.add_arguments(kf)
     pods.add_arguments(kf)
+    placement.add_arguments(kf)
     roles.add_arguments(kf)
     return top
 

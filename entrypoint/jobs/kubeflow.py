@@ -28,6 +28,7 @@ from entrypoint.errors import ConfigError
 from entrypoint.jobs import planned, pods
 from entrypoint.jobs.args import infer_framework, run_options
 from entrypoint.jobs.images import parse_image
+from entrypoint.jobs.placement import V1_JOB_LABEL
 from entrypoint.jobs.pods import PodOptions
 from entrypoint.planning import registry
 
@@ -129,6 +130,8 @@ def metadata_options(ns: argparse.Namespace) -> tuple[tuple[tuple[str, str], ...
     warnings = []
     if any(item.partition("=")[0] == KUEUE_QUEUE for item in ns.pod_label):
         warnings.append(f"--pod-label {KUEUE_QUEUE}: Kueue reads the queue from the job's labels: use --label")
+    if ns.topology is not None and not any(k == KUEUE_QUEUE for k, _ in labels):
+        warnings.append(f"--topology: Kueue places only the jobs of its queues: give --label {KUEUE_QUEUE}=QUEUE")
     if any(k == ISTIO_INJECT for k, _ in annotations):
         warnings.append(f"--annotation {ISTIO_INJECT}: Istio reads it from each pod: use --pod-annotation")
     return labels, annotations, Gang(ns.min_available, ns.scheduling_queue, ns.schedule_timeout, ns.suspend), warnings
@@ -230,7 +233,7 @@ def default_framework(kind: str) -> str:
 
 def _replica(req: KubeflowRequest, container: str, replicas: int, role: str) -> dict[str, Any]:
     opts = req.pods_of(role)
-    spec = {**pods.pod_fields(opts),
+    spec = {**pods.pod_fields(opts, {V1_JOB_LABEL: job_name(req)}),
             "containers": [pods.container(opts, container, req.image, list(req.run_args), opts.gpus)]}
     template: dict[str, Any] = {"spec": _ordered(spec)}
     if pods.pod_metadata(opts):

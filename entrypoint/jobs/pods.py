@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import argparse
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from entrypoint.cluster import envvars as ev
 from entrypoint.cluster.environments.settings import is_secret_name
 from entrypoint.errors import ConfigError
-from entrypoint.jobs import volumes
+from entrypoint.jobs import placement, volumes
+from entrypoint.jobs.placement import Placement
 from entrypoint.jobs.vertexopts import parse_pairs
 from entrypoint.jobs.volumes import Volume
 
@@ -58,6 +59,7 @@ class PodOptions:
     annotations: tuple[tuple[str, str], ...] = ()  # the pods' (template.metadata.annotations)
     scheduler_name: str | None = None
     priority_class: str | None = None
+    placement: Placement = field(default_factory=Placement)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -199,7 +201,7 @@ def from_namespace(ns: argparse.Namespace) -> PodOptions:
         service_account=ns.service_account, image_pull_secrets=tuple(ns.image_pull_secret),
         volumes=volumes.parse(ns.volume), labels=metadata(ns.pod_label, "--pod-label", True),
         annotations=metadata(ns.pod_annotation, "--pod-annotation", False), scheduler_name=ns.scheduler_name,
-        priority_class=ns.priority_class,
+        priority_class=ns.priority_class, placement=placement.from_namespace(ns),
     )
     check_requests(opts)
     return opts
@@ -231,8 +233,9 @@ def shm(opts: PodOptions) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     return [{"name": SHM_VOLUME, "emptyDir": empty}], [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}]
 
 
-def pod_fields(opts: PodOptions) -> dict[str, Any]:
-    """PodSpec fields besides the containers: service account, pull secrets, scheduling, placement, volumes."""
+def pod_fields(opts: PodOptions, job_pods: dict[str, str] | None = None) -> dict[str, Any]:
+    """PodSpec fields besides the containers: service account, pull secrets, scheduling, placement, volumes;
+    ``job_pods`` is the label that selects the job's pods (for affinity and topology spread)."""
     shm_volumes, _ = shm(opts)
     items: list[tuple[str, Any]] = [
         ("serviceAccountName", opts.service_account),
@@ -241,6 +244,7 @@ def pod_fields(opts: PodOptions) -> dict[str, Any]:
         ("priorityClassName", opts.priority_class),
         ("nodeSelector", {**dict(opts.node_selector), **volumes.node_labels(opts.volumes)} or None),
         ("tolerations", [dict(t) for t in opts.tolerations] or None),
+        *opts.placement.pod_fields(job_pods or {}).items(),
         ("volumes", [*shm_volumes, *(v.to_volume() for v in opts.volumes), *volumes.cache_volumes(opts.volumes)]
          or None),
     ]
@@ -254,7 +258,7 @@ def volume_mounts(opts: PodOptions) -> list[dict[str, Any]]:
 
 def pod_metadata(opts: PodOptions) -> dict[str, Any]:
     """The pod template's metadata: --pod-label, --pod-annotation and what the volumes need (gke-gcsfuse)."""
-    annotations = {**volumes.pod_annotations(opts.volumes), **dict(opts.annotations)}
+    annotations = {**volumes.pod_annotations(opts.volumes), **opts.placement.annotations(), **dict(opts.annotations)}
     return {k: v for k, v in (("labels", dict(opts.labels)), ("annotations", annotations)) if v}
 
 

@@ -19,7 +19,8 @@ from typing import Any
 
 from entrypoint.errors import ConfigError
 from entrypoint.jobs import pods
-from entrypoint.jobs.kubeflow import KubeflowRequest, check, job_metadata
+from entrypoint.jobs.kubeflow import KubeflowRequest, check, job_metadata, job_name
+from entrypoint.jobs.placement import JOBSET_LABEL
 
 API_VERSION = "trainer.kubeflow.org/v1alpha1"
 PATCH_MANAGER = "trainer-entrypoint.job-kubeflow"
@@ -35,7 +36,8 @@ def _refuse_v1_only(req: KubeflowRequest) -> None:
     if given:
         raise ConfigError(", ".join(given), "a TrainJob has no such field (its runtime's JobSet sets it); "
                           "--active-deadline and --suspend are the TrainJob's")
-    unpatchable = (("--scheduler-name", req.pods.scheduler_name), ("--priority-class", req.pods.priority_class))
+    unpatchable = (("--scheduler-name", req.pods.scheduler_name), ("--priority-class", req.pods.priority_class),
+                   ("--spread", req.pods.placement.spread or None))
     given = [flag for flag, value in unpatchable if value is not None]
     if given:
         raise ConfigError(", ".join(given), "a TrainJob's runtime patch cannot set it (PodSpecPatch has no such "
@@ -44,7 +46,7 @@ def _refuse_v1_only(req: KubeflowRequest) -> None:
 
 def _patch(req: KubeflowRequest) -> dict[str, Any] | None:
     """The runtime patch for what TrainJob.spec.trainer cannot say."""
-    pod = pods.pod_fields(req.pods)
+    pod = pods.pod_fields(req.pods, {JOBSET_LABEL: job_name(req)})
     mounts = pods.volume_mounts(req.pods)
     if mounts:
         pod["containers"] = [{"name": NODE, "volumeMounts": mounts}]

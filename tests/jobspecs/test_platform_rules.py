@@ -269,3 +269,68 @@ def test_invalid_scratch_and_cache_volumes(capsys: pytest.CaptureFixture[str], v
     line = one_line_error(*job(capsys, "kubeflow", "--kind", "pytorchjob", "--image", TORCH_IMAGE, "--volume",
                                volume, *RUN)[::2])
     assert expected in line, line
+
+
+PLACEMENT = ["--topology", "required:cloud.google.com/gce-topology-block", "--pod-anti-affinity",
+             "kubernetes.io/hostname", "--pod-affinity", "cloud.google.com/gce-topology-subblock:preferred",
+             "--label", "kueue.x-k8s.io/queue-name=a3-queue"]
+
+
+def test_gang_placement_in_a_pytorchjob(capsys: pytest.CaptureFixture[str]) -> None:
+    """A 16-node A3 gang: Kueue's topology annotation on every replica type, the job's pods selected by
+    training-operator's job-name label for anti-affinity, affinity and spread; read back by the training SDK."""
+    code, out, err = job(capsys, "kubeflow", "--kind", "pytorchjob", "--image", TORCH_IMAGE, "--name", "gang",
+                         "--workers", "16", "--gpus", "8", *PLACEMENT, "--spread", "topology.kubernetes.io/zone:2",
+                         *RUN)
+    assert code == 0 and "warning" not in err, err
+    replicas = kubeflow_model(yaml.safe_load(out)).spec.pytorch_replica_specs
+    for replica in replicas.values():
+        template = replica.template
+        assert template.metadata.annotations == {
+            "kueue.x-k8s.io/podset-required-topology": "cloud.google.com/gce-topology-block"}
+        anti = template.spec.affinity.pod_anti_affinity.required_during_scheduling_ignored_during_execution
+        assert [(t.topology_key, t.label_selector.match_labels) for t in anti] == [
+            ("kubernetes.io/hostname", {"training.kubeflow.org/job-name": "gang"})]
+        (near,) = template.spec.affinity.pod_affinity.preferred_during_scheduling_ignored_during_execution
+        assert (near.weight, near.pod_affinity_term.topology_key) == (100, "cloud.google.com/gce-topology-subblock")
+        (spread,) = template.spec.topology_spread_constraints
+        assert (spread.max_skew, spread.topology_key, spread.when_unsatisfiable) == (
+            2, "topology.kubernetes.io/zone", "DoNotSchedule")
+
+
+def test_gang_placement_in_a_trainjob(capsys: pytest.CaptureFixture[str]) -> None:
+    """A TrainJob's nodes are one PodSet: the annotation and the affinity go into the runtime patch, selecting the
+    JobSet's pods; topology spread has no field in Trainer's PodSpecPatch and is refused."""
+    manifest = _manifest(capsys, "--kind", "trainjob", "--image", TORCH_IMAGE, "--name", "gang", "--workers", "16",
+                         "--gpus", "8", *PLACEMENT, *RUN)
+    trainjob_model(manifest)
+    (patch,) = manifest["spec"]["runtimePatches"]
+    template = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
+    assert template["metadata"]["annotations"] == {
+        "kueue.x-k8s.io/podset-required-topology": "cloud.google.com/gce-topology-block"}
+    anti = template["spec"]["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert anti[0]["labelSelector"] == {"matchLabels": {"jobset.sigs.k8s.io/jobset-name": "gang"}}
+    line = one_line_error(*job(capsys, "kubeflow", "--kind", "trainjob", "--image", TORCH_IMAGE, "--spread",
+                               "kubernetes.io/hostname", *RUN)[::2])
+    assert "--spread" in line and "PodSpecPatch" in line, line
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["--topology", "block"], "required:NODE_LABEL"),
+    (["--topology", "exact:cloud.google.com/gce-topology-block"], "required:NODE_LABEL"),
+    (["--topology", "required:not a label"], "node label key"),
+    (["--spread", "kubernetes.io/hostname:0"], "MAX_SKEW >= 1"),
+    (["--spread", "kubernetes.io/hostname:1:Never"], "DoNotSchedule|ScheduleAnyway"),
+    (["--spread", "a", "--spread", "a:2"], "one constraint per topology key"),
+    (["--pod-affinity", "kubernetes.io/hostname", "--pod-anti-affinity", "kubernetes.io/hostname"],
+     "no second pod"),
+])
+def test_invalid_placement(capsys: pytest.CaptureFixture[str], argv: list[str], expected: str) -> None:
+    line = one_line_error(*job(capsys, "kubeflow", "--kind", "pytorchjob", "--image", TORCH_IMAGE, *argv, *RUN)[::2])
+    assert expected in line, line
+
+
+def test_topology_without_a_kueue_queue_warns(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = job(capsys, "kubeflow", "--kind", "pytorchjob", "--image", TORCH_IMAGE, "--topology",
+                       "preferred:cloud.google.com/gce-topology-block", *RUN)
+    assert code == 0 and "give --label kueue.x-k8s.io/queue-name=QUEUE" in err, err
