@@ -48,12 +48,15 @@ class Layout:
     profile: str | None  # TCPX has none: its variables are the job's
     plugin_file: str = "libnccl-net.so"  # what must be in plugin_dir when there is no profile to find it by
     devices: tuple[str, ...] = ()
+    # Any one of these (globs) must exist too: an image may carry the gIB packages (GIB=1) on a node without RDMA.
+    needs: tuple[str, ...] = ()
 
 
 # Most specific first; the first whose profile (or, without one, plugin file) exists is the node's fabric.
 LAYOUTS: tuple[Layout, ...] = (
     Layout(GIB, "A3 Ultra, A4", "gIB installer's volume (GKE) or the nccl-gib packages (VM, Slurm)",
-           "/usr/local/gib/lib64", "/usr/local/gib/scripts/set_nccl_env.sh", devices=("/dev/infiniband",)),
+           "/usr/local/gib/lib64", "/usr/local/gib/scripts/set_nccl_env.sh", devices=("/dev/infiniband",),
+           needs=("/dev/infiniband", "/sys/class/infiniband/*")),
     Layout(TCPXO, "A3 Mega", "gpu-recipes' nccl-plugin volume (GKE)", "/usr/local/nccl-plugin/lib64",
            "/usr/local/nccl-plugin/lib64/nccl-env-profile.sh", devices=("/dev/aperture_devices",)),
     Layout(TCPXO, "A3 Mega", "the TCPXO installer's workload directory", "/usr/local/tcpxo/lib64",
@@ -89,6 +92,7 @@ class FabricStep:
     problem: str | None = None  # the one line about a bad profile (auto goes on without the fabric)
     host_nccl: str | None = None  # the NCCL core the plugin's directory holds (it comes first: it runs)
     image_nccl: str | None = None  # the image's own NCCL core (the nvidia-nccl wheel torch came with)
+    idle: tuple[str, ...] = ()  # plugins here without their fabric's devices (``idle``)
 
     @property
     def fabric(self) -> str | None:
@@ -102,7 +106,8 @@ class FabricStep:
         if self.problem:
             out.append(f"fabric: {self.problem}; going on without the fabric")
         elif self.layout is None:
-            out.append("fabric: none found (no GPUDirect-TCPX, -TCPXO or gIB plugin mounted): NCCL's own transports")
+            out.append("fabric: none found (no GPUDirect-TCPX, -TCPXO or gIB plugin mounted): NCCL's own transports"
+                       + "".join(f"; {note}" for note in self.idle))
         else:
             lay, names = self.layout, ", ".join(sorted(self.set)) or "nothing"
             out.append(f"fabric: {lay.fabric} ({lay.machines}) from {lay.source}: plugin {lay.plugin_dir}, profile "
@@ -121,7 +126,8 @@ class FabricStep:
                 "layout": lay.source if lay else None, "plugin_dir": lay.plugin_dir if lay else None,
                 "profile": lay.profile if lay else None, "set": dict(sorted(self.set.items())),
                 "removed": dict(sorted(self.removed.items())), "kept_user_values": list(self.kept),
-                "problem": self.problem, "nccl": {"plugin_dir": self.host_nccl, "image": self.image_nccl}}
+                "problem": self.problem, "idle": list(self.idle),
+                "nccl": {"plugin_dir": self.host_nccl, "image": self.image_nccl}}
 
 
 def mode_of(option: str | None, setting: str | None) -> str:
@@ -149,10 +155,23 @@ def detect(root: str = "/", wanted: str | None = None, lib_dir: str | None = Non
     for lay in layouts:
         if wanted not in (None, lay.fabric):
             continue
-        marker = lay.profile if lay.profile else f"{lay.plugin_dir}/{lay.plugin_file}"
-        if os.path.isfile(under(root, marker)):
+        if _present(lay, root) and _needs_met(lay, root):
             return lay
     return None
+
+
+def _present(lay: Layout, root: str) -> bool:
+    return os.path.isfile(under(root, lay.profile if lay.profile else f"{lay.plugin_dir}/{lay.plugin_file}"))
+
+
+def _needs_met(lay: Layout, root: str) -> bool:
+    return not lay.needs or any(glob.glob(under(root, pattern)) for pattern in lay.needs)
+
+
+def idle(root: str = "/") -> list[str]:
+    """Plugins here on a node without their fabric's devices (an image carrying gIB on a node without RDMA NICs)."""
+    return [f"the {lay.fabric} plugin ({lay.profile}) is here, but none of {', '.join(lay.needs)}: not used"
+            for lay in LAYOUTS if _present(lay, root) and not _needs_met(lay, root)]
 
 
 def prepare(mode: str, environ: Mapping[str, str], root: str = "/", timeout: float = PROFILE_TIMEOUT) -> FabricStep:
@@ -166,7 +185,8 @@ def prepare(mode: str, environ: Mapping[str, str], root: str = "/", timeout: flo
     if layout is None and mode != "auto":
         raise ConfigError("--fabric", f"{mode} asked for, but this node has no {mode} plugin: looked for "
                           + ", ".join(lay.profile or f"{lay.plugin_dir}/{lay.plugin_file}"
-                                      for lay in LAYOUTS if lay.fabric == mode))
+                                      for lay in LAYOUTS if lay.fabric == mode)
+                          + "".join(f"; {note}" for note in idle(root)))
     exported: dict[str, str] = {}
     problem = None
     if layout is not None and layout.profile:
@@ -189,7 +209,8 @@ def prepare(mode: str, environ: Mapping[str, str], root: str = "/", timeout: flo
     chosen.update({n: exported[n] for n in removed if n in exported})
     kept = tuple(n for n in kept if n not in removed)
     host = nccl_in(under(root, layout.plugin_dir)) if layout is not None and problem is None else None
-    return FabricStep(mode, layout, chosen, removed, kept, problem, host, image_nccl())
+    return FabricStep(mode, layout, chosen, removed, kept, problem, host, image_nccl(),
+                      tuple(idle(root)) if layout is None else ())
 
 
 def nccl_in(directory: str) -> str | None:

@@ -106,7 +106,8 @@ def findings(found: FabricFacts) -> list[Finding]:
         return [Finding("fabric", "warning", f"{step.problem}: the run goes on without the fabric{removed}",
                         "fix or replace the host's profile (the plugin installer's version), or --fabric off")]
     if lay is None:
-        return [Finding("fabric", "ok" if not removed else "warning", f"none found: NCCL's own transports{removed}",
+        return [Finding("fabric", "ok" if not removed else "warning", f"none found: NCCL's own transports{removed}"
+                        + "".join(f"; {note}" for note in step.idle),
                         None if not removed else "drop these variables from the image or the job")]
     out = [Finding("fabric", "warning" if removed else "ok", f"{lay.fabric} ({lay.machines}) from {lay.source}; "
                    f"profile {lay.profile or 'none'}; sets {len(step.set)} variables{removed}",

@@ -200,3 +200,14 @@ def test_both_nccl_cores_are_named(tmp_path: Path) -> None:
                                                                        "image": fabric.image_nccl()}
     assert any("NCCL core in /usr/local/gib/lib64: 2.27.7" in line for line in step.lines())
     assert fabric.prepare("auto", BASE, str(fabric_trees.build(tmp_path / "a4", "a4"))).host_nccl is None
+
+
+def test_gib_packages_in_the_image_on_a_node_without_rdma_are_not_used(tmp_path: Path) -> None:
+    """An image built with GIB=1 carries /usr/local/gib; a node without RDMA devices has no gIB fabric."""
+    root = fabric_trees.build(tmp_path, "a4")
+    (root / "dev/infiniband").rmdir()
+    step = fabric.prepare("auto", {**BASE, "NCCL_NET": "gIB"}, str(root))
+    assert step.fabric is None and step.set == {} and list(step.removed) == ["NCCL_NET"]
+    assert "the gib plugin (/usr/local/gib/scripts/set_nccl_env.sh) is here, but none of" in step.lines()[0]
+    (root / "sys/class/infiniband/mlx5_0").mkdir(parents=True)  # the RDMA NICs as sysfs lists them
+    assert fabric.prepare("auto", BASE, str(root)).fabric == "gib"
