@@ -317,3 +317,16 @@ def test_every_copied_path_exists_and_is_in_the_build_context(image: str) -> Non
             assert (ROOT / src).exists(), f"COPY {src}: no such path"
             assert any(src.rstrip("/") == a or src.startswith(a + "/") for a in allowed), \
                 f"COPY {src}: excluded by .dockerignore"
+
+
+def test_gib_is_optional_gpu_only_and_uses_a_signed_by_keyring() -> None:
+    """GIB=1 (PyTorch): Google's gIB packages from gpudirect-gib-apt (docs/fabric.md), after the venv so that
+    the default keeps the venv's layer cached."""
+    parser, stages = parse("pytorch")
+    assert global_args(parser)["GIB"] == "0"
+    runs = stages[-1].values("RUN")
+    run = next(r for r in runs if "nccl-gib-plugins" in r)
+    assert 'if [ "${GIB}" = 1 ]' in run and '[ "${VARIANT}" = gpu ]' in run
+    assert "libibverbs1" in run and "test -f /usr/local/gib/scripts/set_nccl_env.sh" in run
+    assert "deb [signed-by=/usr/share/keyrings/" in run and "gpudirect-gib-apt main" in run
+    assert runs.index(run) > next(i for i, r in enumerate(runs) if "/tmp/dist/*.whl" in r)
