@@ -35,7 +35,9 @@ from typing import Any
 
 import tensorflow as tf
 
+from entrypoint.cluster.environments.settings import metadata_host
 from entrypoint.errors import StopRequested
+from entrypoint.lifecycle.notice import NoticeWatcher
 from entrypoint.lifecycle.signals import StopRequest, stop_at_once
 from entrypoint.outputs.staging import Staging
 from entrypoint.outputs.storage import Location
@@ -89,6 +91,33 @@ def make_handler(strategy: Any, requested: Callable[[], bool], save: Callable[[]
     with _platform_not_gcp():
         return tf.distribute.experimental.PreemptionCheckpointHandler(
             getattr(strategy, "cluster_resolver", None), manager, termination_config=config)
+
+
+class NameAdvanceNotice(tf.keras.callbacks.Callback):
+    """The platform's advance notice (``lifecycle/notice.py``: GCE's metadata server) is logged when a batch ends.
+
+    Only logged: an early save on it would have every worker agree on a step first (TensorFlow's handler agrees on
+    one only to stop), so Keras saves at the signal itself, as it does without a notice.
+    """
+
+    def __init__(self, replica: str) -> None:
+        super().__init__()
+        self.replica = replica
+        self.watcher = NoticeWatcher(metadata_host())
+
+    def _implements_train_batch_hooks(self) -> bool:
+        return True
+
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        self.watcher.start()
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        if (heard := self.watcher.take()) is not None:
+            log.warning("advance notice from the platform: %s on %s: the TensorFlow loop commits no checkpoint early "
+                        "on it; it saves at the signal, within --grace-period", heard, self.replica)
+
+    def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
+        self.watcher.stop()
 
 
 BACKUP_DIR = "backup"  # below the checkpoint dir

@@ -112,7 +112,7 @@ def make_callbacks(plan: Plan, ctx: TFContext, reporter: MetricReporter, metric:
         PublishTensorBoard,
         ReportTuningMetric,
     )
-    from entrypoint.tensorflow.preemption import BACKUP_DIR, SaveBeforePreemption
+    from entrypoint.tensorflow.preemption import BACKUP_DIR, NameAdvanceNotice, SaveBeforePreemption
 
     options, ckpt = plan.options, Path(ctx.checkpoint_dir)
     progress = ProgressAndSteps(ctx.epochs, ctx.global_batch_size, ctx.num_replicas_in_sync, options.log_every,
@@ -123,6 +123,7 @@ def make_callbacks(plan: Plan, ctx: TFContext, reporter: MetricReporter, metric:
         SaveBeforePreemption(str(ckpt / BACKUP_DIR), options.checkpoint_every or "epoch", request, commit, staging),
         progress,
         commit,
+        NameAdvanceNotice(plan.topology.replica_name),
     ]
     if ctx.is_chief:
         board = tf.keras.callbacks.TensorBoard(ctx.tensorboard_dir, update_freq="epoch", profile_batch=0)
