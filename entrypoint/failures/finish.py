@@ -15,13 +15,13 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from entrypoint.errors import ExitCode, FailureClass
 from entrypoint.failures.classify import Failure, classify, exit_failure
-from entrypoint.failures.records import FailureRecord, clip, read_records, root_cause, store_record
+from entrypoint.failures.records import FailureRecord, clip, current, read_records, root_cause, store_record
 from entrypoint.outputs import logs, redaction
 
 log = logging.getLogger("entrypoint")
@@ -43,6 +43,17 @@ class FailureContext:
     started: float = field(default_factory=time.time)
     before: frozenset[str] = frozenset()  # records present when this process started: never this run's (local)
     step: int | None = None  # the training step this process reached (the hooks loops keep it current)
+    # A supervisor's replicas' latest starts (``local``): a record about one from before is an attempt the job
+    # recovered from. This process's own replica counts as started when it did.
+    starts: Mapping[str, float] = field(default_factory=dict)
+    private: tuple[str, ...] = ()  # directories of records only this job writes (``local``: its replicas' temp dirs)
+
+
+def job_records(ctx: FailureContext) -> list[FailureRecord]:
+    """The records of the job's current attempt written since this process started, oldest first: none about a
+    replica (this one included) from before its latest start."""
+    records = read_records(ctx.job_dir, ctx.started, ctx.before, ctx.private)
+    return current(records, {ctx.replica: ctx.started, **ctx.starts})
 
 
 def redact(text: str, secrets: Iterable[str]) -> str:
@@ -91,8 +102,7 @@ def finish(ctx: FailureContext, own: FailureRecord, *, stored: bool = True, blam
         store_record(ctx.job_dir, own)
     cause = blame or own
     if ctx.top_level and cause.consequence:
-        earlier = root_cause([r for r in read_records(ctx.job_dir, ctx.started, ctx.before)
-                              if r.pid != own.pid or r.reported_by])
+        earlier = root_cause([r for r in job_records(ctx) if r.pid != own.pid or r.reported_by])
         if earlier is not None and not earlier.consequence:
             logs.to_stderr(f"entrypoint: {own.replica} failed with {own.failure_class} ({clip(own.message, 200)}) "
                            "because of an earlier failure")
@@ -111,14 +121,24 @@ def finish_child(ctx: FailureContext, code: int, who: str | None = None, note: s
     The child gets a record on its behalf if it left none (killed by a signal, a script's exit code); the
     last line names the root cause among every record written since the supervisor started.
     """
-    records = read_records(ctx.job_dir, ctx.started, ctx.before)
+    records = job_records(ctx)
     if not records or (who is not None and all(r.replica != who for r in records)):
         written = write_record(replace(ctx, replica=who, rank=None) if who else ctx, exit_failure(code))
-        # written, or not even a record could be
-        records = read_records(ctx.job_dir, ctx.started, ctx.before) or [written]
+        records = job_records(ctx) or [written]  # written, or not even a record could be
     cause = root_cause(records)
     assert cause is not None
     return finish(ctx, cause, blame=cause, note=note)
+
+
+def finish_node(ctx: FailureContext, code: int) -> int:
+    """The node's end once its launcher ended with ``code``: the node's own failure names the cause (its processes'
+    records since it started, else one for the launcher's exit status), unless that is a consequence (a lost
+    peer, a hang): then the earliest failure that is not one, recorded since it started. A failure elsewhere that
+    the job recovered from (a peer restarted since) never outranks this node's own end (a SIGTERM: 143).
+    """
+    own = [r for r in job_records(ctx) if r.replica == ctx.replica and not r.reported_by]
+    cause = root_cause(own) or write_record(ctx, exit_failure(code))
+    return finish(ctx, cause)
 
 
 def guarded(body: Callable[[], int], ctx: FailureContext) -> int:

@@ -1,19 +1,23 @@
 """Failure records: one typed record per failing process, where it is written and how the root cause is read.
 
 A record is one JSON object under ``<job dir>/failures/`` (docs/OUTPUTS.md has the schema), written whole
-(one object on a store), or under the node's temp dir when the job dir cannot take it. Supervisors and the
-chief read the records written since they started; ``root_cause`` names the earliest failure that is not a
-consequence of another (a peer's crash shows up on the others as ``peer_lost``). Records are built and
-redacted by ``failures``; this module only stores, reads and orders them.
+(one object on a store), or under the node's temp dir when the job dir cannot take it (its name starting with
+the job dir's digest, so a node reads its own job's records there and no other's). Supervisors and the chief
+read the records written since they started, minus those of an attempt the job recovered from (``current``: a
+replica restarted since); ``root_cause`` names the earliest failure that is not a consequence of another (a
+peer's crash shows up on the others as ``peer_lost``). Records are built and redacted by ``failures``; this
+module only stores, reads and orders them.
 """
 
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import sys
 import tempfile
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
@@ -25,6 +29,7 @@ from entrypoint.outputs.locations import local_path, missing_fuse_mount
 from entrypoint.outputs.storage import Location, StorageError
 
 FAILURES_DIR = "failures"
+FALLBACK_DIR = "trainer-failures"  # under the node's temp dir: the records the job dir could not take
 SCHEMA_VERSION = 1
 # A last line is at most this long: a long message (a value's repr, a very long name) is cut in its middle
 # (``clip``); the record keeps the whole message.
@@ -133,14 +138,25 @@ def record_dir(job_dir: str) -> Location:
     return storage.path(local_path(job_dir)) / FAILURES_DIR
 
 
+def fallback_dir() -> Path:
+    """Where this node's records go when the job dir cannot take them (read-only, full, unreachable)."""
+    return Path(tempfile.gettempdir()) / FALLBACK_DIR
+
+
+def _job_mark(job_dir: str) -> str:
+    """What a record's name in the temp dir starts with: the job dir's digest (the temp dir is the node's)."""
+    return hashlib.sha256(job_dir.encode()).hexdigest()[:12] + "-"
+
+
 def store_record(job_dir: str, record: FailureRecord) -> Location | None:
     """Write ``record`` under the job's ``failures/`` (else the node's temp dir); its path, None if neither took it."""
     rank = "node" if record.rank is None else f"rank{record.rank}"
     name = f"{time.time_ns()}-{record.replica}-{rank}-{record.pid}.json"
     text = json.dumps(record.to_json(), indent=2, sort_keys=True)
     failed = ""
-    places: tuple[Location, ...] = (record_dir(job_dir), Path(tempfile.gettempdir()) / "trainer-failures")
-    for directory in places:
+    places: tuple[tuple[Location, str], ...] = ((record_dir(job_dir), name),
+                                                (fallback_dir(), _job_mark(job_dir) + name))
+    for directory, name in places:
         try:
             if isinstance(directory, Path) and missing_fuse_mount(directory) is not None:
                 raise OSError(errno.ENOENT, "no Cloud Storage FUSE mount there")  # never create /gcs/... locally
@@ -160,10 +176,18 @@ def store_record(job_dir: str, record: FailureRecord) -> Location | None:
 
 
 def record_names(job_dir: str | None) -> frozenset[str]:
-    """The names of the failure records in the job dir now (a supervisor's "before I started")."""
-    if job_dir is None:
-        return frozenset()
-    return frozenset(str(p) for p in _listed(record_dir(job_dir)))
+    """The names of the job's failure records now, its temp dir's too (a supervisor's "before I started")."""
+    return frozenset(str(p) for p in _record_paths(job_dir))
+
+
+def _record_paths(job_dir: str | None, private: Sequence[str] = ()) -> list[Location]:
+    """The job dir's records, this job's in the node's temp dir, and every one in ``private``."""
+    paths = [] if job_dir is None else _listed(record_dir(job_dir))
+    if job_dir is not None:
+        paths += [p for p in _listed(fallback_dir()) if p.name.startswith(_job_mark(job_dir))]
+    for place in private:
+        paths += _listed(Path(place))
+    return paths
 
 
 def _listed(place: Location) -> list[Location]:
@@ -175,13 +199,14 @@ def _listed(place: Location) -> list[Location]:
         return []
 
 
-def read_records(job_dir: str | None, since: float, before: frozenset[str] = frozenset()) -> list[FailureRecord]:
-    """Every failure record written since ``since`` (minus a little clock skew), oldest first; none of ``before``
-    (the records that were there already when the reader started, whatever their time says)."""
-    if job_dir is None:
-        return []
+def read_records(job_dir: str | None, since: float, before: frozenset[str] = frozenset(),
+                 private: Sequence[str] = ()) -> list[FailureRecord]:
+    """Every failure record of the job written since ``since`` (minus a little clock skew), oldest first: in the
+    job dir, this job's in the node's temp dir (where the job dir could not take them), and every one in the
+    directories of ``private`` (only this job writes there: ``local``'s replicas' own temp dirs); none of
+    ``before`` (the records that were there already when the reader started, whatever their time says)."""
     found = []
-    paths = [str(p) for p in _listed(record_dir(job_dir)) if str(p) not in before]
+    paths = [str(p) for p in _record_paths(job_dir, private) if str(p) not in before]
     for name in paths:
         try:
             record = FailureRecord.from_json(json.loads(storage.path(name).read_text()))
@@ -190,6 +215,16 @@ def read_records(job_dir: str | None, since: float, before: frozenset[str] = fro
         if record is not None and record.time >= since - _CLOCK_SKEW:
             found.append(record)
     return sorted(found, key=lambda r: r.time)
+
+
+def current(records: list[FailureRecord], starts: Mapping[str, float]) -> list[FailureRecord]:
+    """The records of the job's current attempt: none about a replica written before its latest start
+    (``starts``: replica name -> wall time), since the platform restarted it: the job recovered from that failure.
+
+    A replica's records of this attempt are written by its own processes (or on their behalf by a supervisor on
+    the same host) after it started, so no clock skew is allowed here.
+    """
+    return [r for r in records if r.time >= starts.get(r.replica, r.time)]
 
 
 def root_cause(records: list[FailureRecord]) -> FailureRecord | None:

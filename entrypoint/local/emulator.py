@@ -29,7 +29,7 @@ from entrypoint.cluster import envvars as ev
 from entrypoint.cluster.environments._parse import get_trial
 from entrypoint.cluster.environments.settings import host_cpus, secret_values, secrets_in_args
 from entrypoint.errors import ConfigError, ExitCode, is_retryable
-from entrypoint.failures.records import read_records, record_names
+from entrypoint.failures.records import FAILURES_DIR, FALLBACK_DIR, current, read_records, record_names
 from entrypoint.lifecycle import lease, signals
 from entrypoint.lifecycle.restart_policy import (
     DEFAULT_BACKOFF_LIMIT,
@@ -38,7 +38,8 @@ from entrypoint.lifecycle.restart_policy import (
     VERTEX_RESTARTS_PER_REPLICA,
     RestartPolicy,
 )
-from entrypoint.lifecycle.supervisor import Replica, Supervisor
+from entrypoint.lifecycle.runner import REFUSED
+from entrypoint.lifecycle.supervisor import Outcome, Replica, Supervisor
 from entrypoint.local.pools import Pool, cluster_specs, vertex_pools, vertex_tf_config
 from entrypoint.options import DEFAULT_GRACE_PERIOD
 from entrypoint.outputs import storage
@@ -141,11 +142,19 @@ def replica_grace(pools: Sequence[Pool]) -> float:
     return max(graces, default=DEFAULT_GRACE_PERIOD) + GRACE_MARGIN
 
 
+def replica_records(replicas: Sequence[Replica]) -> tuple[str, ...]:
+    """Where each replica's processes write the records the job dir did not take: its own temp dir (the job dir's
+    fallback, and the record of a job refused its job dir), read by ``local`` before its disks go."""
+    temps = [Path(r.env[ev.TMPDIR]) for r in replicas if ev.TMPDIR in r.env]
+    return tuple(str(place) for t in temps for place in (t / FALLBACK_DIR, t / REFUSED / FAILURES_DIR))
+
+
 def _record_exit(ctx: failures.FailureContext) -> Callable[[Replica, int], None]:
     """A failed replica that left no failure record of its own (SIGKILLed, say) gets one on its behalf."""
 
     def record(replica: Replica, code: int) -> None:
-        mine = [r for r in read_records(ctx.job_dir, replica.started_at, ctx.before)
+        found = read_records(ctx.job_dir, replica.started_at, ctx.before, replica_records([replica]))
+        mine = [r for r in current(found, {replica.name: replica.started_at})
                 if r.replica == replica.name and not r.reported_by]
         if not mine:
             failures.write_record(replace(ctx, replica=replica.name, rank=None), failures.exit_failure(code))
@@ -182,12 +191,19 @@ def run_cluster(pools: Sequence[Pool], output_dir: str, trial: str | None = None
           f"under {disks.root}; {host_cpus(os.environ)} CPU(s) shared: {ev.TRAINER_CPUS}={cpus} each\n"
           f"[local] {policy.describe()}", flush=True)
     try:
-        secrets = secret_values() | frozenset(secrets_in_args([a for pool in pools for a in pool.command]))
-        outcome = Supervisor(replicas, grace=replica_grace(pools), policy=policy, prepare=disks.prepare,
-                             on_failure=_record_exit(ctx), secrets=secrets).run()
+        try:
+            secrets = secret_values() | frozenset(secrets_in_args([a for pool in pools for a in pool.command]))
+            outcome = Supervisor(replicas, grace=replica_grace(pools), policy=policy, prepare=disks.prepare,
+                                 on_failure=_record_exit(ctx), secrets=secrets).run()
+        finally:
+            signals.end_adopted(r.proc.pid for r in replicas if r.proc is not None)
+        return _report(outcome, replicas, output_dir, ctx)
     finally:
-        signals.end_adopted(r.proc.pid for r in replicas if r.proc is not None)
-        disks.remove()
+        disks.remove()  # after the report: it reads the records the replicas' disks hold
+
+
+def _report(outcome: Outcome, replicas: list[Replica], output_dir: str, ctx: failures.FailureContext) -> int:
+    """Say how the job ended and where its outputs went; its exit code, the root cause's when it failed."""
     chief = replicas[0].env
     metrics = sorted(_metrics_root(output_dir).glob(f"{METRICS_DIR}/*/hypertune/output.metrics"))
     restarts = f" after {outcome.counts.replica_restarts} replica restart(s)" if outcome.counts.replica_restarts else ""
@@ -198,16 +214,13 @@ def run_cluster(pools: Sequence[Pool], output_dir: str, trial: str | None = None
           f"[local] hypertune:    {', '.join(map(str, metrics)) or 'none reported'}", flush=True)
     if outcome.code == ExitCode.OK:
         return ExitCode.OK
-    first = outcome.first
-    if first is None:  # a signal stopped the job
-        return failures.finish_child(ctx, outcome.code)
-    if outcome.counts.replica_restarts or outcome.counts.job:
-        # The job's root cause: the first failure when a budget ran out, else what ended it (since its start).
-        exhausted = is_retryable(outcome.code)
-        since = ctx.started if exhausted else first.started_at
-        return failures.finish_child(replace(ctx, started=since), outcome.code, who=first.name,
-                                      note=outcome.why if exhausted else "")
-    return failures.finish_child(ctx, outcome.code, who=first.name)
+    # The root cause among the records of the job's latest attempt: a failure of a replica restarted since is one
+    # the job recovered from (a later end, a SIGTERM say, is the job's). A budget that ran out is said.
+    first = outcome.first  # None: a signal stopped the job
+    latest = replace(ctx, starts={r.name: r.started_at for r in replicas}, private=replica_records(replicas))
+    exhausted = bool(outcome.counts.replica_restarts or outcome.counts.job) and is_retryable(outcome.code)
+    return failures.finish_child(latest, outcome.code, who=first.name if first else None,
+                                 note=outcome.why if exhausted and first else "")
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -10,7 +11,14 @@ from pathlib import Path
 import pytest
 
 from entrypoint import failures
-from entrypoint.failures.records import SCHEMA_VERSION, FailureRecord, read_records, root_cause, store_record
+from entrypoint.failures.records import (
+    SCHEMA_VERSION,
+    FailureRecord,
+    current,
+    read_records,
+    root_cause,
+    store_record,
+)
 from entrypoint.lifecycle import lost_work
 
 
@@ -169,3 +177,106 @@ def test_the_recovery_line_says_whether_the_job_was_preempted_or_lost_a_replica(
     assert lost_work.Recovery(**cost.to_dict()).line() == line  # as carried in checkpoints and read back on resume
     old = {k: v for k, v in cost.to_dict().items() if k != "cause"}  # a checkpoint written before ``cause``
     assert lost_work.Recovery(**old).line().startswith("recovered after losing workerpool1-")
+
+
+LOST_AT_10 = rec("workerpool1-0", "signal", 137, 10.0)  # SIGKILLed, recorded by `local`; restarted at 11.0
+PREEMPTED_CHIEF = rec("workerpool0-0", "preempted", 143, 30.0, rank=0)
+PREEMPTED_WORKER = rec("workerpool1-0", "preempted", 143, 30.5, rank=1)
+
+
+@pytest.mark.parametrize(("starts", "kept"), [
+    pytest.param({"workerpool1-0": 11.0}, [PREEMPTED_CHIEF, PREEMPTED_WORKER], id="the worker restarted since"),
+    pytest.param({"workerpool1-0": 0.0}, [LOST_AT_10, PREEMPTED_CHIEF, PREEMPTED_WORKER], id="not restarted"),
+    pytest.param({}, [LOST_AT_10, PREEMPTED_CHIEF, PREEMPTED_WORKER], id="no start known"),
+])
+def test_the_current_attempt_drops_a_restarted_replicas_earlier_records(starts: dict[str, float],
+                                                                         kept: list[FailureRecord]) -> None:
+    assert current([LOST_AT_10, PREEMPTED_CHIEF, PREEMPTED_WORKER], starts) == kept
+
+
+def _stored(job: str, *records: FailureRecord) -> float:
+    """``records`` written now, in order, their times shifted so the first is 10 s ago; that moment."""
+    now = time.time()
+    for record in records:
+        assert store_record(job, replace(record, time=now - 20 + record.time - 10.0)) is not None
+    return now - 20
+
+
+def test_a_supervisor_names_the_latest_attempts_end_not_a_loss_the_job_recovered_from(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A worker SIGKILLed and restarted in place, then the job SIGTERMed: 143 `preempted`, not the old 137."""
+    job = str(tmp_path / "job")
+    first = _stored(job, LOST_AT_10, PREEMPTED_CHIEF, PREEMPTED_WORKER)
+    ctx = failures.FailureContext(replica="local", job_dir=job, started=first - 5,
+                                  starts={"workerpool0-0": first - 4, "workerpool1-0": first + 1})
+    assert failures.finish_child(ctx, 143) == 143
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith("entrypoint: error: preempted on workerpool0-0")
+
+
+def test_a_nodes_own_end_outranks_a_peers_earlier_failure(tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """``finish_node``: the chief SIGTERMed after a worker's loss it recovered from names its own preemption."""
+    job = str(tmp_path / "job")
+    first = _stored(job, LOST_AT_10, PREEMPTED_CHIEF)
+    ctx = failures.FailureContext(replica="workerpool0-0", job_dir=job, started=first - 5)
+    assert failures.finish_node(ctx, 143) == 143
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith("entrypoint: error: preempted on workerpool0-0")
+
+
+def test_a_restarted_node_never_names_its_own_previous_attempt(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """The record `local` wrote for this replica's previous attempt a moment before this one started (within the
+    clock skew read_records allows) is not this attempt's."""
+    job = str(tmp_path / "job")
+    first = _stored(job, LOST_AT_10, PREEMPTED_WORKER)
+    ctx = failures.FailureContext(replica="workerpool1-0", job_dir=job, started=first + 0.5)
+    assert failures.finish_node(ctx, 143) == 143
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith("entrypoint: error: preempted on workerpool1-0")
+
+
+def test_a_nodes_lost_peer_still_names_the_peer(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The node's own failure is a consequence: the earliest failure elsewhere that is not one is named."""
+    job = str(tmp_path / "job")
+    first = _stored(job, USER_ON_WORKER, PEER_LOST_ON_CHIEF)
+    ctx = failures.FailureContext(replica="workerpool0-0", job_dir=job, started=first - 5)
+    assert failures.finish_node(ctx, 129) == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith("entrypoint: error: user_code on workerpool1-0")
+
+
+def test_a_node_without_records_of_its_own_records_its_launchers_exit(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    job = str(tmp_path / "job")
+    first = _stored(job, LOST_AT_10)
+    ctx = failures.FailureContext(replica="workerpool0-0", job_dir=job, started=first - 5)
+    assert failures.finish_node(ctx, 143) == 143
+    assert "preempted on workerpool0-0" in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_records_the_job_dir_cannot_take_are_read_from_the_temp_dir_and_only_the_jobs_own(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A rank's record that went to ``$TMPDIR/trainer-failures`` (the job dir's ``failures`` cannot be made) keeps its
+    reason on the node's last line; another job's record in the same temp dir is never read."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    job, other = tmp_path / "job", tmp_path / "other"
+    for directory in (job, other):
+        directory.mkdir()
+        (directory / "failures").write_text("a file where the directory would be")
+    first = _stored(str(other), replace(USER_ON_WORKER, replica="workerpool0-0"))
+    _stored(str(job), replace(DISK_A, time=15.0))
+    assert len(list((tmp_path / "tmp" / "trainer-failures").glob("*.json"))) == 2
+    ctx = failures.FailureContext(replica="workerpool0-0", job_dir=str(job), started=first - 5)
+    assert failures.finish_node(ctx, 74) == 74
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "disk_full on workerpool0-0" in line and "no space left on device at /out/a" in line, line
+
+
+def test_a_supervisor_reads_its_replicas_private_record_dirs(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """`local`: a replica's record in its own temp dir (a refused job dir's, say) names the replica's reason."""
+    refused = tmp_path / "replica-tmp" / "trainer-refused"
+    first = _stored(str(refused), rec("workerpool0-0", "config", 2, 10.0, rank=0,
+                                      message="the job dir /j is in use by another live job"))
+    ctx = failures.FailureContext(replica="local", job_dir=str(tmp_path / "job"), started=first - 5,
+                                  private=(str(refused / "failures"),))
+    assert failures.finish_child(ctx, 2, who="workerpool0-0") == 2
+    assert "in use by another live job" in capsys.readouterr().err.strip().splitlines()[-1]
