@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import shutil
+import socket
 import sys
 import tempfile
 import time
@@ -48,6 +49,8 @@ from entrypoint.planning.runargs import parse_options, split_user_args
 COMMANDS = ("run", "describe")
 GRACE_MARGIN = 5.0
 METRICS_DIR = ".replicas"
+DISKS_PREFIX = "trainer-local-"  # under the temp dir: a local's replicas' own disks
+OWNER = "owner.json"  # in a disks root: which local made it
 
 
 def _output_base(output_dir: str) -> str:
@@ -107,11 +110,17 @@ class Disks:
     bucket, and may be synced somewhere). The working directory starts as a view of the directory
     ``local`` runs in, one link per entry (the image's WORKDIR holds the user's code); what a replica
     writes there is its own, and a restarted replica starts from a fresh view, as a new container does.
+    The root names its owner (``owner.json``): a ``local`` that was SIGKILLed cannot remove its disks, so each
+    ``local`` removes, as it starts, those whose owner is gone (``remove_stale``).
     """
 
     def __init__(self, source: Path) -> None:
         self.source = source
-        self.root = Path(tempfile.mkdtemp(prefix="trainer-local-"))
+        remove_stale(Path(tempfile.gettempdir()))
+        self.root = Path(tempfile.mkdtemp(prefix=DISKS_PREFIX))
+        owner = self.root / f".{OWNER}.partial"
+        owner.write_text(json.dumps(_owner(os.getpid())))
+        owner.replace(self.root / OWNER)  # whole or absent: a root without one is never judged
 
     def prepare(self, replica: Replica) -> None:
         """Fresh directories for this start of ``replica``; its attempt number in the environment."""
@@ -130,6 +139,52 @@ class Disks:
     def remove(self) -> None:
         """The job is over: its replicas' disks go, as their containers do."""
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _owner(pid: int) -> dict[str, object]:
+    """Who owns a disks root: ``local``'s process (its start tells a reused pid apart) on this host, boot and pid
+    namespace (its pid means nothing in another one)."""
+    return {"host": socket.gethostname(), "pid": pid, "started": lease.start_ticks(pid),
+            "pidns": lease.pid_namespace(), "boot": lease.boot_id()}
+
+
+def owner_gone(root: Path) -> bool:
+    """Whether the ``local`` that made the disks root ``root`` no longer runs, judged safely: its owner file names
+    this host and this pid namespace, and its pid is gone or now another process's (or the machine rebooted since).
+    A root without a readable owner (being made, or an older version's) is never judged gone."""
+    try:
+        owner = json.loads((root / OWNER).read_text())
+    except (OSError, ValueError):
+        return False
+    me = _owner(os.getpid())
+    if not isinstance(owner, dict) or owner.get("host") != me["host"]:
+        return False
+    if owner.get("boot") and me["boot"] and owner["boot"] != me["boot"]:
+        return True  # every process of that boot is gone
+    pid = owner.get("pid")
+    if not owner.get("pidns") or owner.get("pidns") != me["pidns"] or not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        pass
+    started = owner.get("started")
+    return bool(started) and lease.start_ticks(pid) != started
+
+
+def remove_stale(temp: Path) -> list[Path]:
+    """Remove the disks roots under ``temp`` whose ``local`` is gone (SIGKILLed before it could); those removed."""
+    removed = []
+    for root in sorted(temp.glob(f"{DISKS_PREFIX}*")):
+        if root.is_dir() and not root.is_symlink() and owner_gone(root):
+            shutil.rmtree(root, ignore_errors=True)
+            removed.append(root)
+    if removed:
+        print(f"[local] removed {len(removed)} replica disk(s) a stopped local left: "
+              f"{', '.join(str(r) for r in removed)}", flush=True)
+    return removed
 
 
 def replica_grace(pools: Sequence[Pool]) -> float:
