@@ -72,8 +72,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--grace-period", type=positive_float, default=DEFAULT_GRACE_PERIOD,
                         help="seconds a stopping process gets to save before SIGKILL (default 25)")
     parser.add_argument("--hang-timeout", type=non_negative_float, default=DEFAULT_HANG_TIMEOUT,
-                        help="fail (retryable) when no training step completes for this long, from the first "
-                        "step on; 0: off (default 1800)")
+                        help="fail (retryable) when no training step completes for this long, once the first "
+                        "step is over; 0: off (default 1800)")
     parser.add_argument("--startup-timeout", type=non_negative_float, default=DEFAULT_STARTUP_TIMEOUT,
                         help="fail (permanent, exit 124) when the hooks loop's start-up (datasets, model, restore, "
                         "first step) takes longer; 0: off (default 1800)")
