@@ -20,7 +20,8 @@ from typing import Any
 from entrypoint.cluster import envvars as ev
 from entrypoint.cluster.environments.settings import is_secret_name
 from entrypoint.errors import ConfigError
-from entrypoint.jobs import placement, volumes
+from entrypoint.jobs import fabricpods, placement, volumes
+from entrypoint.jobs.fabricpods import FabricPods
 from entrypoint.jobs.placement import Placement
 from entrypoint.jobs.vertexopts import parse_pairs
 from entrypoint.jobs.volumes import Volume
@@ -60,6 +61,7 @@ class PodOptions:
     scheduler_name: str | None = None
     priority_class: str | None = None
     placement: Placement = field(default_factory=Placement)
+    fabric: FabricPods | None = None  # --node-fabric: the GPU fabric's pod pieces (jobs/fabricpods.py)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -90,6 +92,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--scheduler-name", metavar="NAME", help="the pods' scheduler (e.g. volcano for gang scheduling)")
     g.add_argument("--priority-class", metavar="NAME", help="the pods' PriorityClass (and the gang's, with "
                    "--min-available)")
+    fabricpods.add_arguments(g)
 
 
 def quantity(value: str | None, flag: str) -> str | None:
@@ -202,6 +205,7 @@ def from_namespace(ns: argparse.Namespace) -> PodOptions:
         volumes=volumes.parse(ns.volume), labels=metadata(ns.pod_label, "--pod-label", True),
         annotations=metadata(ns.pod_annotation, "--pod-annotation", False), scheduler_name=ns.scheduler_name,
         priority_class=ns.priority_class, placement=placement.from_namespace(ns),
+        fabric=fabricpods.from_namespace(ns),
     )
     check_requests(opts)
     return opts
@@ -219,6 +223,7 @@ def resources(opts: PodOptions, gpus: int) -> dict[str, Any]:
 def env_vars(opts: PodOptions) -> list[dict[str, Any]]:
     """EnvVar list: plain values, then Secret references."""
     out: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in opts.env]
+    out += [e for e in (fabricpods.env(opts.fabric) if opts.fabric else []) if e["name"] not in dict(opts.env)]
     out += [{"name": k, "valueFrom": {"secretKeyRef": {"name": s, "key": key}}} for k, s, key in opts.env_secrets]
     return out
 
@@ -245,20 +250,23 @@ def pod_fields(opts: PodOptions, job_pods: dict[str, str] | None = None) -> dict
         ("nodeSelector", {**dict(opts.node_selector), **volumes.node_labels(opts.volumes)} or None),
         ("tolerations", [dict(t) for t in opts.tolerations] or None),
         *opts.placement.pod_fields(job_pods or {}).items(),
-        ("volumes", [*shm_volumes, *(v.to_volume() for v in opts.volumes), *volumes.cache_volumes(opts.volumes)]
-         or None),
+        ("volumes", [*shm_volumes, *(v.to_volume() for v in opts.volumes), *volumes.cache_volumes(opts.volumes),
+                     *(fabricpods.volumes(opts.fabric) if opts.fabric else [])] or None),
+        ("initContainers", fabricpods.init_containers(opts.fabric) if opts.fabric else None),
     ]
     return {k: v for k, v in items if v is not None}
 
 
 def volume_mounts(opts: PodOptions) -> list[dict[str, Any]]:
     """The training container's mounts: /dev/shm, then the --volume ones."""
-    return [*shm(opts)[1], *(v.to_mount() for v in opts.volumes)]
+    return [*shm(opts)[1], *(v.to_mount() for v in opts.volumes),
+            *(fabricpods.mounts(opts.fabric) if opts.fabric else [])]
 
 
 def pod_metadata(opts: PodOptions) -> dict[str, Any]:
     """The pod template's metadata: --pod-label, --pod-annotation and what the volumes need (gke-gcsfuse)."""
-    annotations = {**volumes.pod_annotations(opts.volumes), **opts.placement.annotations(), **dict(opts.annotations)}
+    annotations = {**volumes.pod_annotations(opts.volumes), **opts.placement.annotations(),
+                   **(fabricpods.pod_annotations(opts.fabric) if opts.fabric else {}), **dict(opts.annotations)}
     return {k: v for k, v in (("labels", dict(opts.labels)), ("annotations", annotations)) if v}
 
 
@@ -271,6 +279,8 @@ def container(opts: PodOptions, name: str, image: str, args: list[str], gpus: in
         out["env"] = env_vars(opts)
     if resources(opts, gpus):
         out["resources"] = resources(opts, gpus)
+    if opts.fabric and fabricpods.security_context(opts.fabric):
+        out["securityContext"] = fabricpods.security_context(opts.fabric)
     if volume_mounts(opts):
         out["volumeMounts"] = volume_mounts(opts)
     return out

@@ -37,7 +37,8 @@ def _refuse_v1_only(req: KubeflowRequest) -> None:
         raise ConfigError(", ".join(given), "a TrainJob has no such field (its runtime's JobSet sets it); "
                           "--active-deadline and --suspend are the TrainJob's")
     unpatchable = (("--scheduler-name", req.pods.scheduler_name), ("--priority-class", req.pods.priority_class),
-                   ("--spread", req.pods.placement.spread or None))
+                   ("--spread", req.pods.placement.spread or None),
+                   ("--node-fabric", req.pods.fabric.fabric if req.pods.fabric else None))
     given = [flag for flag, value in unpatchable if value is not None]
     if given:
         raise ConfigError(", ".join(given), "a TrainJob's runtime patch cannot set it (PodSpecPatch has no such "
