@@ -49,7 +49,7 @@ def role_options(ns: argparse.Namespace, kind: str, base: PodOptions) -> dict[st
     """Each role's pod options: the base ones, TFJob's ps without GPU placement, then --role-* (checked)."""
     out = {role: base for role in ROLES[kind]}
     if "ps" in out:
-        out["ps"] = replace(base, gpus=0, node_selector=(), tolerations=())
+        out["ps"] = replace(base, gpus=0, node_selector=(), tolerations=(), fabric=None)  # on a CPU node: no fabric
     selectors: dict[str, list[str]] = {}
     tolerations: dict[str, list[str]] = {}
     for flag, texts, into in (("--role-node-selector", ns.role_node_selector, selectors),
@@ -67,7 +67,7 @@ def role_options(ns: argparse.Namespace, kind: str, base: PodOptions) -> dict[st
     for role in _OWN_GPUS:  # a role whose own gpus=0 leaves the GPU pods' placement, as ps does by default
         if role in out and base.gpus and not out[role].gpus:
             out[role] = replace(out[role], node_selector=out[role].node_selector if role in selectors else (),
-                                tolerations=out[role].tolerations if role in tolerations else ())
+                                tolerations=out[role].tolerations if role in tolerations else (), fabric=None)
     for role, opts in out.items():
         pods.check_requests(opts, f"{role}: ")
     return out

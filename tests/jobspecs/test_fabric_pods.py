@@ -162,3 +162,13 @@ def test_each_fabrics_pytorchjob_is_one_the_sdk_reads_back_whole(capsys: pytest.
                          "--gpus", "8", *argv, *RUN)
     assert code == 0, err
     kubeflow_model(yaml.safe_load(out))
+
+
+def test_a_ps_off_the_gpu_nodes_gets_no_fabric(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = job(capsys, "kubeflow", "--kind", "tfjob", "--image", TORCH_IMAGE.replace("pytorch", "tensorflow"),
+                         "--workers", "2", "--ps", "1", "--gpus", "8", "--node-fabric", "gib",
+                         "--fabric-installer-image", "i:1", *RUN)
+    assert code == 0, err
+    specs = yaml.safe_load(out)["spec"]["tfReplicaSpecs"]
+    assert "initContainers" not in specs["PS"]["template"]["spec"]
+    assert "initContainers" in specs["Worker"]["template"]["spec"]
