@@ -198,10 +198,12 @@ class Sharded:
             MixedPrecisionPolicy()
         for unit in chosen:
             if self.compile:
-                unit.compile()
+                compile_forward(unit)
             fully_shard(unit, mesh=self.mesh, mp_policy=policy)
         fully_shard(model, mesh=self.mesh, mp_policy=policy)
-        if self.device.type == "cuda":
+        if pretrained.on_meta(model):  # built without weights (--init-from): memory for this rank's shards only
+            pretrained.materialize(model, self.device)
+        elif self.device.type == "cuda":
             model.to(self.device)
         log.debug("sharded %d units and the root over %s", len(chosen), self.mesh)
         return model
@@ -220,6 +222,19 @@ class Sharded:
 
 
 Parallel = Replicated | Sharded
+
+
+def compile_forward(unit: nn.Module) -> None:
+    """``torch.compile`` of the unit's forward, called from a frame of ours. Dynamo does not start tracing in a frame
+    of torch.nn's own code, so ``unit.compile()`` compiled nothing for ``nn.Sequential``,
+    ``nn.TransformerEncoderLayer`` and the other built-in modules; from here it inlines their forward (FSDP's hooks,
+    around the forward, stay outside the graph as before)."""
+    forward = unit.forward
+
+    def traced(*args: Any, **kwargs: Any) -> Any:
+        return forward(*args, **kwargs)
+
+    unit.forward = torch.compile(traced)
 
 
 def give_large_buffers_back() -> bool:
