@@ -201,9 +201,7 @@ class Sharded:
                 compile_forward(unit)
             fully_shard(unit, mesh=self.mesh, mp_policy=policy)
         fully_shard(model, mesh=self.mesh, mp_policy=policy)
-        if pretrained.on_meta(model):  # built without weights (--init-from): memory for this rank's shards only
-            pretrained.materialize(model, self.device)
-        elif self.device.type == "cuda":
+        if self.device.type == "cuda":
             model.to(self.device)
         log.debug("sharded %d units and the root over %s", len(chosen), self.mesh)
         return model
