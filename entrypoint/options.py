@@ -45,6 +45,7 @@ class RunOptions:
     keep_checkpoints: int = 3
     checkpoint_mode: str = "async"
     resume_from: str | None = None
+    init_from: str | None = None  # first weights: a Hugging Face safetensors checkpoint (PyTorch hooks)
     on_nonfinite: str = "fail"
     hypertune_metric: str | None = None
     bf16: bool = False
@@ -52,11 +53,11 @@ class RunOptions:
     seed: int = 42
     data_workers: int | None = None
     log_format: str | None = None  # auto | text | json; None: $TRAINER_LOG_FORMAT, else auto
+    fabric: str | None = None  # auto | off | gib | tcpxo | tcpx; None: $TRAINER_FABRIC, else auto (cluster/fabric.py)
     # The values of the flags a framework adds itself (registry ``Framework.flags``), by name, as given.
     framework_options: tuple[tuple[str, Any], ...] = ()
     user_args: tuple[str, ...] = field(default=())
 
-    fabric: str | None = None  # auto | off | gib | tcpxo | tcpx; None: $TRAINER_FABRIC, else auto (cluster/fabric.py)
     def framework_option(self, name: str, default: Any = None) -> Any:
         """The value of a framework's own flag (``fusion_threshold``), or ``default`` when not given."""
         return dict(self.framework_options).get(name, default)

@@ -79,20 +79,23 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                         "first step) takes longer; 0: off (default 1800)")
     parser.add_argument("--log-format", choices=LOG_FORMATS, help="auto (default, or $TRAINER_LOG_FORMAT): json on "
                         "Kubernetes outside Vertex AI, text elsewhere; json: one Cloud Logging object per line")
+    parser.add_argument("--fabric", choices=FABRIC_MODES, help="auto (default, or $TRAINER_FABRIC): find this "
+                        "node's GPU fabric (gIB, TCPXO, TCPX) and pass its host profile's variables on; off: leave "
+                        "the environment as it is; gib|tcpxo|tcpx: that fabric must be there (docs/fabric.md)")
     loop = parser.add_argument_group("training loop (hooks mode)")
     loop.add_argument("--epochs", type=positive_int, help=f"default: the module's DEFAULTS, else {DEFAULT_EPOCHS}")
     loop.add_argument("--batch-size", type=positive_int,
                       help=f"per-replica batch size (default: the module's DEFAULTS, else {DEFAULT_BATCH_SIZE})")
     loop.add_argument("--log-every", type=positive_int, default=20, help="progress line every N steps")
-    parser.add_argument("--fabric", choices=FABRIC_MODES, help="auto (default, or $TRAINER_FABRIC): find this "
-                        "node's GPU fabric (gIB, TCPXO, TCPX) and pass its host profile's variables on; off: leave "
-                        "the environment as it is; gib|tcpxo|tcpx: that fabric must be there (docs/fabric.md)")
     loop.add_argument("--checkpoint-every", type=non_negative_int, default=0,
                       help="also checkpoint every N steps (0: only at epoch ends)")
     loop.add_argument("--keep-checkpoints", type=positive_int, default=3, help="committed checkpoints kept")
     loop.add_argument("--checkpoint-mode", choices=("async", "sync"), default="async",
                       help="async: training waits only for a CPU copy of the state (PyTorch/Horovod hooks)")
     loop.add_argument("--resume-from", help="checkpoint to resume from (must exist and load)")
+    loop.add_argument("--init-from", help="the model's first weights: a Hugging Face safetensors checkpoint (a "
+                      "directory with model.safetensors or its index, or one file; local or gs://), each rank reading "
+                      "only its shards; the job's own checkpoints win over it (PyTorch hooks)")
     loop.add_argument("--on-nonfinite", choices=("fail", "skip"), default="fail",
                       help="a NaN/inf training loss: fail (exit 65, nothing exported; default) or skip that step's "
                       "update (PyTorch/Horovod hooks)")

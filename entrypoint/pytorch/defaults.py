@@ -1,8 +1,10 @@
-"""What hooks receive as ``ctx``, and what the loop does for the hooks a module leaves out."""
+"""What hooks receive as ``ctx``, and what the loop does for the hooks a module leaves out (``eval_step`` follows the
+module's own ``compute_loss`` where it has one)."""
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +45,43 @@ def default_eval_step(model: nn.Module, batch: Any, ctx: HookContext) -> dict[st
         "accuracy": (logits.argmax(dim=-1) == labels).sum().float(),
         "count": torch.tensor(float(labels.shape[0]), device=labels.device),
     }
+
+
+def batch_count(batch: Any) -> int:
+    """The samples in a batch: the first dimension of its first tensor (in a tuple, list or dict); 1 without one."""
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() else 1
+    items = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (tuple, list)) else ()
+    for item in items:
+        if isinstance(item, (torch.Tensor, tuple, list, dict)):
+            return batch_count(item)
+    return 1
+
+
+def classification_pair(batch: Any) -> bool:
+    """Whether ``batch`` is ``(inputs, labels)`` with one integer label per sample (accuracy makes sense)."""
+    return isinstance(batch, (tuple, list)) and len(batch) == 2 and isinstance(batch[1], torch.Tensor) and \
+        batch[1].dim() == 1 and not batch[1].is_floating_point() and batch[1].dtype != torch.bool
+
+
+def eval_step_from_loss(compute_loss: Callable[..., torch.Tensor]) -> Callable[..., dict[str, torch.Tensor]]:
+    """The evaluation of a module that defines ``compute_loss`` but no ``eval_step``: its own loss, averaged over
+    the samples (each batch's mean loss weighted by its size); accuracy too where the batch is ``(inputs, labels)``
+    and the model gives one row of logits per sample."""
+
+    def eval_step(model: nn.Module, batch: Any, ctx: HookContext) -> dict[str, torch.Tensor]:
+        count = batch_count(batch)
+        loss = compute_loss(model, batch, ctx).detach().float()
+        device = loss.device
+        metrics = {"loss": loss * count, "count": torch.tensor(float(count), device=device)}
+        if classification_pair(batch):
+            inputs, labels = batch
+            logits = model(inputs)
+            if isinstance(logits, torch.Tensor) and logits.dim() == 2 and logits.shape[0] == labels.shape[0]:
+                metrics["accuracy"] = (logits.argmax(dim=-1) == labels).sum().float().to(device)
+        return metrics
+
+    return eval_step
 
 
 def param_digest(model: nn.Module) -> str:

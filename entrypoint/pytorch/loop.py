@@ -34,11 +34,17 @@ from entrypoint.outputs.summary import TrainingSummary, write_summary
 from entrypoint.planning import registry
 from entrypoint.planning.plan import Plan
 from entrypoint.planning.usercode import load_hooks, module_default, parse_user_args
-from entrypoint.pytorch import parallel
+from entrypoint.pytorch import hub_export, parallel, pretrained
 from entrypoint.pytorch.checkpoint_io import LOAD_WITH, make_io
 from entrypoint.pytorch.collectives import Collectives, TorchDistributed
 from entrypoint.pytorch.data import TrainBatches, to_device
-from entrypoint.pytorch.defaults import HookContext, default_eval_step, default_loss, param_digest
+from entrypoint.pytorch.defaults import (
+    HookContext,
+    default_eval_step,
+    default_loss,
+    eval_step_from_loss,
+    param_digest,
+)
 from entrypoint.pytorch.evaluation import evaluate
 from entrypoint.pytorch.export import export_model
 from entrypoint.pytorch.framework import BUCKET_CAP_MB_DEFAULT
@@ -54,6 +60,8 @@ from entrypoint.pytorch.vote import nonfinite
 log = logging.getLogger("entrypoint.pytorch")
 LOAD_REPLICATED = ("torch.load('model.pt', weights_only=False)  # or safetensors.torch.load_file('model.safetensors'), "
                    f"or state_dict.pt into build_model(); a checkpoint: {LOAD_WITH}")
+LOAD_HUB = ("transformers' AutoModel...from_pretrained(model_dir) (config.json, safetensors with an index past "
+            f"max_shard_size); a checkpoint: {LOAD_WITH}")
 LOAD_SHARDED = ("safetensors.torch.load_file('model.safetensors') into build_model(); a checkpoint: "
                 "torch.distributed.checkpoint.load(...) at any world size, or "
                 "torch.distributed.checkpoint.format_utils.dcp_to_torch_save(<checkpoint>, 'full.pt')")
@@ -97,6 +105,7 @@ class Trainer:
         self.resilience = Resilience(plan, comm, self.ctx, self.checkpoints, failure_context, inplace)
         self.writer: Any = None
         self.digests: dict[str, list[Any]] = {}
+        self.hub = False  # exported as a transformers model (from_pretrained)
 
     # ---- the loop ----------------------------------------------------------------------------
     def fit(self) -> None:
@@ -138,7 +147,8 @@ class Trainer:
         train_set, eval_set = self.module.build_datasets(self.args, ctx)
         torch.manual_seed(opts.seed)  # the model's first weights do not depend on what the datasets drew
         phase("building the model (build_model)")
-        model = self.module.build_model(self.args, ctx)
+        with pretrained.meta_parameters() if opts.init_from else nullcontext():  # its weights come after placing
+            model = self.module.build_model(self.args, ctx)
         phase("placing the model (sharding it, or moving it to its device)")
         self.parallel = self._parallel(model)
         model = self.parallel.shard(model, self._units())
@@ -186,7 +196,8 @@ class Trainer:
         check_placement(self.plan.placed, self.comm)  # the group exists: its ranks must be the plan's
         if joined is None:  # the group's first generation: every member starts here, from the newest checkpoint
             self.resilience.starting("resuming from the newest checkpoint")
-            self.checkpoints.resume(state)
+            if not self.checkpoints.resume(state) and self.options.init_from:  # the job's own checkpoints win
+                self._init_from(state)
             self.digests["init"] = self.comm.gather_object(self._digest(state.model))
             self.resilience.started()
         else:  # a replacement: it does what the survivors do next, no more (collectives must pair up)
@@ -254,7 +265,7 @@ class Trainer:
         if state.scheduler is not None:
             state.scheduler.step()
         guard.doing("evaluating")
-        state.metrics = evaluate(state.model, eval_set, getattr(self.module, "eval_step", default_eval_step), ctx,
+        state.metrics = evaluate(state.model, eval_set, self._eval_step(), ctx,
                                  self.comm, self.batch_size, self._workers(), self._autocast,
                                  lockstep=self.parallel is not None and self.parallel.sharded)
         for key, value in state.metrics.items():
@@ -278,9 +289,9 @@ class Trainer:
             self.writer.close()
         hook = getattr(self.module, "export", None)
         if self.parallel is not None and self.parallel.sharded:  # every rank gives its shards, tensor by tensor
-            export_model(state.model.eval(), self.ctx.model_dir, hook, self.ctx, sharded=True)
+            self._export(state.model.eval(), hook, sharded=True)
         elif self.ctx.is_chief:
-            export_model(state.model.to("cpu").eval(), self.ctx.model_dir, hook, self.ctx)
+            self._export(state.model.to("cpu").eval(), hook, sharded=False)
         if self.ctx.is_chief:
             if self.metric_name and start_epoch >= self.epochs:  # a rerun at the final checkpoint: report it again
                 self.reporter.report_final(str(self.metric_name), state.history, state.step)
@@ -290,6 +301,35 @@ class Trainer:
         self.comm.gather_object(None)
 
     # ---- pieces ------------------------------------------------------------------------------
+    def _export(self, model: nn.Module, hook: Callable[..., Any] | None, sharded: bool) -> None:
+        """The module's ``export`` hook; else a transformers model as ``from_pretrained`` opens it
+        (``hub_export.py``); else ``model.safetensors`` (``export.py``)."""
+        self.hub = not callable(hook) and hub_export.is_pretrained(model)
+        if not self.hub:
+            export_model(model, self.ctx.model_dir, hook, self.ctx, sharded=sharded)
+            return
+        limit = int(module_default(self.module, "max_shard_size", hub_export.MAX_SHARD_SIZE))
+        hub_export.export_pretrained(model, self.ctx.model_dir, self.ctx.is_chief, limit)
+
+    def _init_from(self, state: TrainState) -> None:
+        """The first weights from ``--init-from`` (a Hugging Face safetensors checkpoint), this rank's part only."""
+        source = str(self.options.init_from)
+        self.resilience.doing(f"loading the first weights from {source} (--init-from)")
+        started = time.time()
+        read = pretrained.load(state.model, source)
+        total = self.comm.all_reduce_sum(torch.tensor([float(read)], device=self.ctx.device)).item()
+        if self.ctx.is_chief:
+            log.info("first weights from %s (--init-from): %.1f MiB read, this rank %.1f MiB, in %.1f s", source,
+                     total / 2**20, read / 2**20, time.time() - started)
+
+    def _eval_step(self) -> Callable[..., Any]:
+        """The module's ``eval_step``; else one that follows its ``compute_loss``; else classification's."""
+        own = getattr(self.module, "eval_step", None)
+        if callable(own):
+            return own
+        loss = getattr(self.module, "compute_loss", None)
+        return eval_step_from_loss(loss) if callable(loss) else default_eval_step
+
     def _optimizer(self, model: nn.Module) -> tuple[Any, Any]:
         hook = getattr(self.module, "build_optimizer", None)
         result = hook(model, self.args, self.ctx) if callable(hook) else torch.optim.Adam(model.parameters(), 1e-3)
@@ -340,7 +380,7 @@ class Trainer:
             checkpoint_blocked_seconds=round(self.io.blocked_seconds, 3),
             checkpoint_write_seconds=round(self.io.write_seconds, 3), trial=ctx.trial,
             hypertune_file=self.reporter.path, ranks=ranks, param_digests=digests, recoveries=state.recoveries,
-            load_with=LOAD_SHARDED if choice and choice.sharded else LOAD_REPLICATED,
+            load_with=LOAD_HUB if self.hub else LOAD_SHARDED if choice and choice.sharded else LOAD_REPLICATED,
             details={"init_param_digests": self.digests["init"], "start_param_digests": self.digests["start"],
                      "strategy_reason": choice.reason if choice else self.plan.reason,
                      "compile_seconds": round(parallel.compile_seconds(), 2),

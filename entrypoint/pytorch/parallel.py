@@ -34,6 +34,7 @@ from torch import nn
 from entrypoint.cluster import envvars as ev
 from entrypoint.errors import ConfigError
 from entrypoint.planning.registry import Framework
+from entrypoint.pytorch import pretrained
 from entrypoint.pytorch.defaults import param_digest
 
 log = logging.getLogger("entrypoint.pytorch")
@@ -132,6 +133,8 @@ def named_units(model: nn.Module, names: Iterable[Any]) -> list[nn.Module]:
 
 def same_weights_everywhere(model: nn.Module, comm: Any) -> None:
     """Before sharding, every rank must hold the same first weights (each keeps only its shards of its own copy)."""
+    if pretrained.on_meta(model):
+        return  # no weights yet: every rank loads the same checkpoint (--init-from)
     fingerprint = [round(float(p.detach().double().sum()), 6) for p in model.parameters()]
     views = comm.gather_object(fingerprint)
     different = [rank for rank, view in enumerate(views) if view != views[0]]
@@ -151,6 +154,9 @@ class Replicated:
 
     def shard(self, model: nn.Module, units: Callable[[nn.Module], list[nn.Module]] | None) -> nn.Module:
         """The model on this rank's device (nothing to shard)."""
+        if pretrained.on_meta(model):
+            pretrained.materialize(model, self.device)
+            return model
         return model.to(self.device)
 
     def wrap(self, model: nn.Module, optimizer: Any) -> tuple[nn.Module, Any]:
@@ -201,7 +207,9 @@ class Sharded:
                 compile_forward(unit)
             fully_shard(unit, mesh=self.mesh, mp_policy=policy)
         fully_shard(model, mesh=self.mesh, mp_policy=policy)
-        if self.device.type == "cuda":
+        if pretrained.on_meta(model):  # built without weights (--init-from): memory for this rank's shards only
+            pretrained.materialize(model, self.device)
+        elif self.device.type == "cuda":
             model.to(self.device)
         log.debug("sharded %d units and the root over %s", len(chosen), self.mesh)
         return model

@@ -67,8 +67,9 @@ class LoopCheckpoints:
         elif self.ctx.is_chief:
             self.io.save(path, {**self.payload(state), "rng": rngs}, meta)
 
-    def resume(self, state: TrainState) -> None:
-        """The chief picks the checkpoint (the newest that verifies and loads) and tells every rank what it cost."""
+    def resume(self, state: TrainState) -> bool:
+        """The chief picks the checkpoint (the newest that verifies and loads) and tells every rank what it cost;
+        whether one was loaded (the same answer on every rank)."""
         choice: tuple[str | None, tuple[str, str] | None, dict[str, Any] | None] = (None, None, None)
         if self.ctx.is_chief:
             try:
@@ -91,13 +92,14 @@ class LoopCheckpoints:
         if error is not None:
             raise ConfigError(*error)
         if path_text is None:
-            return
+            return False
         if not self.ctx.is_chief and not self.sharded:
             self.load(storage.path(path_text), state)
         log.info("resumed from %s at step %d (epoch %d, batch %d)", path_text, state.step, state.epoch, state.batch)
         if cost is not None:
             state.recoveries.append(cost)
             log.info("%s", lost_work.Recovery(**cost).line())
+        return True
 
     def _loader(self, state: TrainState) -> Callable[[Location], None]:
         """How the chief tries a candidate: alone for a replicated model, with every rank for a sharded one."""
