@@ -8,6 +8,7 @@ forward passes as the rank with the most batches (the extra ones, on a batch of 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
@@ -21,6 +22,15 @@ from entrypoint.pytorch.data import make_loader, to_device
 from entrypoint.pytorch.defaults import HookContext
 
 StepFn = Callable[..., dict[str, torch.Tensor]]
+log = logging.getLogger("entrypoint.pytorch")
+
+
+def check_evaluation_set(dataset: Dataset[Any], ctx: HookContext) -> None:
+    """One warning on the chief when the evaluation set is empty: every epoch's metrics line, the summary's metrics
+    and the tuning metric would be empty without a word."""
+    if ctx.is_chief and len(dataset) == 0:  # type: ignore[arg-type]
+        log.warning("the evaluation set (build_datasets' second dataset) is empty: no metrics after each epoch, none "
+                    "in the training summary, and no tuning metric reported")
 
 
 def evaluate(model: nn.Module, dataset: Dataset[Any], step_fn: StepFn, ctx: HookContext, comm: Collectives,

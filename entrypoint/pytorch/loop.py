@@ -45,7 +45,7 @@ from entrypoint.pytorch.defaults import (
     eval_step_from_loss,
     param_digest,
 )
-from entrypoint.pytorch.evaluation import evaluate
+from entrypoint.pytorch.evaluation import check_evaluation_set, evaluate
 from entrypoint.pytorch.export import export_model
 from entrypoint.pytorch.framework import BUCKET_CAP_MB_DEFAULT
 from entrypoint.pytorch.membership import Membership
@@ -145,6 +145,7 @@ class Trainer:
         torch.manual_seed(opts.seed)
         phase("building the datasets (build_datasets)")
         train_set, eval_set = self.module.build_datasets(self.args, ctx)
+        check_evaluation_set(eval_set, ctx)
         torch.manual_seed(opts.seed)  # the model's first weights do not depend on what the datasets drew
         phase("building the model (build_model)")
         with pretrained.meta_parameters() if opts.init_from else nullcontext():  # its weights come after placing
