@@ -50,6 +50,9 @@ class Layout:
     devices: tuple[str, ...] = ()
     # Any one of these (globs) must exist too: an image may carry the gIB packages (GIB=1) on a node without RDMA.
     needs: tuple[str, ...] = ()
+    # None of these may exist: on an RDMA node GKE's gIB installer DaemonSet also copies its plugin into the host's
+    # nvidia lib64, where TCPX's is looked for.
+    excludes: tuple[str, ...] = ()
 
 
 # Most specific first; the first whose profile (or, without one, plugin file) exists is the node's fabric.
@@ -66,7 +69,7 @@ LAYOUTS: tuple[Layout, ...] = (
     Layout(TCPXO, "A3 Mega", "the Slurm prolog (VM)", "/var/lib/tcpxo/lib64",
            "/var/lib/tcpxo/lib64/nccl-env-profile.sh", devices=("/dev/aperture_devices", "/dev/dmabuf_import_helper")),
     Layout(TCPX, "A3 High", "nccl-tcpx-installer DaemonSet (GKE, the host's nvidia lib64)", "/usr/local/nvidia/lib64",
-           None),
+           None, excludes=("/dev/infiniband", "/sys/class/infiniband/*")),
 )
 # Variables that name a file; one that does not exist on this node points at a fabric it does not have.
 PATH_VARIABLES = (ev.NCCL_TUNER_CONFIG_PATH, ev.NCCL_SHIMNET_GUEST_CONFIG_CHECKER_CONFIG_FILE, ev.NCCL_TUNER_PLUGIN,
@@ -165,13 +168,14 @@ def _present(lay: Layout, root: str) -> bool:
 
 
 def _needs_met(lay: Layout, root: str) -> bool:
-    return not lay.needs or any(glob.glob(under(root, pattern)) for pattern in lay.needs)
+    return ((not lay.needs or any(glob.glob(under(root, pattern)) for pattern in lay.needs))
+            and not any(glob.glob(under(root, pattern)) for pattern in lay.excludes))
 
 
 def idle(root: str = "/") -> list[str]:
     """Plugins here on a node without their fabric's devices (an image carrying gIB on a node without RDMA NICs)."""
     return [f"the {lay.fabric} plugin ({lay.profile}) is here, but none of {', '.join(lay.needs)}: not used"
-            for lay in LAYOUTS if _present(lay, root) and not _needs_met(lay, root)]
+            for lay in LAYOUTS if lay.needs and _present(lay, root) and not _needs_met(lay, root)]
 
 
 def prepare(mode: str, environ: Mapping[str, str], root: str = "/", timeout: float = PROFILE_TIMEOUT) -> FabricStep:

@@ -211,3 +211,12 @@ def test_gib_packages_in_the_image_on_a_node_without_rdma_are_not_used(tmp_path:
     assert "the gib plugin (/usr/local/gib/scripts/set_nccl_env.sh) is here, but none of" in step.lines()[0]
     (root / "sys/class/infiniband/mlx5_0").mkdir(parents=True)  # the RDMA NICs as sysfs lists them
     assert fabric.prepare("auto", BASE, str(root)).fabric == "gib"
+
+
+def test_a_plugin_in_the_nvidia_lib64_of_an_rdma_node_is_not_tcpx(tmp_path: Path) -> None:
+    """GKE's gIB installer DaemonSet copies its lib64 into the host's nvidia lib64 too: without the /usr/local/gib
+    volume mounted, that node has no fabric the step can set up, not TCPX."""
+    root = fabric_trees.build(tmp_path, "a3high-gke")
+    assert fabric.prepare("auto", BASE, str(root)).fabric == "tcpx"
+    (root / "sys/class/infiniband/mlx5_0").mkdir(parents=True)
+    assert fabric.prepare("auto", BASE, str(root)).fabric is None
