@@ -14,6 +14,7 @@ is ``/`` except in tests, ``TRAINER_FABRIC_ROOT``).
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import importlib.metadata
 import os
@@ -249,8 +250,11 @@ def source_profile(layout: Layout, environ: Mapping[str, str], root: str, timeou
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # the profile's own children too (their pipes would hold us)
-        proc.communicate()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # the profile's own children too
+        proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()  # not read again: a child that left the group may still hold the pipe
         raise ProfileError(f"profile {layout.profile} did not finish within {timeout:g} s") from None
     entries = out.decode("utf-8", "surrogateescape").split("\0")
     if _MARK not in entries:
