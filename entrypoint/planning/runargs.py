@@ -79,9 +79,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                         "first step) takes longer; 0: off (default 1800)")
     parser.add_argument("--log-format", choices=LOG_FORMATS, help="auto (default, or $TRAINER_LOG_FORMAT): json on "
                         "Kubernetes outside Vertex AI, text elsewhere; json: one Cloud Logging object per line")
-    parser.add_argument("--fabric", choices=FABRIC_MODES, help="auto (default, or $TRAINER_FABRIC): find this "
-                        "node's GPU fabric (gIB, TCPXO, TCPX) and pass its host profile's variables on; off: leave "
-                        "the environment as it is; gib|tcpxo|tcpx: that fabric must be there (docs/fabric.md)")
+    add_fabric_argument(parser)
     loop = parser.add_argument_group("training loop (hooks mode)")
     loop.add_argument("--epochs", type=positive_int, help=f"default: the module's DEFAULTS, else {DEFAULT_EPOCHS}")
     loop.add_argument("--batch-size", type=positive_int,
@@ -115,6 +113,13 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                     group.add_argument(flag.flag, type=flag.type, choices=flag.choices, help=flag.help)
                 else:
                     group.add_argument(flag.flag, choices=flag.choices, help=flag.help)
+
+
+def add_fabric_argument(parser: argparse.ArgumentParser) -> None:
+    """``--fabric`` (cluster/fabric.py)."""
+    parser.add_argument("--fabric", choices=FABRIC_MODES, help="auto (default, or $TRAINER_FABRIC): find this "
+                        "node's GPU fabric (gIB, TCPXO, TCPX) and pass its host profile's variables on; off: leave "
+                        "the environment as it is; gib|tcpxo|tcpx: that fabric must be there (docs/fabric.md)")
 
 
 def options_from_namespace(ns: argparse.Namespace, user_args: list[str]) -> RunOptions:
