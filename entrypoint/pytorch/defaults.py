@@ -65,21 +65,18 @@ def classification_pair(batch: Any) -> bool:
 
 
 def eval_step_from_loss(compute_loss: Callable[..., torch.Tensor]) -> Callable[..., dict[str, torch.Tensor]]:
-    """The evaluation of a module that defines ``compute_loss`` but no ``eval_step``: its own loss, averaged over
-    the samples (each batch's mean loss weighted by its size); accuracy too where the batch is ``(inputs, labels)``
-    and the model gives one row of logits per sample."""
+    """The evaluation of a module that defines ``compute_loss`` but no ``eval_step``. A batch ``(inputs, labels)``
+    with one integer label per sample keeps the classification metrics (``default_eval_step``: cross-entropy and
+    accuracy, ``compute_loss`` not called, as before); any other batch (a language model's tokens, a dict), which
+    that default cannot read, gets the module's own loss, averaged over the samples (each batch's mean loss
+    weighted by its size)."""
 
     def eval_step(model: nn.Module, batch: Any, ctx: HookContext) -> dict[str, torch.Tensor]:
+        if classification_pair(batch):
+            return default_eval_step(model, batch, ctx)
         count = batch_count(batch)
         loss = compute_loss(model, batch, ctx).detach().float()
-        device = loss.device
-        metrics = {"loss": loss * count, "count": torch.tensor(float(count), device=device)}
-        if classification_pair(batch):
-            inputs, labels = batch
-            logits = model(inputs)
-            if isinstance(logits, torch.Tensor) and logits.dim() == 2 and logits.shape[0] == labels.shape[0]:
-                metrics["accuracy"] = (logits.argmax(dim=-1) == labels).sum().float().to(device)
-        return metrics
+        return {"loss": loss * count, "count": torch.tensor(float(count), device=loss.device)}
 
     return eval_step
 

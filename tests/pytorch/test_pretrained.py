@@ -101,7 +101,8 @@ def test_without_eval_step_the_evaluation_follows_compute_loss() -> None:
     tokens = {"input_ids": torch.zeros(5, 7, dtype=torch.long)}
     metrics = step(model, tokens, None)
     assert set(metrics) == {"loss", "count"} and float(metrics["loss"]) == 10.0 and float(metrics["count"]) == 5.0
-    pair = (torch.zeros(4, 2), torch.tensor([0, 1, 2, 0]))
-    assert set(step(model, pair, None)) == {"loss", "count", "accuracy"}
+    assert len(calls) == 1
+    pair = (torch.zeros(4, 2), torch.tensor([0, 1, 2, 0]))  # classification's metrics, as before
+    assert set(step(model, pair, None)) == {"loss", "count", "accuracy"} and len(calls) == 1
     regression = (torch.zeros(4, 2), torch.zeros(4))
-    assert set(step(model, regression, None)) == {"loss", "count"}
+    assert set(step(model, regression, None)) == {"loss", "count"} and len(calls) == 2
