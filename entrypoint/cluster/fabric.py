@@ -245,8 +245,12 @@ def source_profile(layout: Layout, environ: Mapping[str, str], root: str, timeou
     env = dict(environ)
     if layout.fabric == TCPXO:
         env.setdefault(ev.NCCL_LIB_DIR, layout.plugin_dir)  # the profile reads it (the TCPXO release notes)
-    proc = subprocess.Popen(["bash", "-c", _SCRIPT, "trainer-fabric", path, _MARK], env=env, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        proc = subprocess.Popen(["bash", "-c", _SCRIPT, "trainer-fabric", path, _MARK], env=env,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                start_new_session=True)
+    except OSError as exc:
+        raise ProfileError(f"profile {layout.profile}: bash could not start ({exc.strerror})") from None
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

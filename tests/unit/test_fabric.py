@@ -220,3 +220,9 @@ def test_a_plugin_in_the_nvidia_lib64_of_an_rdma_node_is_not_tcpx(tmp_path: Path
     assert fabric.prepare("auto", BASE, str(root)).fabric == "tcpx"
     (root / "sys/class/infiniband/mlx5_0").mkdir(parents=True)
     assert fabric.prepare("auto", BASE, str(root)).fabric is None
+
+
+def test_without_bash_the_profile_is_a_bad_one(tmp_path: Path) -> None:
+    root = fabric_trees.build(tmp_path, "a4")
+    step = fabric.prepare("auto", {**BASE, "PATH": str(tmp_path / "nowhere")}, str(root))
+    assert step.problem is not None and "bash could not start" in step.problem and step.fabric is None
