@@ -41,10 +41,11 @@ def global_step(model: Any) -> int:
 
 class CommitCheckpoints(tf.keras.callbacks.Callback):
     """At each epoch end every worker saves through ``writer`` (``KerasCheckpointIO``): the chief commits
-    ``ckpt-<step>`` (uploads it, marker last, when staged) and prunes old ones."""
+    ``ckpt-<step>`` (uploads it, marker last, when staged) and prunes old ones. Each marker carries the job's
+    per-epoch metrics (``history``: the resumed checkpoint's, then this run's epochs)."""
 
     def __init__(self, writer: KerasCheckpointIO, strategy: str, resumed: lost_work.ResumePoint | None = None,
-                 job_dir: str | None = None) -> None:
+                 job_dir: str | None = None, history: dict[str, list[float]] | None = None) -> None:
         super().__init__()
         self.writer, self.strategy, self.resumed, self.job_dir = writer, strategy, resumed, job_dir
         self.checkpoint_dir, self.is_chief = writer.local_dir, writer.is_chief
@@ -52,6 +53,7 @@ class CommitCheckpoints(tf.keras.callbacks.Callback):
         self.target: Location = staging.target("checkpoints") if staging is not None else self.checkpoint_dir
         self.recoveries: list[dict[str, Any]] = list(resumed.recoveries) if resumed else []
         self.backup_seconds = 0.0  # mirroring BackupAndRestore's backups to the store (synchronous, like a save)
+        self.history: dict[str, list[float]] = {k: list(v) for k, v in (history or {}).items()}
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         """What this resume cost, once BackupAndRestore (an earlier callback) has restored: it resumes from its
@@ -71,6 +73,8 @@ class CommitCheckpoints(tf.keras.callbacks.Callback):
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         """Save, commit (chief), prune (chief)."""
         metrics = {k: to_float(v) for k, v in (logs or {}).items()}
+        for key, value in metrics.items():
+            self.history.setdefault(key, []).append(value)
         path = self.commit(epoch + 1, {"metrics": metrics})
         if self.is_chief:
             shown = " ".join(f"{k} {v:.4f}" for k, v in metrics.items())
@@ -80,7 +84,7 @@ class CommitCheckpoints(tf.keras.callbacks.Callback):
         """Every worker saves the current step through the writer; where the chief committed it."""
         step = global_step(self.model)
         meta = {"epoch": epochs_done, "step": step, "framework": "tensorflow", "strategy": self.strategy,
-                "reached_at": time.time(), "recoveries": self.recoveries, **extra}
+                "reached_at": time.time(), "recoveries": self.recoveries, "history": self.history, **extra}
         path = self.path(step)
         self.writer.save(path, self.model, meta)
         return path

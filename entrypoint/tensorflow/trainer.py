@@ -64,23 +64,25 @@ def fit_inputs(module: ModuleType, args: argparse.Namespace, ctx: TFContext) -> 
 
 
 def resume(model: Any, plan: Plan, writer: KerasCheckpointIO,
-           staging: Staging) -> tuple[int, lost_work.ResumePoint | None]:
+           staging: Staging) -> tuple[int, lost_work.ResumePoint | None, dict[str, list[float]]]:
     """Load the job's newest committed checkpoint that loads (``--resume-from`` while it has none of its own, as
-    ``load_newest`` decides): the epoch to start from (0: none)
-    and where that checkpoint was (its step, when it was reached, the recoveries so far). What the resume cost is
-    known only once BackupAndRestore has restored its own, possibly newer, state (``CommitCheckpoints``).
+    ``load_newest`` decides): the epoch to start from (0: none), where that checkpoint was (its step, when it was
+    reached, the recoveries so far) and the job's per-epoch metrics up to it (a rerun at the final checkpoint
+    trains nothing, and its summary keeps them). What the resume cost is known only once BackupAndRestore has
+    restored its own, possibly newer, state (``CommitCheckpoints``).
     A checkpoint on a store (gs:// without the mount) is verified there and loaded from a downloaded copy."""
     found = load_newest(staging.target("checkpoints"), plan.options.resume_from,
                         lambda path: writer.load(path, model), writer.retention)
     if found is None:
-        return 0, None
+        return 0, None, {}
     path, epoch = found
     marker = read_marker(path)
     step = int(marker.get("step", 0))
     log.info("resumed from %s at step %d (epoch %d)", path, step, epoch)
     reached = marker.get("reached_at")
+    history = {str(k): [float(x) for x in v] for k, v in (marker.get("history") or {}).items()}
     return epoch, lost_work.ResumePoint(step, float(reached) if reached is not None else None,
-                              list(marker.get("recoveries") or []))
+                              list(marker.get("recoveries") or [])), history
 
 
 def gather_steps(strategy: Any, batches: int) -> list[int]:
@@ -101,7 +103,8 @@ def gather_steps(strategy: Any, batches: int) -> list[int]:
 
 def make_callbacks(plan: Plan, ctx: TFContext, reporter: MetricReporter, metric: str | None,
                    request: StopRequest | None, watchdog: HangWatchdog, writer: KerasCheckpointIO,
-                   resumed: lost_work.ResumePoint | None, staging: Staging) -> tuple[list[Any], Any, Any]:
+                   resumed: lost_work.ResumePoint | None, history: dict[str, list[float]],
+                   staging: Staging) -> tuple[list[Any], Any, Any]:
     """Backup, restore and save-before-preemption first (it restores before the others look), then ours."""
     import tensorflow as tf
 
@@ -117,7 +120,7 @@ def make_callbacks(plan: Plan, ctx: TFContext, reporter: MetricReporter, metric:
     options, ckpt = plan.options, Path(ctx.checkpoint_dir)
     progress = ProgressAndSteps(ctx.epochs, ctx.global_batch_size, ctx.num_replicas_in_sync, options.log_every,
                                 ctx.is_chief, watchdog)
-    commit = CommitCheckpoints(writer, plan.strategy, resumed, plan.outputs.job_dir)
+    commit = CommitCheckpoints(writer, plan.strategy, resumed, plan.outputs.job_dir, history)
     callbacks: list[Any] = [
         FailOnNonFiniteLoss(),
         SaveBeforePreemption(str(ckpt / BACKUP_DIR), options.checkpoint_every or "epoch", request, commit, staging),
@@ -183,21 +186,23 @@ def _train(plan: Plan, module: ModuleType, args: argparse.Namespace, strategy: A
     inputs = fit_inputs(module, args, ctx)
     writer = KerasCheckpointIO(Path(ctx.checkpoint_dir), ctx.is_chief, Retention(options.keep_checkpoints), staging)
     watchdog.phase = "restoring the newest checkpoint"
-    initial_epoch, resumed = resume(model, plan, writer, staging)
+    initial_epoch, resumed, history = resume(model, plan, writer, staging)
     restore_backup(Path(ctx.checkpoint_dir) / BACKUP_DIR, staging)  # BackupAndRestore reads the chief's copy
     metric = options.hypertune_metric or getattr(module, "HYPERTUNE_METRIC", None)
     reporter = MetricReporter(ctx.is_chief, ctx.trial)
     callbacks, progress, commit = make_callbacks(plan, ctx, reporter, metric, request, watchdog, writer, resumed,
-                                                 staging)
+                                                 history, staging)
     log.info("training %d epoch(s), global batch %d (%d per replica x %d)", ctx.epochs, ctx.global_batch_size,
              ctx.per_replica_batch_size, ctx.num_replicas_in_sync)
     watchdog.phase = "starting Keras' fit (its callbacks restore the backup)"
-    history = model.fit(**inputs, epochs=ctx.epochs, initial_epoch=initial_epoch, callbacks=callbacks, verbose=0)
+    model.fit(**inputs, epochs=ctx.epochs, initial_epoch=initial_epoch, callbacks=callbacks, verbose=0)
     steps = gather_steps(strategy, progress.batches)
     export_model(model, Path(ctx.model_dir), ctx.is_chief)
     if ctx.is_chief:
         staging.publish("model", last=(SAVED_MODEL,))  # gs:// without the mount: saved_model.pb last
-        summary = summarize(plan, ctx, model, history, progress, steps, reporter, time.time() - started)
+        if metric and progress.first_epoch is None:  # a rerun at the final checkpoint: report its metric again
+            reporter.report_final(metric, commit.history, int(model.optimizer.iterations.numpy()))
+        summary = summarize(plan, ctx, model, commit.history, progress, steps, reporter, time.time() - started)
         summary.recoveries = commit.recoveries
         # Saves and uploads are synchronous: training waited for all of it (the writer's two totals are equal).
         summary.checkpoint_blocked_seconds = round(writer.blocked_seconds + commit.backup_seconds, 3)
@@ -208,10 +213,11 @@ def _train(plan: Plan, module: ModuleType, args: argparse.Namespace, strategy: A
     return ExitCode.OK
 
 
-def summarize(plan: Plan, ctx: TFContext, model: Any, history: Any, progress: Any, steps: list[int],
-              reporter: MetricReporter, seconds: float) -> TrainingSummary:
-    """The run in the shared training-summary schema."""
-    per_epoch = {k: [float(x) for x in v] for k, v in history.history.items()}
+def summarize(plan: Plan, ctx: TFContext, model: Any, history: dict[str, list[float]], progress: Any,
+              steps: list[int], reporter: MetricReporter, seconds: float) -> TrainingSummary:
+    """The run in the shared training-summary schema; ``history``: the job's per-epoch metrics (the checkpoints
+    carry them, so a resumed run's, or a rerun's that trained nothing, are the whole job's)."""
+    per_epoch = {k: list(v) for k, v in history.items()}
     final = {k[len("val_"):]: v[-1] for k, v in per_epoch.items() if k.startswith("val_") and v}
     final_step = int(model.optimizer.iterations.numpy())
     backend = {"MultiWorkerMirroredStrategy": "nccl" if plan.gpus_per_node else "ring",
