@@ -19,6 +19,12 @@ set (``VmHWM``) is kept. Training processes name themselves (the scripts touch `
 - Export: in the FSDP runs, rank 0's peak resident set rise while the entrypoint writes ``model.safetensors``
   (streamed tensor by tensor, ``entrypoint/pytorch/export.py``), next to the largest tensor. Target: at most the
   largest tensor plus a fixed buffer (``EXPORT_BUFFER_MIB``).
+- Pretrained weights (issue #45): ``bench.init_hooks``, a GPT of ~1B parameters (3.6 GiB in fp32; a few MB at the
+  quick size) saved as ``model.safetensors``, loaded under ``--strategy fsdp`` at world 2 with ``--init-from`` (built
+  on the meta device, sharded, each rank reading its shards) and, side by side, by ``build_model`` (the whole model
+  on every rank, then sharded). Each rank's peak resident set at its first step over its resident set before
+  ``build_model`` (the loading's own memory), the larger rank's, against the model's size. Target: ``--init-from``
+  at most ``INIT_TARGET`` x the model (full size only).
 """
 
 from __future__ import annotations
@@ -58,6 +64,8 @@ STRATEGIES = ("ddp", "fsdp")
 TARGET_CONFIG = "100m"  # the targets are set for a ~100M-parameter GPT (the quick size only checks the path)
 FSDP_TARGET = 0.6  # FSDP's peak per rank at most this fraction of DDP's (world 2)
 EXPORT_BUFFER_MIB = 32.0  # the export's peak rise may exceed the largest tensor by at most this much
+INIT_TARGET = 0.6  # --init-from's loading peak per rank at most this fraction of the model (world 2)
+INIT_WAYS = {"--init-from (each rank reads its shards)": "init", "build_model loads it whole, then sharded": "build"}
 
 
 @dataclass
@@ -198,6 +206,63 @@ def training_rows(runs: dict[str, list[dict[str, Any]]], mallocs: dict[str, dict
     return rows
 
 
+def loading_peaks(config: str, checkpoint: Path, way: str) -> dict[int, dict[str, float]]:
+    """One ``bench.init_hooks`` job at world 2 under FSDP loading ``checkpoint`` its ``way`` (``init``: with
+    ``--init-from``; ``build``: in ``build_model``); what each rank recorded, by rank."""
+    with tempfile.TemporaryDirectory() as job, tempfile.TemporaryDirectory() as pids, \
+            tempfile.TemporaryFile() as log:
+        load = ["--init-from", str(checkpoint)] if way == "init" else []
+        cmd = [*pytorch_python(), "-m", "entrypoint", "run", "--framework", "pytorch", "--module", "bench.init_hooks",
+               "--nproc-per-node", "2", "--strategy", "fsdp", "--job-dir", job, "--timeout", "600", *load, "--",
+               "--config", config, *(["--load", str(checkpoint)] if way == "build" else [])]
+        proc = subprocess.run(cmd, env={**training_env({}), "BENCH_PID_DIR": pids}, cwd=REPO, stdout=log,
+                              stderr=subprocess.STDOUT, timeout=3600)
+        if proc.returncode != 0:
+            log.seek(0)
+            tail = log.read()[-3000:].decode(errors="replace")
+            raise RuntimeError(f"{' '.join(cmd)} exited with {proc.returncode}:\n{tail}")
+        records = [json.loads(p.read_text()) for p in Path(pids).iterdir()]
+    if len(records) != 2:
+        raise RuntimeError(f"expected 2 training processes to record their peaks, got {records}")
+    return {int(r["rank"]): r for r in records}
+
+
+def loading_rows(quick: bool) -> list[Row]:
+    """``--init-from`` against loading in ``build_model``: each job's larger rank's loading rise (MiB), and that
+    against the model's size."""
+    from bench.init_hooks import CONFIGS
+
+    config = "quick" if quick else "1b"
+    with tempfile.TemporaryDirectory() as where:
+        checkpoint = Path(where) / "pretrained"
+        saver = subprocess.run([*pytorch_python(), "-m", "bench.init_hooks", "save", "--config", config,
+                                str(checkpoint)], env=training_env({}), cwd=REPO, capture_output=True, text=True,
+                               timeout=3600)
+        if saver.returncode != 0:
+            raise RuntimeError(f"saving the {config} checkpoint failed: {saver.stderr[-2000:]}")
+        model_mib = json.loads(saver.stdout.strip().splitlines()[-1])["model_bytes"] / 2**20
+        found: dict[str, dict[int, dict[str, float]]] = {}
+
+        def measure(name: str) -> float:
+            found[name] = loading_peaks(config, checkpoint, INIT_WAYS[name])
+            return max(r["train_peak_mib"] - r["before_mib"] for r in found[name].values())
+
+        results = interleave({name: partial(measure, name) for name in INIT_WAYS}, 1)
+    cfg = CONFIGS[config]
+    group = f"loading {model_mib:,.0f} MiB of pretrained weights, FSDP, 2 processes (the larger rank)"
+    rows = compare(group, results, "MiB", next(iter(INIT_WAYS)), "")
+    for row in rows:
+        row.ratio, row.ratio_label = round(row.median / model_mib, 3), "x the model"
+        ranks = [found[row.variant][rank] for rank in sorted(found[row.variant])]
+        rises = " / ".join(f"{r['train_peak_mib'] - r['before_mib']:.0f}" for r in ranks)
+        peaks = " / ".join(f"{r['train_peak_mib']:.0f}" for r in ranks)
+        row.note = (f"rise over the resident set before build_model, ranks {rises} MiB (peaks {peaks}); GPT "
+                    f"{cfg.n_layer} x {cfg.n_embd}, vocabulary {cfg.vocab_size}, {model_mib:,.0f} MiB in fp32")
+    if not quick:
+        check(rows[0], "<=", INIT_TARGET)
+    return rows
+
+
 Command = Callable[[Path], list[str]]  # the job's command, given an output directory
 
 
@@ -264,6 +329,7 @@ def run(quick: bool) -> FamilyResult:
             row.note = who[row.variant]
         result.rows += rows
     result.rows += training_rows(training, mallocs, config, train_steps)
+    result.rows += loading_rows(quick)
     if not horovod:
         result.notes.append("Horovod is not installed in this venv: the Horovod launchers need .venv/horovod")
     result.notes.append(f"launchers: VmHWM of every process in the job's tree that is not a training process, summed "
@@ -276,4 +342,7 @@ def run(quick: bool) -> FamilyResult:
     result.notes.append("export: rank 0's VmHWM rise (reset through /proc/self/clear_refs) while the entrypoint "
                         "writes model.safetensors; on CPU every gathered tensor passes through gloo's all-gather, "
                         "which allocates a flat copy of its output beside it")
+    result.notes.append("pretrained weights: bench.init_hooks, FSDP at world 2 on CPU; each rank's VmHWM at its first "
+                        "step less its VmRSS before build_model, the larger rank's; x the model's fp32 size; "
+                        f"--init-from target <= {INIT_TARGET:g}x (full size)")
     return result
