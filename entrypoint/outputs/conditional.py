@@ -164,7 +164,7 @@ def _write_if(target: RemotePath, data: bytes, version: str) -> str | None:
     body = (f"--==0==\nContent-Type: application/json; charset=UTF-8\n\n{metadata}\n--==0==\n"
             "Content-Type: application/octet-stream\n\n").encode() + data + b"\n--==0==--"
     try:
-        out = target._call("call", "POST", f"{target.fs._location}/upload/storage/v1/b/{quote(bucket)}/o",
+        out = target._call("call", "POST", f"{target.checked_fs()._location}/upload/storage/v1/b/{quote(bucket)}/o",
                            uploadType="multipart", headers={"Content-Type": 'multipart/related; boundary="==0=="'},
                            data=body, json_out=True, ifGenerationMatch=version)
     except FileExistsError:  # 412 Precondition Failed

@@ -172,14 +172,19 @@ class RemotePath:
         """The fsspec file system."""
         return filesystem(self.protocol)
 
-    def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+    def checked_fs(self) -> Any:
+        """The fsspec file system, its failures to start classified: no file system for the scheme in this image is a
+        ConfigError, missing or unusable credentials a StorageError."""
         try:
-            fs = self.fs  # made on first use: credentials are looked up here
+            return self.fs  # made on first use: credentials are looked up here
         except ImportError as exc:  # an image without gcsfs: not the store's fault, nothing a retry fixes
             raise ConfigError(str(self), f"no fsspec file system for {self.protocol}:// in this image "
                               f"({type(exc).__name__}: {exc}); write to a local directory or a FUSE mount") from None
         except Exception as exc:  # no or unusable credentials
             raise StorageError(str(self), exc, credentials_file_named()) from exc
+
+    def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        fs = self.checked_fs()
         with failing_as_store(self):
             return getattr(fs, method)(*args, **kwargs)
 
