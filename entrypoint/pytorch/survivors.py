@@ -118,7 +118,8 @@ class InPlace:
         verdict = self.membership.reform(step)
         self.comm.form_group(self.membership.pg_store())
         done = heal(self.comm, self.checkpoints, state, False, self.me)
-        names = [self.membership.names(r) for r in sorted(verdict.joiners)] or lost or ["a peer"]
+        # each rank of a replica names the replica: one name per replica lost (two processes a node named it twice)
+        names = list(dict.fromkeys([self.membership.names(r) for r in sorted(verdict.joiners)] or lost or ["a peer"]))
         reached = max(done.steps)
         cost = lost_work.Recovery(
             replica=", ".join(names), lost_at_step=reached, resumed_from_step=state.step,

@@ -35,7 +35,7 @@ def test_a_sigterm_after_a_recovered_loss_ends_143_naming_the_preemption_not_the
         job.wait_for_step(6)
         vanish(job, "workerpool1-0")
         job.wait_for(r"\[local\] workerpool1-0 exited 137 \(retryable\): restart 1 of 5")
-        recovered = job.wait_for(r"\[workerpool0-0\] .*recovered after losing workerpool1-0.* at step \d+: "
+        recovered = job.wait_for(r"\[workerpool0-0\] .*recovered after losing workerpool1-0 at step \d+: "
                                  r"resumed from step (\d+)")
         job.wait_for_step(int(recovered.group(1)) + 4)  # the job trains on after the recovery
         job.send(signal.SIGTERM)
