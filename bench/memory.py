@@ -19,7 +19,7 @@ set (``VmHWM``) is kept. Training processes name themselves (the scripts touch `
 - Export: in the FSDP runs, rank 0's peak resident set rise while the entrypoint writes ``model.safetensors``
   (streamed tensor by tensor, ``entrypoint/pytorch/export.py``), next to the largest tensor. Target: at most the
   largest tensor plus a fixed buffer (``EXPORT_BUFFER_MIB``).
-- Pretrained weights (issue #45): ``bench.init_hooks``, a GPT of ~1B parameters (3.6 GiB in fp32; a few MB at the
+- Pretrained weights (issue #45): ``bench.init_hooks``, a GPT of 972M parameters (3,706 MiB in fp32; a few MB at the
   quick size) saved as ``model.safetensors``, loaded under ``--strategy fsdp`` at world 2 with ``--init-from`` (built
   on the meta device, sharded, each rank reading its shards) and, side by side, by ``build_model`` (the whole model
   on every rank, then sharded). Each rank's peak resident set at its first step over its resident set before
