@@ -6,6 +6,7 @@ reading its shards), exported as a directory ``AutoModelForCausalLM.from_pretrai
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,8 @@ from tests.gcs import BUCKET, Emulator, gs_dir
 from tests.runs import entrypoint, failure_text, last_line, summary
 
 torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+if importlib.util.find_spec("transformers") is None:  # imported in the tests only: it takes seconds
+    pytest.skip("transformers is not installed (tests/requirements.txt)", allow_module_level=True)
 pytestmark = [pytest.mark.pytorch, pytest.mark.slow]
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
 HOOKS = ["--framework", "pytorch", "--module", "tests.pytorch.hf_hooks", "--timeout", "120", "--log-every", "1"]
@@ -24,6 +26,8 @@ HOOKS = ["--framework", "pytorch", "--module", "tests.pytorch.hf_hooks", "--time
 
 def pretrained(where: Path, n_embd: int = 16) -> Any:
     """A tiny GPT-2 (random weights from a fixed seed) saved as the hub saves models: several files and an index."""
+    import transformers
+
     torch.manual_seed(7)
     model = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_embd=n_embd, n_layer=2, n_head=2, vocab_size=64,
                                                                  n_positions=16))
@@ -39,6 +43,8 @@ def fine_tune(init_from: str, config: Path, job_dir: str, env: dict[str, str], *
 
 def assert_same_weights(exported: Path, model: Any) -> None:
     """``from_pretrained`` opens the export, and with a learning rate of 0 its weights are the pretrained ones."""
+    import transformers
+
     loaded = transformers.AutoModelForCausalLM.from_pretrained(exported)
     assert type(loaded).__name__ == "GPT2LMHeadModel"
     want, got = model.state_dict(), loaded.state_dict()
@@ -97,7 +103,10 @@ def test_init_from_and_the_export_on_cloud_storage(
     assert_same_weights(local, model)
 
 
-def test_a_checkpoint_of_another_shape_is_named_before_training(tmp_path: Path) -> None:
+def test_a_checkpoint_of_another_shape_is_named_before_training(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in OFFLINE.items():
+        monkeypatch.setenv(name, value)
     pretrained(tmp_path / "other", n_embd=8)
     pretrained(tmp_path / "config")
     proc = entrypoint("run", *HOOKS, "--init-from", str(tmp_path / "other"), "--job-dir", str(tmp_path / "job"),
