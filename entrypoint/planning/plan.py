@@ -185,9 +185,22 @@ def make_plan(topo: ClusterTopology, options: RunOptions, settings: PlatformSett
         restart_count=settings.restart_count,
         own_barrier=node.own_barrier,
     )
+    _check_init_from(framework, made)
     if topo.platform_ranks is not None:  # the platform started this very process: it is placed already
         return made.for_process(topo.platform_ranks.local_rank)
     return made
+
+
+def _check_init_from(framework: registry.Framework, plan: Plan) -> None:
+    """``--init-from`` is read by a hooks loop that loads it (PyTorch's); anywhere else it would do nothing."""
+    if plan.options.init_from is None:
+        return
+    if not framework.init_from:
+        raise ConfigError("--init-from", f"is read by the PyTorch hooks loop; {framework.label} loads its own weights "
+                                         "(in build_model)")
+    if plan.code is None or plan.code.kind != "hooks":
+        raise ConfigError("--init-from", "is read by the hooks loop (a --module with build_model); a script or plain "
+                                         "module loads its own weights")
 
 
 def _check_role(framework: registry.Framework, topo: ClusterTopology) -> None:

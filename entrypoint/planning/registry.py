@@ -123,6 +123,8 @@ class Framework:
     # Its hooks loop's collectives form again among the survivors of a lost node, who keep training
     # (``--recovery in-place``; torch.distributed's do, Horovod's need Horovod's own elastic mode).
     survivors_regroup: bool = False
+    # Its hooks loop takes the model's first weights from --init-from (a Hugging Face safetensors checkpoint).
+    init_from: bool = False
 
     @property
     def label(self) -> str:
