@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from tests import fabric_trees
-from tests.containers.engine import Container, run
+from tests.conftest import ROOT
+from tests.containers.engine import OUT, Container, aip_dirs, run, writable_dir
 
 pytestmark = pytest.mark.containers
 # Where the recipes mount each piece (a directory of the tree that exists is mounted at its real path).
@@ -69,3 +70,21 @@ def test_doctor_in_the_image_gives_each_fabric_its_verdicts(
 
 
 FABRIC_CHECKS = ("fabric", "fabric plugin", "libibverbs", "fabric devices", "glibc", "fabric variables")
+
+
+def test_run_in_the_image_gives_the_training_process_the_profiles_variables(
+        engine: Any, built: Any, tmp_path: Path) -> None:
+    """The image's own ENTRYPOINT (tini, python -m entrypoint run): the step, the exec once, the script sees it."""
+    root = fabric_trees.build(tmp_path / "node", "a4")
+    volume = writable_dir(tmp_path / "volume")
+    job = Container(engine, built("pytorch"), ["--framework", "pytorch", "--script",
+                                               "tests/pytorch/fabric_env_script.py", "--", f"{OUT}/seen"],
+                    env={**aip_dirs(), "NCCL_TUNER_PLUGIN": "libnccl-tuner.so"},
+                    volumes={**mounted(root), volume: OUT, ROOT / "tests": "/app/tests:ro"})
+    proc = run(job)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    seen = json.loads((volume / "seen.0").read_text())
+    assert seen["NCCL_NET"] == "gIB" and seen["TRAINER_FABRIC_APPLIED"] == "1"
+    assert seen["NCCL_TUNER_CONFIG_PATH"] == "/usr/local/gib/configs/tuner_config_a4.txtpb"
+    assert seen["LD_LIBRARY_PATH"].split(":")[0] == "/usr/local/gib/lib64"
+    assert "fabric: removed NCCL_TUNER_PLUGIN" in proc.stdout + proc.stderr
