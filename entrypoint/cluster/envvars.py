@@ -102,11 +102,10 @@ CUDA_VERSION = "CUDA_VERSION"  # set by the nvidia/cuda base images: the image's
 NCCL_SOCKET_IFNAME = "NCCL_SOCKET_IFNAME"  # the user's choice of network interface for NCCL
 GLOO_SOCKET_IFNAME = "GLOO_SOCKET_IFNAME"  # likewise for gloo (torch.distributed on CPU)
 
-# --- Cloud Storage (read by storage.py; the Google libraries read their own) -------------------
 # --- The GPU fabric step (cluster/fabric.py, docs/fabric.md) -------------------------------
 TRAINER_FABRIC = "TRAINER_FABRIC"  # the default --fabric: auto | off | gib | tcpxo | tcpx
-TRAINER_FABRIC_APPLIED = "TRAINER_FABRIC_APPLIED"  # set when the entrypoint starts itself again with the step applied
 TRAINER_FABRIC_ROOT = "TRAINER_FABRIC_ROOT"  # tests only: where the node's tree is mounted (default /)
+TRAINER_FABRIC_APPLIED = "TRAINER_FABRIC_APPLIED"  # set when the entrypoint starts itself again with the step applied
 LD_LIBRARY_PATH = "LD_LIBRARY_PATH"  # the fabric's plugin directory goes first, as the recipes set it
 NCCL_LIB_DIR = "NCCL_LIB_DIR"  # TCPXO's plugin directory, which its profile reads
 NCCL_NET = "NCCL_NET"  # gIB's profile sets gIB; a stray gIB on a node without it is removed
@@ -118,6 +117,7 @@ NCCL_NVLSTREE_MAX_CHUNKSIZE = "NCCL_NVLSTREE_MAX_CHUNKSIZE"  # TCPXO's guest con
 NCCL_FASTRAK_LLCM_DEVICE_DIRECTORY = "NCCL_FASTRAK_LLCM_DEVICE_DIRECTORY"  # TCPXO: the aperture devices' directory
 NCCL_GPUDIRECTTCPX_UNIX_CLIENT_PREFIX = "NCCL_GPUDIRECTTCPX_UNIX_CLIENT_PREFIX"  # TCPX: RxDM's socket directory
 
+# --- Cloud Storage (read by storage.py; the Google libraries read their own) -------------------
 STORAGE_EMULATOR_HOST = "STORAGE_EMULATOR_HOST"  # gcsfs's emulator setting: gs:// goes to that server, anonymously
 GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT = "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"  # set to false under the emulator
 GOOGLE_APPLICATION_CREDENTIALS = "GOOGLE_APPLICATION_CREDENTIALS"  # ADC's key file (named in errors, never read by us)
