@@ -20,7 +20,13 @@ from collections.abc import Iterator
 from entrypoint import context, failures
 from entrypoint.cluster import envvars as ev
 from entrypoint.cluster import fabric
-from entrypoint.cluster.environments.settings import Handoff, read_settings, secret_values, secrets_in_args
+from entrypoint.cluster.environments.settings import (
+    Handoff,
+    job_lease_token,
+    read_settings,
+    secret_values,
+    secrets_in_args,
+)
 from entrypoint.errors import ConfigError, ExitCode
 from entrypoint.lifecycle import jobrecord, lease, rendezvous, shutdown, signals
 from entrypoint.outputs import checkpoints
@@ -83,7 +89,7 @@ def _records_outside_anothers(plan: Plan, ctx: failures.FailureContext) -> None:
     """A node of a job that does not hold its job dir (a refused duplicate's worker, failing while it waits for
     its chief; a displaced job's) records its failure in its temp dir: another job's lease is in the dir."""
     if ctx.job_dir is not None and ctx.job_dir != refused_records() and \
-            lease.held_by_another_job(plan.outputs.job_dir, job_key(plan), os.environ.get(ev.TRAINER_JOB_LEASE)):
+            lease.held_by_another_job(plan.outputs.job_dir, job_key(plan), job_lease_token()):
         ctx.job_dir = refused_records()
 
 
@@ -176,7 +182,7 @@ def run_process(plan: Plan, ctx: failures.FailureContext) -> int:
 
 def _still_held(plan: Plan, ctx: failures.FailureContext) -> None:
     """A training process's commit fence: the job dir's lease still carries its chief's token."""
-    token = os.environ.get(ev.TRAINER_JOB_LEASE)
+    token = job_lease_token()
     if not token:
         return
     holder = lease.held_by_another_job(plan.outputs.job_dir, job_key(plan), token)

@@ -136,6 +136,13 @@ def read_handoff(rank_variables: tuple[str, ...], environ: Mapping[str, str] | N
                    horovod_rendezvous=(host, int(port)) if host and port.isdigit() else None)
 
 
+def job_lease_token(environ: Mapping[str, str] | None = None) -> str | None:
+    """``TRAINER_JOB_LEASE``: the token of the lease this node's chief holds on the job dir (the training processes
+    fence their commits with it); None outside a job whose chief holds one."""
+    env = os.environ if environ is None else environ
+    return env.get(ev.TRAINER_JOB_LEASE) or None
+
+
 def storage_emulator(environ: Mapping[str, str] | None = None) -> str | None:
     """``STORAGE_EMULATOR_HOST``: the GCS server gs:// goes to, anonymously (gcsfs's emulator setting); None: GCS."""
     env = os.environ if environ is None else environ
