@@ -104,6 +104,9 @@ class NameAdvanceNotice(tf.keras.callbacks.Callback):
         super().__init__()
         self.replica = replica
         self.watcher = NoticeWatcher(metadata_host())
+        # it reads no logs: Keras need not fetch them for it, and ParameterServerStrategy, which refuses batch-level
+        # callbacks that would, accepts it
+        self._supports_tf_logs = True
 
     def _implements_train_batch_hooks(self) -> bool:
         return True
