@@ -172,7 +172,8 @@ def context_json(ctx: failures.FailureContext) -> dict[str, Any]:
 
 def context_of(data: dict[str, Any]) -> failures.FailureContext:
     """The watcher's ``FailureContext`` back from ``context_json``."""
-    return failures.FailureContext(**{**data, "before": frozenset(data.get("before", ()))})
+    return failures.FailureContext(**{**data, "before": frozenset(data.get("before", ())),
+                                      "private": tuple(data.get("private", ()))})
 
 
 def _watch_start(job: dict[str, Any]) -> int:
