@@ -276,7 +276,7 @@ class JobLease:
     def check(self) -> None:
         """Raise the error of a displaced job if another job holds the job dir now (read from the lease itself, not
         only what the last renewal saw)."""
-        if self.lost is None and self._version:
+        if self.lost is None and self._version and not _unreachable(self.path):
             current = Holder.read(self.path)
             if current is not None and current.token != self.me.token:
                 self.lost = current
@@ -288,15 +288,24 @@ class JobLease:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=RENEW)
-        if self.lost is None and self._version:
+        if self.lost is None and self._version and not _unreachable(self.path):
             with contextlib.suppress(OSError, StorageError):
                 conditional.remove_if(self.path, self._version)
+
+
+def _unreachable(path: Location) -> bool:
+    """The lease's store already failed this process (a job ending because its bucket went away): asking it again
+    would only add the client's retries, a minute or more, to the job's end; the lease then goes stale."""
+    return isinstance(path, storage.RemotePath) and path.unreachable()
 
 
 def held_by_another_job(job_dir: str, job: str | None, token: str | None) -> Holder | None:
     """The holder of ``job_dir`` when it is not this job's (another token than the chief's ``token``, where this
     process knows it; else another job identity than ``job``); None when the dir is this job's or nobody's."""
-    current = Holder.read(storage.path(local_path(job_dir)) / LEASE)
+    path = storage.path(local_path(job_dir)) / LEASE
+    if _unreachable(path):
+        return None  # unknown; the failure that found the store down is recorded off it anyway
+    current = Holder.read(path)
     if current is None:
         return None
     if token:
