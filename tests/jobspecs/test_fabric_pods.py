@@ -14,6 +14,7 @@ import yaml
 from entrypoint.cluster import fabric
 from tests.jobspecs.helpers import TORCH_IMAGE, job, kubeflow_model, one_line_error
 
+pytestmark = pytest.mark.jobs
 RUN = ["--", "--module", "m"]
 NVIDIA = [f"/dev/nvidia{i}" for i in range(8)] + ["/dev/nvidiactl", "/dev/nvidia-uvm"]
 

@@ -9,11 +9,13 @@ from pathlib import Path
 import pytest
 
 from entrypoint.errors import ConfigError
-from entrypoint.pytorch import hub_export, pretrained
-from entrypoint.pytorch.defaults import eval_step_from_loss
 
 torch = pytest.importorskip("torch")
 safetensors_torch = pytest.importorskip("safetensors.torch")
+
+from entrypoint.pytorch import hub_export, pretrained  # noqa: E402 (needs torch: skipped in the other tiers' venvs)
+from entrypoint.pytorch.defaults import eval_step_from_loss  # noqa: E402
+
 pytestmark = pytest.mark.pytorch
 nn = torch.nn
 
