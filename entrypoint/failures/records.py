@@ -24,7 +24,7 @@ from typing import Any
 
 from entrypoint import errors
 from entrypoint.errors import TrainerError, is_retryable
-from entrypoint.outputs import storage
+from entrypoint.outputs import checkpoints, storage
 from entrypoint.outputs.locations import local_path, missing_fuse_mount
 from entrypoint.outputs.storage import Location, StorageError
 
@@ -156,8 +156,12 @@ def store_record(job_dir: str, record: FailureRecord) -> Location | None:
     failed = ""
     places: tuple[tuple[Location, str], ...] = ((record_dir(job_dir), name),
                                                 (fallback_dir(), _job_mark(job_dir) + name))
-    for directory, name in places:
+    for index, (directory, name) in enumerate(places):
         try:
+            if index == 0:
+                # Not into a job dir another job took over: the lease's fence, as for a commit (a worker naming its
+                # lost peer after its chief stopped on the takeover would write into the other job's failures/).
+                checkpoints.fenced()
             if isinstance(directory, Path) and missing_fuse_mount(directory) is not None:
                 raise OSError(errno.ENOENT, "no Cloud Storage FUSE mount there")  # never create /gcs/... locally
             if isinstance(directory, storage.RemotePath) and directory.unreachable():

@@ -202,6 +202,10 @@ def run_worker(handed: Handoff) -> int:
         signals.die_with_parent(expected_parent=launcher)
         setup_logging(f"[{plan.placed.label()}] ")
         with checkpoints.fence(lambda: _still_held(plan, ctx)):
-            return run_process(plan, ctx)
+            try:
+                return run_process(plan, ctx)
+            except BaseException:
+                _records_outside_anothers(plan, ctx)  # a worker failing after its job was displaced: not there
+                raise
 
     return failures.guarded(body, ctx)
