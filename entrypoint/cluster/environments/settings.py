@@ -38,6 +38,10 @@ class PlatformSettings:
     fabric: str | None = None  # TRAINER_FABRIC: the default --fabric (checked by cluster/fabric.py)
     fabric_root: str = "/"  # TRAINER_FABRIC_ROOT (tests only): where the node's tree is for the fabric step
     fabric_applied: bool = False  # TRAINER_FABRIC_APPLIED: the entrypoint started again with the step applied
+    # Kubeflow Trainer's progress endpoint (its TrainJobStatus feature; outputs/kubeflow_progress.py posts to it):
+    kubeflow_server_url: str | None = None  # KUBEFLOW_TRAINER_SERVER_URL: where the TrainJob's progress is POSTed
+    kubeflow_server_ca_cert: str | None = None  # KUBEFLOW_TRAINER_SERVER_CA_CERT: the path of its CA certificate
+    kubeflow_server_token_file: str | None = None  # KUBEFLOW_TRAINER_SERVER_TOKEN: the path of its bearer token
     # The user's values of variables a framework sets defaults for (OMP_NUM_THREADS, HOROVOD_FUSION_THRESHOLD...):
     # each framework reads its own (``user_values``), and the user's value wins over its default.
     user_set: tuple[tuple[str, str], ...] = ()
@@ -48,8 +52,8 @@ class PlatformSettings:
 
 
 def read_settings(environ: Mapping[str, str] | None = None) -> PlatformSettings:
-    """Read TRAINER_*, AIP_*, CUDA_* and the socket interface choices (empty strings count as unset); a bad
-    restart count is a ConfigError."""
+    """Read TRAINER_*, AIP_*, CUDA_*, the socket interface choices and Kubeflow Trainer's progress endpoint (empty
+    strings count as unset); a bad restart count is a ConfigError."""
     env = os.environ if environ is None else environ
 
     def get(name: str) -> str | None:
@@ -75,6 +79,9 @@ def read_settings(environ: Mapping[str, str] | None = None) -> PlatformSettings:
         fabric=get(ev.TRAINER_FABRIC),
         fabric_root=get(ev.TRAINER_FABRIC_ROOT) or "/",
         fabric_applied=bool(get(ev.TRAINER_FABRIC_APPLIED)),
+        kubeflow_server_url=get(ev.KUBEFLOW_TRAINER_SERVER_URL),
+        kubeflow_server_ca_cert=get(ev.KUBEFLOW_TRAINER_SERVER_CA_CERT),
+        kubeflow_server_token_file=get(ev.KUBEFLOW_TRAINER_SERVER_TOKEN),
         user_set=tuple(sorted(user_overrides(ev.FRAMEWORK_DEFAULTED, env).items())),
     )
 
