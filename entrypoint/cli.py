@@ -30,8 +30,9 @@ from entrypoint.planning.runargs import (
     split_user_args,
 )
 
-COMMANDS = ("run", "describe", "doctor", "local", "job")
-USAGE = "usage: python -m entrypoint {run,describe,doctor,local,job} ...  (python -m entrypoint COMMAND --help)"
+COMMANDS = ("run", "describe", "doctor", "local", "job", "goodput")
+USAGE = ("usage: python -m entrypoint {run,describe,doctor,local,job,goodput} ...  "
+         "(python -m entrypoint COMMAND --help)")
 
 
 def build_plan(options: RunOptions) -> Plan:
@@ -72,6 +73,30 @@ def _doctor(argv: Sequence[str]) -> int:
     parser.add_argument("--json", action="store_true", help="one JSON object instead of lines")
     namespace = parser.parse_args(ours)
     return report(build_plan(options_from_namespace(namespace, user_args)), read_settings(), namespace.json)
+
+
+def _goodput(argv: Sequence[str]) -> int:
+    """``goodput JOB_DIR [--json] [--plot FILE]``: where the job's hours went, from its ledger (docs/goodput.md)."""
+    import argparse
+
+    from entrypoint.lifecycle.recorder import report_for
+
+    parser = argparse.ArgumentParser(prog="python -m entrypoint goodput",
+                                     description="where a job's hours went: goodput and badput from its ledger")
+    parser.add_argument("job_dir", help="the job dir (a local path or gs://...)")
+    parser.add_argument("--json", action="store_true", help="one JSON object instead of the report")
+    parser.add_argument("--plot", metavar="FILE", help="draw the job as a timeline into FILE (.svg or .png)")
+    args = parser.parse_args(argv)
+    report = report_for(args.job_dir)
+    if isinstance(report, str):  # no ledger: what its summary and checkpoints say
+        print(report)
+        return ExitCode.OK
+    if args.plot:
+        from entrypoint.outputs.goodput_plot import write_plot
+
+        write_plot(args.plot, report.timeline())
+    print(json.dumps(report.to_dict(), indent=2, sort_keys=True) if args.json else report.text())
+    return ExitCode.OK
 
 
 def _one_line_errors(command: Callable[[Sequence[str]], int], argv: Sequence[str]) -> int:
@@ -124,6 +149,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from entrypoint.local.emulator import main as local_main
 
         return _one_line_errors(local_main, rest)
+    if command == "goodput":
+        return _one_line_errors(_goodput, rest)
     if command == "job":
         from entrypoint.jobs.cli import main as job_main
 

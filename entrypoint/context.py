@@ -4,6 +4,7 @@
     if context.is_chief():
         model.save(context.model_dir())
     context.report_metric("accuracy", acc, step)
+    context.step_done(step)          # optional: the job's goodput counts the script's steps
     if context.preempted():          # SIGTERM arrived: save, then leave
         save_checkpoint(); sys.exit(143)
 
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from entrypoint.cluster.placement import Placement, place
 from entrypoint.cluster.topology import ClusterTopology
+from entrypoint.lifecycle import recorder
 from entrypoint.lifecycle.signals import StopRequest
 from entrypoint.outputs.hypertune import MetricReporter
 from entrypoint.outputs.locations import OutputDirs, local_path, resolve_outputs
@@ -131,3 +133,34 @@ def preempted() -> bool:
     """
     _stop.install()
     return _stop.requested
+
+
+@cache
+def _recorder() -> recorder.Recorder:
+    answers = _answers()
+    return recorder.for_training(answers.outputs.job_dir, answers.topology.replica_name, answers.placement.rank,
+                                 is_chief())
+
+
+def step_done(step: int) -> None:
+    """Training step ``step`` (the number of steps trained so far, counting earlier attempts') is done: the job
+    ledger counts the script's progress, so ``python -m entrypoint goodput`` can tell productive time from the
+    rest (docs/goodput.md). The chief's calls count; elsewhere a no-op. Cheap enough to call every step.
+
+    The first call of an attempt says where it resumed: ``step_done(k)`` first means steps up to ``k - 1`` were
+    kept, and any trained after them by an earlier attempt were lost.
+    """
+    rec = _recorder()
+    if not rec.on:
+        return
+    if rec.last_step < 0:  # this attempt's first report: it resumed after step - 1
+        rec.restored(max(int(step) - 1, 0))
+        rec.step_begin()
+    rec.step_end(int(step))
+    rec.step_begin()
+
+
+def finish(code: int) -> None:
+    """The script ended with ``code`` (the runner calls this): the ledger's records are written out."""
+    if _recorder.cache_info().currsize:
+        _recorder().close("finished" if code == 0 else "failed")

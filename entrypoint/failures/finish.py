@@ -47,6 +47,8 @@ class FailureContext:
     # recovered from. This process's own replica counts as started when it did.
     starts: Mapping[str, float] = field(default_factory=dict)
     private: tuple[str, ...] = ()  # directories of records only this job writes (``local``: its replicas' temp dirs)
+    # The job ledger's end of this node's attempt (``lifecycle/recorder.py``): (exit code, class, last line).
+    on_end: Callable[[int, str | None, str | None], None] | None = None
 
 
 def job_records(ctx: FailureContext) -> list[FailureRecord]:
@@ -112,6 +114,8 @@ def finish(ctx: FailureContext, own: FailureRecord, *, stored: bool = True, blam
     if ctx.top_level and ctx.termination_log:
         with contextlib.suppress(OSError), open("/dev/termination-log", "w") as f:
             f.write(line + "\n")
+    if ctx.top_level and ctx.on_end is not None:
+        ctx.on_end(cause.exit_code, cause.failure_class, line)
     return cause.exit_code if ctx.top_level else own.exit_code
 
 

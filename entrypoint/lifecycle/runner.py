@@ -29,6 +29,7 @@ from entrypoint.cluster.environments.settings import (
 )
 from entrypoint.errors import ConfigError, ExitCode
 from entrypoint.lifecycle import jobrecord, lease, rendezvous, shutdown, signals
+from entrypoint.lifecycle.recorder import NodeRecorder
 from entrypoint.outputs import checkpoints
 from entrypoint.outputs.locations import ensure_writable, how_written
 from entrypoint.planning import handoff, registry
@@ -61,6 +62,7 @@ def run_node(plan: Plan, ctx: failures.FailureContext) -> int:
     """Run this node's part of the job; a non-zero exit names the job's root cause on the last line."""
     user_code = plan.require_code()
     prepare_fabric(plan)
+    node: NodeRecorder | None = None
     out = plan.outputs
     log.info("outputs: job dir %s; model %s; checkpoints %s; tensorboard %s", how_written(out.job_dir),
              how_written(out.model_dir), how_written(out.checkpoint_dir), how_written(out.tensorboard_dir))
@@ -70,6 +72,7 @@ def run_node(plan: Plan, ctx: failures.FailureContext) -> int:
         with holding_job_dir(plan, ctx) as record:
             with signals.stop_at_once("meeting the other replicas at the start-up barrier"):
                 rendezvous.meet_peers(plan)
+            node = start_ledger(plan, ctx)  # past the lease and the barrier: a refused duplicate writes nothing
             os.environ.update(plan.emitted_env())  # what user code and children expect (TF_CONFIG, AIP_*, MASTER_*)
             with handoff.plan_file(plan) as handed:
                 os.environ.update(handed)
@@ -80,9 +83,26 @@ def run_node(plan: Plan, ctx: failures.FailureContext) -> int:
         _records_outside_anothers(plan, ctx)
         raise
     if code == ExitCode.OK:
+        if node is not None:
+            node.end(ExitCode.OK)
         return ExitCode.OK
     _records_outside_anothers(plan, ctx)
     return failures.finish_node(ctx, code)
+
+
+def start_ledger(plan: Plan, ctx: failures.FailureContext) -> NodeRecorder | None:
+    """This node's attempt in the job ledger (docs/goodput.md): its start now, its end when ``failures.finish``
+    or ``run_node`` ends it; its training processes write under the same attempt (``TRAINER_ATTEMPT``)."""
+    if ctx.job_dir is None or ctx.job_dir == refused_records():
+        return None
+    topo = plan.topology
+    node = NodeRecorder(plan.outputs.job_dir, topo.replica_name, topo.is_chief_node,
+                        {"job": job_key(plan), "role": topo.role, "framework": plan.framework,
+                         "code": plan.require_code().kind, "processes": plan.nproc_per_node,
+                         "restart_count": plan.restart_count})
+    os.environ[ev.TRAINER_ATTEMPT] = node.attempt
+    ctx.on_end = node.end
+    return node
 
 
 def _records_outside_anothers(plan: Plan, ctx: failures.FailureContext) -> None:
@@ -171,7 +191,12 @@ def run_process(plan: Plan, ctx: failures.FailureContext) -> int:
     """Run one training process of ``plan`` (already placed at its local rank) in this process."""
     context.bind(plan)  # what a script's ``entrypoint.context`` calls answer from
     describe_failures(ctx, plan)
-    code = registry.get(plan.framework).load_worker()(plan, ctx)
+    try:
+        code = registry.get(plan.framework).load_worker()(plan, ctx)
+    except BaseException:
+        context.finish(1)
+        raise
+    context.finish(code)
     if code != ExitCode.OK:  # the user's script exited non-zero: recorded like any other failure
         own = failures.write_record(ctx, failures.exit_failure(code, f"the user's {plan.require_code().kind} "
                                                                      f"exited with {code}"))

@@ -43,7 +43,8 @@ from entrypoint.lifecycle.runner import REFUSED
 from entrypoint.lifecycle.supervisor import Outcome, Replica, Supervisor
 from entrypoint.local.pools import Pool, cluster_specs, vertex_pools, vertex_tf_config
 from entrypoint.options import DEFAULT_GRACE_PERIOD
-from entrypoint.outputs import storage
+from entrypoint.outputs import goodput, storage
+from entrypoint.lifecycle.recorder import PlatformRecorder
 from entrypoint.planning.runargs import parse_options, split_user_args
 
 COMMANDS = ("run", "describe")
@@ -238,6 +239,7 @@ def run_cluster(pools: Sequence[Pool], output_dir: str, trial: str | None = None
     # Records already there are an earlier run's, even one written a moment ago (read_records allows clock skew).
     ctx = failures.FailureContext(replica="local", job_dir=job_dir, started=time.time(),
                                   before=record_names(job_dir))
+    platform = PlatformRecorder(job_dir)  # the job ledger's submission and end, as the platform sees them
     disks = Disks(Path.cwd())
     signals.adopt_orphans()  # what a replica's user code leaves behind is ended with the job, as in a container
     names = ", ".join(r.name for r in replicas)
@@ -252,9 +254,18 @@ def run_cluster(pools: Sequence[Pool], output_dir: str, trial: str | None = None
                                  on_failure=_record_exit(ctx), secrets=secrets).run()
         finally:
             signals.end_adopted(r.proc.pid for r in replicas if r.proc is not None)
+        platform.ended(outcome.code)
         return _report(outcome, replicas, output_dir, ctx)
     finally:
         disks.remove()  # after the report: it reads the records the replicas' disks hold
+
+
+def _goodput_line(job_dir: str) -> str:
+    """The job's goodput from its ledger (``python -m entrypoint goodput JOB_DIR`` tells the rest)."""
+    try:
+        return f"{goodput.of_job(job_dir).line()} (python -m entrypoint goodput {job_dir})"
+    except Exception as exc:
+        return f"goodput unknown: the job ledger could not be read ({type(exc).__name__}: {exc})"
 
 
 def _report(outcome: Outcome, replicas: list[Replica], output_dir: str, ctx: failures.FailureContext) -> int:
@@ -267,6 +278,8 @@ def _report(outcome: Outcome, replicas: list[Replica], output_dir: str, ctx: fai
     print(f"[local] model:       {chief[ev.AIP_MODEL_DIR]}\n[local] checkpoints: {chief[ev.AIP_CHECKPOINT_DIR]}\n"
           f"[local] tensorboard: {chief[ev.AIP_TENSORBOARD_LOG_DIR]}\n"
           f"[local] hypertune:    {', '.join(map(str, metrics)) or 'none reported'}", flush=True)
+    if ctx.job_dir is not None:
+        print(f"[local] {_goodput_line(ctx.job_dir)}", flush=True)
     if outcome.code == ExitCode.OK:
         return ExitCode.OK
     # The root cause among the records of the job's latest attempt: a failure of a replica restarted since is one

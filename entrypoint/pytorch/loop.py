@@ -118,6 +118,7 @@ class Trainer:
             state, batches, eval_set = self._build()
             start_step, start_epoch = self._resume(state)
             planned = self._planned_steps(state, batches)
+            self.resilience.record.total = planned
             self._announce(batches.steps_per_epoch)
             progress = Progress(planned, self.batch_size * self.ctx.world_size, start_step=state.step)
             started = time.time()
@@ -197,8 +198,11 @@ class Trainer:
         check_placement(self.plan.placed, self.comm)  # the group exists: its ranks must be the plan's
         if joined is None:  # the group's first generation: every member starts here, from the newest checkpoint
             self.resilience.starting("resuming from the newest checkpoint")
-            if not self.checkpoints.resume(state) and self.options.init_from:  # the job's own checkpoints win
+            with self.resilience.phase("restore"):
+                resumed = self.checkpoints.resume(state)
+            if not resumed and self.options.init_from:  # the job's own checkpoints win
                 self._init_from(state)
+            self.resilience.restored(state.step)
             self.digests["init"] = self.comm.gather_object(self._digest(state.model))
             self.resilience.started()
         else:  # a replacement: it does what the survivors do next, no more (collectives must pair up)
@@ -266,11 +270,13 @@ class Trainer:
         if state.scheduler is not None:
             state.scheduler.step()
         guard.doing("evaluating")
-        state.metrics = evaluate(state.model, eval_set, self._eval_step(), ctx,
-                                 self.comm, self.batch_size, self._workers(), self._autocast,
-                                 lockstep=self.parallel is not None and self.parallel.sharded)
+        with guard.phase("evaluation"):
+            state.metrics = evaluate(state.model, eval_set, self._eval_step(), ctx,
+                                     self.comm, self.batch_size, self._workers(), self._autocast,
+                                     lockstep=self.parallel is not None and self.parallel.sharded)
         for key, value in state.metrics.items():
             state.history.setdefault(key, []).append(value)
+        self.resilience.record.metrics = dict(state.metrics)
         state.epoch, state.batch, state.sample = epoch + 1, 0, 0
         if ctx.is_chief:
             log.info("epoch %d/%d eval %s", epoch + 1, self.epochs,
@@ -381,6 +387,7 @@ class Trainer:
             checkpoint_blocked_seconds=round(self.io.blocked_seconds, 3),
             checkpoint_write_seconds=round(self.io.write_seconds, 3), trial=ctx.trial,
             hypertune_file=self.reporter.path, ranks=ranks, param_digests=digests, recoveries=state.recoveries,
+            goodput=self.resilience.goodput_so_far(),
             load_with=LOAD_HUB if self.hub else LOAD_SHARDED if choice and choice.sharded else LOAD_REPLICATED,
             details={"init_param_digests": self.digests["init"], "start_param_digests": self.digests["start"],
                      "strategy_reason": choice.reason if choice else self.plan.reason,

@@ -28,11 +28,11 @@ from typing import Any
 
 from entrypoint import errors, failures
 from entrypoint.errors import NonFiniteLoss, PeerError, StopRequested
-from entrypoint.lifecycle import peers
+from entrypoint.lifecycle import peers, recorder
 from entrypoint.lifecycle.signals import StopRequest
 from entrypoint.lifecycle.waiting import LOG_EVERY, Wait
 from entrypoint.lifecycle.watchdog import HangWatchdog
-from entrypoint.outputs import checkpoints
+from entrypoint.outputs import checkpoints, goodput
 from entrypoint.planning.plan import Plan
 from entrypoint.pytorch.collectives import Collectives
 from entrypoint.pytorch.defaults import HookContext
@@ -52,6 +52,8 @@ class Resilience:
     def __init__(self, plan: Plan, comm: Collectives, ctx: HookContext, checkpoints: LoopCheckpoints,
                  failure_context: failures.FailureContext, inplace: InPlace | None) -> None:
         self.plan, self.comm, self.ctx, self.saver = plan, comm, ctx, checkpoints
+        # The job ledger (the chief's; a no-op elsewhere): phases, steps, saves, restores, recoveries (goodput).
+        self.record = recorder.for_training(plan.outputs.job_dir, plan.topology.replica_name, ctx.rank, ctx.is_chief)
         self.failure_context, self.inplace = failure_context, inplace
         self.request = StopRequest()
         self.vote = StepVote(comm, self.request, ctx.device)
@@ -71,9 +73,12 @@ class Resilience:
         self.watchdog.phase = "starting the training loop"
         self.watchdog.start()
         self.notice.start()
+        self.record.enter("preparation")
         try:
             yield self
+            self.record.close("finished")
         except BaseException as exc:
+            self.record.close("stopped" if isinstance(exc, StopRequested) else "failed")
             named = self._name_the_lost(exc)
             if named is not exc:
                 raise named from None
@@ -159,10 +164,12 @@ class Resilience:
         self.watchdog.phase = "in the first training step (first imports, compilation)" if self.watchdog.starting_up \
             else "in a training step"
         self._step_started = time.monotonic()
+        self.record.step_begin()
 
     def after_step(self, state: TrainState, loss: Any) -> None:
         """A step ended (``loss`` None: its finiteness was agreed on already): beat, vote, stop or fail as agreed.
         The first one ends the start-up: ``--hang-timeout`` holds from here on."""
+        self.record.step_end(state.step)
         self.watchdog.trained(state.step, "waiting for the next batch")
         self.saver.io.check()
         self._act(state, self.vote.poll(state.step, loss, self.notice.for_vote()))
@@ -178,7 +185,7 @@ class Resilience:
         if self._noticed_at == (state.step, state.epoch):
             return  # an advance notice committed this very state already
         self.watchdog.phase = "checkpointing"
-        self.saver.save(state)
+        self._save(state)
         self.notice.saved(state.step)
 
     def finishing(self, state: TrainState) -> None:
@@ -186,9 +193,11 @@ class Resilience:
         verdict = self.vote.drain()
         if verdict is not None and verdict.nonfinite:
             self._fail_nonfinite(state, verdict)
-        self.saver.io.wait()
+        with self.record.phase("checkpoint"):
+            self.saver.io.wait()
         self.watchdog.end_startup()  # nothing was left to train (a rerun at the final checkpoint)
         self.watchdog.phase = "exporting the model (chief) and waiting for it (the others)"
+        self.record.enter("export")
 
     def _act(self, state: TrainState, verdict: StepVerdict | None) -> None:
         if verdict is not None and verdict.nonfinite:
@@ -206,9 +215,8 @@ class Resilience:
             return  # a notice heard on another node in the vote just settled committed it
         self.watchdog.phase = "checkpointing on the platform's advance notice"
         self._noticed_at = (state.step, state.epoch)
-        self.saver.save(state)
+        self._save(state, wait=True)
         self.notice.saved(state.step)
-        self.saver.io.wait()
         if self.ctx.is_chief:
             log.info("%s", self.notice.committed(verdict, state.step))
 
@@ -221,12 +229,35 @@ class Resilience:
         if verdict is not None and verdict.nonfinite:
             self._fail_nonfinite(state, verdict)
         if state.saved_step != state.step:
-            self.saver.save(state)
-        self.saver.io.wait()
+            self._save(state, wait=True)
+        else:
+            self.saver.io.wait()
         path = checkpoints.checkpoint_path(self.ctx.checkpoint_dir, state.step)
         if self.ctx.is_chief:
             log.info("stopped by %s at step %d: checkpoint %s committed", name, state.step, path)
         raise StopRequested(signum, f"stopped by {name} at step {state.step}; the restart resumes from {path}")
+
+    def _save(self, state: TrainState, wait: bool = False) -> None:
+        """Save ``state`` (the chief commits it): the time the training is blocked is the ledger's ``checkpoint``."""
+        with self.record.phase("checkpoint", step=state.step):
+            self.saver.save(state)
+            if wait:
+                self.saver.io.wait()
+        self.record.committed(state.step)
+
+    def phase(self, name: str) -> contextlib.AbstractContextManager[None]:
+        """A phase of the job ledger (``evaluation``) around the loop's block."""
+        return self.record.phase(name)
+
+    def goodput_so_far(self) -> dict[str, Any]:
+        """The job's goodput so far, this attempt's steps included (the training summary's ``goodput``)."""
+        self.record.flush()
+        return goodput.so_far(self.plan.outputs.job_dir)
+
+    def restored(self, step: int) -> None:
+        """The training goes on after ``step`` (what the newest checkpoint held; 0 for a fresh start)."""
+        self.record.restored(step)
+        self.record.enter("preparation")
 
     def _fail_nonfinite(self, state: TrainState, verdict: StepVerdict) -> None:
         """Every rank saw the same non-finite step: keep what is committed (all finite), export nothing, fail."""
@@ -258,6 +289,7 @@ class Resilience:
             return False
         in_flight = time.monotonic() - self._step_started
         lost = [s.member.replica for s in self.board.silent()] if self.board is not None else []
+        self.record.enter("recovery", t=self.record.last_step_end)  # from the last good step to training again
         self.watchdog.phase = "re-forming the group after losing a peer"
         self.vote = StepVote(self.comm, self.request, self.ctx.device)
         self.inplace.recover(state, in_flight, lost)

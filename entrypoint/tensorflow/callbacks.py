@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from entrypoint.errors import NonFiniteLoss
 from entrypoint.lifecycle import lost_work
+from entrypoint.lifecycle.recorder import Recorder
 from entrypoint.lifecycle.watchdog import HangWatchdog
 from entrypoint.outputs.checkpoints import checkpoint_path
 from entrypoint.outputs.hypertune import MetricReporter
@@ -54,6 +55,7 @@ class CommitCheckpoints(tf.keras.callbacks.Callback):
         self.recoveries: list[dict[str, Any]] = list(resumed.recoveries) if resumed else []
         self.backup_seconds = 0.0  # mirroring BackupAndRestore's backups to the store (synchronous, like a save)
         self.history: dict[str, list[float]] = {k: list(v) for k, v in (history or {}).items()}
+        self.record = Recorder.off()  # the chief's job ledger (``ProgressAndSteps`` shares it)
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         """What this resume cost, once BackupAndRestore (an earlier callback) has restored: it resumes from its
@@ -86,7 +88,9 @@ class CommitCheckpoints(tf.keras.callbacks.Callback):
         meta = {"epoch": epochs_done, "step": step, "framework": "tensorflow", "strategy": self.strategy,
                 "reached_at": time.time(), "recoveries": self.recoveries, "history": self.history, **extra}
         path = self.path(step)
-        self.writer.save(path, self.model, meta)
+        with self.record.phase("checkpoint", step=step):
+            self.writer.save(path, self.model, meta)
+        self.record.committed(step)
         return path
 
     def path(self, step: int) -> Location:
@@ -160,8 +164,9 @@ class ProgressAndSteps(tf.keras.callbacks.Callback):
     """Count this replica's batches and beat the hang watchdog; the chief prints progress every ``log_every`` steps."""
 
     def __init__(self, epochs: int, global_batch_size: int, replicas: int, log_every: int, verbose: bool,
-                 watchdog: HangWatchdog | None = None) -> None:
+                 watchdog: HangWatchdog | None = None, record: Recorder | None = None) -> None:
         super().__init__()
+        self.record = record or Recorder.off()  # the chief's job ledger: steps, evaluations
         self.epochs, self.global_batch_size, self.replicas, self.log_every, self.verbose = (
             epochs, global_batch_size, replicas, log_every, verbose)
         self.watchdog = watchdog
@@ -175,8 +180,11 @@ class ProgressAndSteps(tf.keras.callbacks.Callback):
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         """Record where training starts (after BackupAndRestore has restored, which runs first)."""
         self.start_step = global_step(self.model)
+        self.record.restored(self.start_step)
+        self.record.enter("preparation")
         per_epoch = self.params.get("steps") or 0
         self._progress = Progress(per_epoch * self.epochs, self.global_batch_size, self.start_step)
+        self.record.total = self.expected_steps
         if self.watchdog is not None:  # the first step is part of the start-up: Keras traces and compiles it
             self.watchdog.start().beat(self.start_step, "in the first training step (Keras traces and compiles it)")
 
@@ -192,10 +200,20 @@ class ProgressAndSteps(tf.keras.callbacks.Callback):
         if self.first_epoch is None:
             self.first_epoch = epoch
 
+    def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        self.record.step_begin()
+
+    def on_test_begin(self, logs: dict[str, Any] | None = None) -> None:
+        self.record.enter("evaluation")
+
+    def on_test_end(self, logs: dict[str, Any] | None = None) -> None:
+        self.record.leave()
+
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         """Count the batch and beat the watchdog; print a progress line on the chief every ``log_every`` steps."""
         self.batches += 1
         step = self.start_step + self.batches
+        self.record.step_end(step)
         if self.watchdog is not None:  # the first one ends the start-up: --hang-timeout holds from here on
             self.watchdog.trained(step, "between steps (validating, checkpointing or waiting for the next batch)")
         if self.verbose and self._progress is not None and self.batches % self.log_every == 0:
@@ -205,6 +223,8 @@ class ProgressAndSteps(tf.keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         """Validation is over: beat the watchdog before the epoch's checkpoints."""
+        if self.record.on:
+            self.record.metrics = {k: to_float(v) for k, v in (logs or {}).items() if k.startswith("val_")}
         if self.watchdog is not None:
             self.watchdog.beat(self.start_step + self.batches, "checkpointing at the end of an epoch")
 

@@ -10,11 +10,13 @@ from types import ModuleType
 from typing import Any
 
 from entrypoint import failures
-from entrypoint.errors import ConfigError, ExitCode
-from entrypoint.lifecycle import lost_work
+from entrypoint.errors import ConfigError, ExitCode, StopRequested
+from entrypoint.lifecycle import lost_work, recorder
 from entrypoint.lifecycle.listening import ServerWatch
+from entrypoint.lifecycle.recorder import Recorder
 from entrypoint.lifecycle.signals import StopRequest
 from entrypoint.lifecycle.watchdog import HangWatchdog
+from entrypoint.outputs import goodput
 from entrypoint.outputs.checkpoints import Retention, load_newest, read_marker
 from entrypoint.outputs.hypertune import MetricReporter
 from entrypoint.outputs.locations import ensure_writable
@@ -104,7 +106,7 @@ def gather_steps(strategy: Any, batches: int) -> list[int]:
 def make_callbacks(plan: Plan, ctx: TFContext, reporter: MetricReporter, metric: str | None,
                    request: StopRequest | None, watchdog: HangWatchdog, writer: KerasCheckpointIO,
                    resumed: lost_work.ResumePoint | None, history: dict[str, list[float]],
-                   staging: Staging) -> tuple[list[Any], Any, Any]:
+                   staging: Staging, record: Recorder | None = None) -> tuple[list[Any], Any, Any]:
     """Backup, restore and save-before-preemption first (it restores before the others look), then ours."""
     import tensorflow as tf
 
@@ -119,8 +121,9 @@ def make_callbacks(plan: Plan, ctx: TFContext, reporter: MetricReporter, metric:
 
     options, ckpt = plan.options, Path(ctx.checkpoint_dir)
     progress = ProgressAndSteps(ctx.epochs, ctx.global_batch_size, ctx.num_replicas_in_sync, options.log_every,
-                                ctx.is_chief, watchdog)
+                                ctx.is_chief, watchdog, record)
     commit = CommitCheckpoints(writer, plan.strategy, resumed, plan.outputs.job_dir, history)
+    commit.record = progress.record
     callbacks: list[Any] = [
         FailOnNonFiniteLoss(),
         SaveBeforePreemption(str(ckpt / BACKUP_DIR), options.checkpoint_every or "epoch", request, commit, staging),
@@ -155,22 +158,29 @@ def train(plan: Plan, module: ModuleType, failure_context: failures.FailureConte
     watchdog.start()
     # ParameterServerStrategy: the chief watches its servers; a lost one is why training failed (retryable).
     servers = plan.topology.training_peers(include_servers=True)[1:] if is_parameter_server(strategy) else ()
+    # The chief's job ledger (docs/goodput.md): phases, steps, saves and the restore.
+    record = recorder.for_training(plan.outputs.job_dir, plan.topology.replica_name, 0, plan.topology.is_chief_node)
     try:
         with Staging(plan.outputs) as staging, stop_signals(strategy) as request, ServerWatch(servers) as watch:
             try:
-                return _train(plan, module, args, strategy, request, watchdog, staging)
-            except Exception as exc:
-                watch.blame(exc)
+                code = _train(plan, module, args, strategy, request, watchdog, staging, record)
+                record.close("finished")
+                return code
+            except BaseException as exc:
+                record.close("stopped" if isinstance(exc, StopRequested) else "failed")
+                if isinstance(exc, Exception):
+                    watch.blame(exc)
                 raise
     finally:
         watchdog.stop()
 
 
 def _train(plan: Plan, module: ModuleType, args: argparse.Namespace, strategy: Any, request: StopRequest | None,
-           watchdog: HangWatchdog, staging: Staging) -> int:
+           watchdog: HangWatchdog, staging: Staging, record: Recorder) -> int:
     from entrypoint.tensorflow.preemption import BACKUP_DIR, restore_backup
 
     started, options, out = time.time(), plan.options, plan.outputs
+    record.enter("preparation")
     watchdog.phase = "preparing the training context"
     ctx = make_context(plan, module, strategy, staging)
     if staging.any_staged:
@@ -186,17 +196,20 @@ def _train(plan: Plan, module: ModuleType, args: argparse.Namespace, strategy: A
     inputs = fit_inputs(module, args, ctx)
     writer = KerasCheckpointIO(Path(ctx.checkpoint_dir), ctx.is_chief, Retention(options.keep_checkpoints), staging)
     watchdog.phase = "restoring the newest checkpoint"
-    initial_epoch, resumed, history = resume(model, plan, writer, staging)
-    restore_backup(Path(ctx.checkpoint_dir) / BACKUP_DIR, staging)  # BackupAndRestore reads the chief's copy
+    with record.phase("restore"):
+        initial_epoch, resumed, history = resume(model, plan, writer, staging)
+        restore_backup(Path(ctx.checkpoint_dir) / BACKUP_DIR, staging)  # BackupAndRestore reads the chief's copy
+    record.enter("preparation")
     metric = options.hypertune_metric or getattr(module, "HYPERTUNE_METRIC", None)
     reporter = MetricReporter(ctx.is_chief, ctx.trial)
     callbacks, progress, commit = make_callbacks(plan, ctx, reporter, metric, request, watchdog, writer, resumed,
-                                                 history, staging)
+                                                 history, staging, record)
     log.info("training %d epoch(s), global batch %d (%d per replica x %d)", ctx.epochs, ctx.global_batch_size,
              ctx.per_replica_batch_size, ctx.num_replicas_in_sync)
     watchdog.phase = "starting Keras' fit (its callbacks restore the backup)"
     model.fit(**inputs, epochs=ctx.epochs, initial_epoch=initial_epoch, callbacks=callbacks, verbose=0)
     steps = gather_steps(strategy, progress.batches)
+    record.enter("export")
     export_model(model, Path(ctx.model_dir), ctx.is_chief)
     if ctx.is_chief:
         staging.publish("model", last=(SAVED_MODEL,))  # gs:// without the mount: saved_model.pb last
@@ -207,6 +220,8 @@ def _train(plan: Plan, module: ModuleType, args: argparse.Namespace, strategy: A
         # Saves and uploads are synchronous: training waited for all of it (the writer's two totals are equal).
         summary.checkpoint_blocked_seconds = round(writer.blocked_seconds + commit.backup_seconds, 3)
         summary.checkpoint_write_seconds = round(writer.write_seconds + commit.backup_seconds, 3)
+        record.flush()
+        summary.goodput = goodput.so_far(out.job_dir)
         write_summary(staging.target("model"), summary)
         announce_done(staging.target("checkpoints"))
         log.info("exported the model to %s", staging.target("model"))

@@ -150,6 +150,20 @@ def job_lease_token(environ: Mapping[str, str] | None = None) -> str | None:
     return env.get(ev.TRAINER_JOB_LEASE) or None
 
 
+def ledger_attempt(environ: Mapping[str, str] | None = None) -> str | None:
+    """``TRAINER_ATTEMPT``: the attempt (of this node) the job ledger files this process's records under; set by
+    the node's ``run`` for its training processes (docs/goodput.md)."""
+    env = os.environ if environ is None else environ
+    return env.get(ev.TRAINER_ATTEMPT) or None
+
+
+def goodput_job_name(environ: Mapping[str, str] | None = None) -> str | None:
+    """``TRAINER_GOODPUT_JOB_NAME``: when set, the chief also prints ml-goodput-measurement's entries (job start and
+    end, each step's start) under this job name, as Cloud Logging structured lines (docs/goodput.md)."""
+    env = os.environ if environ is None else environ
+    return env.get(ev.TRAINER_GOODPUT_JOB_NAME) or None
+
+
 def storage_emulator(environ: Mapping[str, str] | None = None) -> str | None:
     """``STORAGE_EMULATOR_HOST``: the GCS server gs:// goes to, anonymously (gcsfs's emulator setting); None: GCS."""
     env = os.environ if environ is None else environ
