@@ -44,10 +44,10 @@ def process_start_time(pid: int | None = None) -> float:
     try:
         with open(f"/proc/{pid or os.getpid()}/stat", "rb") as stat:
             ticks = int(stat.read().rsplit(b")", 1)[1].split()[19])
-        with open("/proc/stat", "rb") as machine:
-            boot = next(int(line.split()[1]) for line in machine if line.startswith(b"btime "))
-        return boot + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
+        with open("/proc/uptime", "rb") as uptime:  # /proc/stat's btime is whole seconds: off by up to one
+            boot = time.time() - float(uptime.read().split()[0])
+        return min(boot + ticks / os.sysconf("SC_CLK_TCK"), time.time())
+    except (OSError, ValueError, IndexError):
         return time.time()
 
 

@@ -1,0 +1,75 @@
+"""The job ledger and ``goodput`` on a real job (docs/goodput.md): a ``local --workers 3`` PyTorch hooks job that
+loses a worker in place, is preempted, is rerun, loses a worker under ``--recovery restart`` and finishes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.runs import Job, entrypoint, failure_text, replica_group, summary
+
+pytest.importorskip("torch")  # collected in every venv; these run where torch is
+pytestmark = [pytest.mark.pytorch, pytest.mark.slow]
+RUN = ["--module", "tests.pytorch.faults", "--log-every", "1", "--checkpoint-every", "5", "--timeout", "120",
+       "--epochs", "4"]
+
+
+def local_args(output: Path, *run: str) -> list[str]:
+    return ["local", "--workers", "3", "--output-dir", str(output), "--", "run", "--framework", "pytorch", *RUN, *run]
+
+
+def goodput(job_dir: Path, *args: str) -> dict:
+    proc = entrypoint("goodput", str(job_dir), "--json", *args, timeout=120)
+    assert proc.returncode == 0, failure_text(proc)
+    return json.loads(proc.stdout)
+
+
+def test_every_second_of_a_disrupted_job_is_accounted_for(tmp_path: Path) -> None:
+    out = tmp_path / "job"
+    started = time.time()
+    first = Job(*local_args(out, "--", "--step-sleep", "0.1"))
+    try:
+        first.wait_for_step(6)
+        os.killpg(replica_group(first, "workerpool1-1"), signal.SIGKILL)  # survivors keep training (in place)
+        first.wait_for(r"\[workerpool0-0\] .*group re-formed with 3 replicas at step \d+")
+        first.wait_for_step(first.last_step() + 4)
+        first.send(signal.SIGTERM)  # preempted: the chief commits the step every rank agreed on
+        assert first.wait(300) == 143, first.output()[-4000:]
+    finally:
+        first.cleanup()
+    during = goodput(out)  # a job between its attempts: what it has so far, not provisional (nothing holds it)
+    assert not during["provisional"] and during["disruptions"].get("preempted") == 1
+
+    second = Job(*local_args(out, "--recovery", "restart", "--", "--step-sleep", "0.1"))
+    try:
+        resumed = int(second.wait_for(r"\[workerpool0-0\] .*resumed .*step (\d+)").group(1))
+        step = second.wait_for_step(resumed + 7)
+        while step % 5 in (0, 4):  # a few steps past a commit, so some are lost
+            step = second.wait_for_step(step + 1)
+        os.killpg(replica_group(second, "workerpool1-1"), signal.SIGKILL)  # the job restarts from its checkpoint
+        assert second.wait(600) == 0, second.output()[-4000:]
+    finally:
+        second.cleanup()
+    measured = time.time() - started
+    assert "[local] goodput " in second.output()
+
+    report = goodput(out, "--plot", str(tmp_path / "goodput.svg"))
+    buckets = report["buckets"]
+    assert abs(sum(buckets.values()) - report["wall_seconds"]) < 0.01
+    assert abs(report["wall_seconds"] - measured) <= 0.01 * measured, (report["wall_seconds"], measured)
+    result = summary(out / "model")
+    restarts = [r for r in result["recoveries"] if r["how"] == "restart" and r["cause"] != "preempted"]
+    assert restarts and all(r["lost_steps"] > 0 for r in restarts), result["recoveries"]
+    assert report["steps"]["lost"] == sum(r["lost_steps"] for r in restarts), (report["steps"], result["recoveries"])
+    assert report["steps"]["productive"] == report["steps"]["final"] == result["final_step"]
+    assert buckets["wasted_progress"] > 0 and buckets["infrastructure_recovery"] > 0 and buckets["scheduling"] > 0
+    assert report["disruptions"]["preempted"] == 1 and report["disruptions"]["peer_lost (recovered in place)"] == 1
+    assert report["disruption_count"] == 3 and report["job_attempts"] == 3, report["disruptions"]
+    assert not report["provisional"] and report["goodput_percent"] > 0
+    assert result["goodput"]["line"].startswith("goodput ")  # the summary carries the job's goodput so far
+    assert (tmp_path / "goodput.svg").read_text().startswith("<svg")
