@@ -147,7 +147,8 @@ class Recorder:
         """Write the segment, ending now (or, after a failure, where its last whole step ended)."""
         if self._seg_t0 is None or self.ledger is None:
             return
-        end = self._idle_since if at_last_step and self._idle_since is not None else now
+        last = self.last_step_end
+        end = last if at_last_step and last is not None and last >= self._seg_t0 else now
         if self._seg_steps:
             fields: dict[str, Any] = {"first": self._seg_first, "last": self._seg_last, "steps": self._seg_steps,
                                       "step_seconds": round(self._seg_step_seconds, 4),
@@ -248,8 +249,18 @@ def for_training(job_dir: str | None, replica: str, rank: int | None, chief: boo
     attempt = ledger_attempt()
     if attempt is None:  # trained outside ``run`` (a test calling the loop): an attempt of its own
         attempt = attempt_id(replica, process_start_time())
-    return Recorder(Ledger(job_dir, attempt, replica, rank if rank is not None else 0),
-                    KubeflowProgress.from_settings(), step_entries=goodput_job_name())
+    record = Recorder(Ledger(job_dir, attempt, replica, rank if rank is not None else 0),
+                      KubeflowProgress.from_settings(), step_entries=goodput_job_name())
+    if record.step_entries:  # ml-goodput-measurement's job start: when this attempt's node process started
+        record.job_started(_attempt_started(attempt))
+    return record
+
+
+def _attempt_started(attempt: str) -> float:
+    """When the node process of ``attempt`` (``replica@host:pid:stamp``, ``attempt_id``) started (this process's
+    start for an id without a pid; now when that process cannot be read)."""
+    pid = attempt.rsplit(":", 2)[-2] if attempt.count(":") >= 2 else ""
+    return process_start_time(int(pid)) if pid.isdigit() else process_start_time()
 
 
 def report_for(job_dir: str) -> Report | str:

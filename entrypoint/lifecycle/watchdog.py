@@ -165,9 +165,10 @@ def start_deadline(seconds: float, ctx: failures.FailureContext, failure: failur
 
 
 def context_json(ctx: failures.FailureContext) -> dict[str, Any]:
-    """``ctx`` as JSON values for the watcher process (its secrets and outputs stay here)."""
-    return {k: sorted(v) if isinstance(v, frozenset) else v
-            for k, v in dataclasses.asdict(ctx).items() if k not in ("secrets", "outputs")}
+    """``ctx`` as JSON values for the watcher process (its secrets, outputs and ledger hook stay here)."""
+    values = {f.name: getattr(ctx, f.name) for f in dataclasses.fields(ctx) if f.name not in ("secrets", "outputs",
+                                                                                            "on_end")}
+    return {k: sorted(v) if isinstance(v, frozenset) else dict(v) if k == "starts" else v for k, v in values.items()}
 
 
 def context_of(data: dict[str, Any]) -> failures.FailureContext:

@@ -20,47 +20,17 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from entrypoint.outputs.goodput_names import BUCKETS, PHASES
+from entrypoint.outputs.goodput_model import BUCKETS, KILLED, PHASES, Attempt
 from entrypoint.outputs.goodput_report import Report
 from entrypoint.outputs.ledger import Read
 
 log = logging.getLogger("entrypoint")
 
-KILLED = "killed"  # an attempt that wrote no end: SIGKILLed, or its machine was lost
 IN_PLACE = "peer_lost (recovered in place)"
 PLATFORM = ("submitted", "job_end")  # records of the platform itself (``local``), of no attempt
-
-
-@dataclass
-class Attempt:
-    """One run of the ``run`` command on one replica."""
-
-    id: str
-    replica: str
-    chief: bool
-    start: float
-    end: float
-    ended: bool  # an ``end`` record says how it ended (else: the last record it wrote, or now while it runs)
-    code: int | None = None
-    failure_class: str | None = None
-    line: str | None = None
-    running: bool = False
-    job: str | None = None
-    training: list[dict[str, Any]] = field(default_factory=list)  # its chief training process's records
-
-    @property
-    def disrupted(self) -> bool:
-        return not self.running and (not self.ended or self.code != 0)
-
-    def cause(self) -> str:
-        if self.running:
-            return "running"
-        if not self.ended:
-            return f"{KILLED} (no end recorded: SIGKILL, or its machine was lost)"
-        return "finished" if self.code == 0 else f"{self.failure_class or 'failed'} (exit {self.code})"
 
 
 @dataclass
@@ -173,24 +143,27 @@ def compute(read: Read, job_dir: str, now: float | None = None, running: bool = 
         return Report(job_dir, now, now, running, buckets, [], {}, 0, 0, 0, [], list(read.warnings))
     start, end = min(a.start for a in attempts), max(a.end for a in attempts)
     chiefs = [a for a in attempts if a.chief]
-    lanes = [{"label": "job", "spans": _outside_chief(attempts, chiefs, buckets), "marks": []}]
+    job_lane = _outside_chief(attempts, chiefs, buckets)
+    lanes: list[dict[str, Any]] = [{"label": "job", "spans": job_lane, "marks": []}]
     for r in read.records:  # the platform's submissions and ends (``local``): its own waits are scheduling
         if r["kind"] in PLATFORM and (float(r["t"]) < start or (float(r["t"]) > end and not running)):
             t0, t1 = sorted((float(r["t"]), start if float(r["t"]) < start else end))
             buckets["scheduling"] += t1 - t0
-            lanes[0]["spans"].append({"t0": t0, "t1": t1, "bucket": "scheduling"})
+            job_lane.append({"t0": t0, "t1": t1, "bucket": "scheduling"})
             start, end = min(start, t0), max(end, t1)
     live = _progress(chiefs)
     by_attempt: dict[str, list[Segment]] = {}
     for seg in live:
         by_attempt.setdefault(seg.attempt.id, []).append(seg)
     disruptions: dict[str, int] = {}
+    chief_end = start  # a chief attempt's time counts from the previous one's end (two overlap in a grace period)
     for a in attempts:
-        lanes.append(_lane(a, start, by_attempt.get(a.id, []), buckets, disruptions))
+        lanes.append(_lane(a, start, by_attempt.get(a.id, []), buckets, disruptions, chief_end))
+        chief_end = max(chief_end, a.end) if a.chief else chief_end
     buckets["other"] += max((end - start) - sum(buckets.values()), 0.0)
     final = max((int(r.get("step", -1)) for a in chiefs for r in a.training if r["kind"] == "training_end"),
                 default=max((s.last for s in live), default=0))
-    return Report(job_dir, start, end, any(a.running for a in attempts), buckets, attempts, disruptions,
+    return Report(job_dir, start, end, running or any(a.running for a in attempts), buckets, attempts, disruptions,
                   round(sum(s.steps - s.wasted_steps for s in live)), round(sum(s.wasted_steps for s in live)),
                   max(final, 0), lanes, list(read.warnings))
 
@@ -235,12 +208,12 @@ def _progress(chiefs: list[Attempt]) -> list[Segment]:
 
 
 def _lane(a: Attempt, start: float, segments: list[Segment], buckets: dict[str, float],
-          disruptions: dict[str, int]) -> dict[str, Any]:
+          disruptions: dict[str, int], after: float) -> dict[str, Any]:
     """An attempt's lane: a chief's time in buckets (added to ``buckets``), another replica's as one span; its
     disruptions counted into ``disruptions``."""
     marks: list[dict[str, Any]] = []
     if a.chief:
-        spans = _attempt_spans(a, segments, buckets)
+        spans = _attempt_spans(a, segments, buckets, after)
         if a.disrupted:
             cls = str(a.failure_class if a.ended else KILLED)
             disruptions[cls] = disruptions.get(cls, 0) + 1
@@ -256,8 +229,10 @@ def _lane(a: Attempt, start: float, segments: list[Segment], buckets: dict[str, 
             "marks": marks}
 
 
-def _attempt_spans(a: Attempt, segments: list[Segment], buckets: dict[str, float]) -> list[dict[str, Any]]:
-    """The chief attempt's time split into buckets (added to ``buckets``): its lane's spans and marks."""
+def _attempt_spans(a: Attempt, segments: list[Segment], buckets: dict[str, float], after: float
+                   ) -> list[dict[str, Any]]:
+    """The chief attempt's time from ``after`` on (an earlier chief's end) split into buckets (added to ``buckets``):
+    its lane's spans."""
     pieces: list[tuple[float, float, str | Segment]] = []
     for r in a.training:
         if r["kind"] == "phase":
@@ -271,12 +246,12 @@ def _attempt_spans(a: Attempt, segments: list[Segment], buckets: dict[str, float
             buckets[bucket] += t1 - t0
             spans.append({"t0": t0, "t1": t1, "bucket": bucket})
 
-    cursor = a.start
+    cursor = begin = max(a.start, after)
     for t0, t1, what in pieces:
-        t0, t1 = max(t0, cursor, a.start), min(t1, a.end)
+        t0, t1 = max(t0, cursor), min(t1, a.end)
         if t1 <= t0:
             continue
-        put(cursor, t0, "program_startup" if cursor == a.start else "other")
+        put(cursor, t0, "program_startup" if cursor == begin else "other")
         if isinstance(what, Segment):
             scale = (t1 - t0) / max(what.t1 - what.t0, 1e-9)  # a segment cut at the attempt's end
             data, extra = what.data * scale, what.extra * scale
@@ -290,7 +265,7 @@ def _attempt_spans(a: Attempt, segments: list[Segment], buckets: dict[str, float
         else:
             put(t0, t1, what)
         cursor = t1
-    put(cursor, a.end, "infrastructure_recovery" if a.disrupted and pieces else "other")
+    put(cursor, max(a.end, cursor), "infrastructure_recovery" if a.disrupted and pieces else "other")
     return spans
 
 

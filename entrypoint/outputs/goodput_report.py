@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from entrypoint.outputs.goodput_names import BUCKETS, ML_GOODPUT
-
-if TYPE_CHECKING:
-    from entrypoint.outputs.goodput import Attempt
+from entrypoint.outputs.goodput_model import BUCKETS, ML_GOODPUT, Attempt
 
 
 @dataclass

@@ -68,6 +68,7 @@ class Ledger:
         self._lines: list[str] = []
         self._file: IO[bytes] | None = None
         self._lock = threading.Lock()
+        self._uploading = threading.Lock()
         self._dirty = threading.Event()
         self._closed = threading.Event()
         self._uploader: threading.Thread | None = None
@@ -119,16 +120,17 @@ class Ledger:
             self._upload()
 
     def _upload(self) -> None:
-        with self._lock:
-            self._dirty.clear()
-            lines, count = "".join(self._lines), len(self._lines)
-        if count == self._uploaded:
-            return
-        try:
-            self.location.write_bytes(lines.encode())
-            self._uploaded = count
-        except (OSError, StorageError) as exc:
-            self._warn(exc)
+        with self._uploading:  # one upload at a time: an older copy never lands after a newer one
+            with self._lock:
+                self._dirty.clear()
+                lines, count = "".join(self._lines), len(self._lines)
+            if count <= self._uploaded:
+                return
+            try:
+                self.location.write_bytes(lines.encode())
+                self._uploaded = count
+            except (OSError, StorageError) as exc:
+                self._warn(exc)
 
     def flush(self) -> None:
         """Make every record so far durable where it can be (an object store: one upload now)."""
@@ -171,7 +173,8 @@ def parse(name: str, text: str) -> tuple[list[dict[str, Any]], list[str]]:
         last = number == len(lines)  # no newline after it: the writer was stopped in the middle of it
         try:
             record = json.loads(line)
-            if not isinstance(record, dict) or "kind" not in record or "t" not in record:
+            if not isinstance(record, dict) or "kind" not in record or isinstance(record.get("t"), bool) or \
+                    not isinstance(record.get("t"), (int, float)):
                 raise ValueError("not a ledger record")
         except ValueError:
             why = "torn: its writer stopped while writing it" if last else "not a ledger record"

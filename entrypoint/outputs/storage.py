@@ -215,9 +215,9 @@ class RemotePath:
             names = self._call("ls", self._key, detail=False, refresh=True)
         except FileNotFoundError:
             return iter(())
-        base = self._key + "/"
-        return iter(sorted(RemotePath(f"{self._scheme}://{n.rstrip('/')}") for n in names
-                           if n.rstrip("/").startswith(base) and n.rstrip("/") != self._key))
+        base = self._key.strip("/") + "/"  # fsspec's memory file system lists names with a leading "/"
+        return iter(sorted(RemotePath(f"{self._scheme}://{n.strip('/')}") for n in names
+                           if n.strip("/").startswith(base) and n.strip("/") != self._key.strip("/")))
 
     def rglob(self, pattern: str) -> Iterator[RemotePath]:
         """Every object below (``pattern`` must be ``*``)."""

@@ -15,7 +15,7 @@ from entrypoint.cli import main
 from entrypoint.lifecycle.lease import JobLease
 from entrypoint.outputs import checkpoints, goodput, ledger
 from entrypoint.outputs.goodput import IN_PLACE, KILLED
-from entrypoint.outputs.goodput_names import BUCKETS
+from entrypoint.outputs.goodput_model import BUCKETS
 from entrypoint.outputs.goodput_report import Report
 from tests.conftest import PYTHON, ROOT, subprocess_env
 
@@ -158,8 +158,6 @@ def test_replicas_overlapping_the_chief(tmp_path: Path) -> None:
     assert report.job_attempts == 2 and len(report.attempts) == 4
 
 
-@pytest.mark.xfail(strict=True, reason="goodput.compute buckets each chief attempt's whole span: where two chief "
-                                       "attempts overlap, their common time is counted twice (buckets > wall)")
 def test_overlapping_chief_attempts_still_add_up(tmp_path: Path) -> None:
     """A replacement chief that starts while the preempted one still writes its last checkpoint in its grace period
     (a platform that starts the new pod before the old one terminated), or on a host whose clock is behind."""
