@@ -211,6 +211,8 @@ class SaveBeforePreemption(tf.keras.callbacks.BackupAndRestore):
     def _save(self) -> None:
         """Every worker, at the agreed step: the BackupAndRestore state, then ``ckpt-<step>`` (chief commits)."""
         step = global_step(self.model)
+        if self.commit.record.last_step < step:  # the step it stops at ends here, before the others hear of it
+            self.commit.record.step_end(step)
         batch = int(self._training_state._ckpt_saved_batch.numpy()) + 1
         self._backup(epoch=self._current_epoch, batch=batch)
         self.commit.commit(self._current_epoch, {"batch": batch, "stopped_by": self._signal_name()})
