@@ -104,6 +104,50 @@ def measure(world: int, size: Size, repeats: int) -> list[Row]:
     return rows
 
 
+def digits_step_seconds() -> float:
+    """The digits demo's step time (``trainers.digits_torch``, one process), as its own job ledger measured it:
+    the steps' seconds over their count, the first step of the attempt left out (imports, first batches)."""
+    with tempfile.TemporaryDirectory() as job:
+        cmd = [*python(), "-m", "entrypoint", "run", "--framework", "pytorch", "--module", "trainers.digits_torch",
+               "--job-dir", job, "--log-every", "1000000"]
+        timed([(cmd, clean_env(thread_env(1)))])
+        records = [json.loads(line) for path in (Path(job) / "ledger").glob("*.jsonl")
+                   for line in path.read_text().splitlines() if '"progress"' in line]
+    seconds = sum(r["step_seconds"] - r.get("first_step_seconds", 0.0) for r in records)
+    steps = sum(r["steps"] - (1 if "first_step_seconds" in r else 0) for r in records)
+    return seconds / max(steps, 1)
+
+
+def recorder_step_seconds(steps: int) -> float:
+    """What the job ledger costs a step: the chief's ``step_begin`` + ``step_end`` with its records really written
+    (a segment every ``FLUSH_EVERY`` s, to a local job dir), per step."""
+    import time
+
+    from entrypoint.lifecycle.recorder import Recorder
+    from entrypoint.outputs.ledger import Ledger
+
+    with tempfile.TemporaryDirectory() as job:
+        record = Recorder(Ledger(job, "bench@host:1:0", "workerpool0-0", 0))
+        record.enter("preparation")
+        started = time.perf_counter()
+        for step in range(1, steps + 1):
+            record.step_begin()
+            record.step_end(step)
+        elapsed = time.perf_counter() - started
+        record.close("finished")
+    return elapsed / steps
+
+
+def ledger_rows(repeats: int) -> list[Row]:
+    """The job ledger's cost per step against the digits demo's step time, measured in the same run."""
+    results = interleave({"digits demo step (anchor)": digits_step_seconds,
+                          "job ledger per step": lambda: recorder_step_seconds(20000)}, repeats)
+    rows = compare("job ledger", {k: [v * 1e6 for v in vs] for k, vs in results.items()}, "us",
+                   "digits demo step (anchor)", "x digits step")
+    check(rows[1], "<=", 0.01)
+    return rows
+
+
 def run(quick: bool) -> FamilyResult:
     """World 1 (and 2 in the full size)."""
     size = Size("tiny", 30, 5, 8) if quick else Size("cpu", 120, 10, 8)
@@ -111,8 +155,12 @@ def run(quick: bool) -> FamilyResult:
     result = FamilyResult("loop", "Hooks-loop throughput vs a hand-written loop (tokens/s, higher is better)")
     for world in worlds:
         result.rows += measure(world, size, repeats)
+    result.rows += ledger_rows(repeats)
     result.notes.append(f"bench.gpt config '{size.config}', batch {size.batch} per process, {size.steps} steps, "
                         f"timed from step {size.warmup} to the last; {repeats} interleaved repetitions")
+    result.notes.append("job ledger: the chief's per-step recording (two clock reads, counters, a progress record "
+                        "every 10 s written to a local job dir) over 20000 steps, against one step of "
+                        "`entrypoint run --module trainers.digits_torch` as its own ledger timed it")
     result.notes.append("world 1: the entrypoint trains in its own process without a process group, so the "
                         "hand loop runs without DDP too; DDP buckets: torch's 25 MB (hand) vs our 64 MB")
     return result
