@@ -73,3 +73,18 @@ def test_every_second_of_a_disrupted_job_is_accounted_for(tmp_path: Path) -> Non
     assert not report["provisional"] and report["goodput_percent"] > 0
     assert result["goodput"]["line"].startswith("goodput ")  # the summary carries the job's goodput so far
     assert (tmp_path / "goodput.svg").read_text().startswith("<svg")
+
+
+def test_a_script_reports_its_steps_through_the_context(tmp_path: Path) -> None:
+    """Script mode: attempts, start-up, end and exit class from the node; steps as the script reports them. A rerun
+    that starts again at step 11 after the first attempt reached 15 lost steps 11 to 15."""
+    job = tmp_path / "job"
+    run = ["run", "--framework", "pytorch", "--script", "tests/pytorch/steps_script.py", "--job-dir", str(job)]
+    failed = entrypoint(*run, "--", "--fail-after", "15", timeout=300)
+    assert failed.returncode == 3, failure_text(failed)
+    rerun = entrypoint(*run, "--", "--from", "11", timeout=300)
+    assert rerun.returncode == 0, failure_text(rerun)
+    report = goodput(job)
+    assert report["steps"] == {"productive": 20, "lost": 5, "final": 20}, report["steps"]
+    assert report["job_attempts"] == 2 and report["disruption_count"] == 1, report["disruptions"]
+    assert report["buckets"]["productive"] > 0 and report["buckets"]["wasted_progress"] > 0
