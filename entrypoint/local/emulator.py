@@ -32,6 +32,7 @@ from entrypoint.cluster.environments.settings import host_cpus, secret_values, s
 from entrypoint.errors import ConfigError, ExitCode, is_retryable
 from entrypoint.failures.records import FAILURES_DIR, FALLBACK_DIR, current, read_records, record_names
 from entrypoint.lifecycle import lease, signals
+from entrypoint.lifecycle.recorder import PlatformRecorder
 from entrypoint.lifecycle.restart_policy import (
     DEFAULT_BACKOFF_LIMIT,
     POLICIES,
@@ -44,7 +45,6 @@ from entrypoint.lifecycle.supervisor import Outcome, Replica, Supervisor
 from entrypoint.local.pools import Pool, cluster_specs, vertex_pools, vertex_tf_config
 from entrypoint.options import DEFAULT_GRACE_PERIOD
 from entrypoint.outputs import goodput, storage
-from entrypoint.lifecycle.recorder import PlatformRecorder
 from entrypoint.planning.runargs import parse_options, split_user_args
 
 COMMANDS = ("run", "describe")

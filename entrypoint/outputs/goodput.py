@@ -161,11 +161,15 @@ def compute(read: Read, job_dir: str, now: float | None = None, running: bool = 
         lanes.append(_lane(a, start, by_attempt.get(a.id, []), buckets, disruptions, chief_end))
         chief_end = max(chief_end, a.end) if a.chief else chief_end
     buckets["other"] += max((end - start) - sum(buckets.values()), 0.0)
+    warnings = list(read.warnings)
+    if chiefs and not live:
+        warnings.append("no training step was recorded: the hooks loops record theirs; a script reports its own with "
+                        "entrypoint.context.step_done(step), else its time is 'other'")
     final = max((int(r.get("step", -1)) for a in chiefs for r in a.training if r["kind"] == "training_end"),
                 default=max((s.last for s in live), default=0))
     return Report(job_dir, start, end, running or any(a.running for a in attempts), buckets, attempts, disruptions,
                   round(sum(s.steps - s.wasted_steps for s in live)), round(sum(s.wasted_steps for s in live)),
-                  max(final, 0), lanes, list(read.warnings))
+                  max(final, 0), lanes, warnings)
 
 
 def _outside_chief(attempts: list[Attempt], chiefs: list[Attempt], buckets: dict[str, float]

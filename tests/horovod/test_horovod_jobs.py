@@ -30,6 +30,8 @@ def test_two_replicas_allreduce_in_step_and_only_rank0_writes(tmp_path: Path) ->
     assert result["metrics"]["accuracy"] >= 0.85
     assert list(tmp_path.glob("**/model.pt")) == [tmp_path / "2" / "model" / "model.pt"]
     assert [f.parent.parent.name for f in hypertune_files(tmp_path)] == ["workerpool0-0"]
+    goodput = result["goodput"]  # the job ledger: Horovod's hooks loop is PyTorch's, its steps counted as theirs
+    assert goodput["buckets"]["productive"] > 0 and goodput["attempts"] == 1, goodput
 
 
 def _seen(out: Path) -> list[dict[str, str]]:
