@@ -52,7 +52,7 @@ help:
 	@echo "make test   - lint, type checks and the whole test suite, side by side (sets up its own venvs)"
 	@echo "make test-timed - make test, then its wall time, CPU use and what ran beside what (docs/testing.md)"
 	@echo "make lint   - ruff, mypy and hadolint"
-	@echo "make demo-horovod - the same training with Horovod (builds Horovod once, ~9 min on 2 cores)"
+	@echo "make demo-horovod - the same training with Horovod (builds Horovod once, ~4 min on 2 cores)"
 	@echo "make build  - build every image (needs a Docker engine); see docs/images.md"
 	@echo "make image-test - build the three CPU images here (podman or Docker) and run them (part of make test)"
 	@echo "make image-test-gpu - build the three GPU images here from the GPU locks (not part of make test)"
@@ -77,7 +77,7 @@ $(TF_VENV)/.ready: images/tensorflow/requirements-cpu.txt tests/requirements.txt
 
 # Horovod is built from its sdist with the C++17 fix (images/horovod/build_horovod_wheel.sh), with
 # PyTorch and TensorFlow ops as in the Horovod CPU image; the wheel is cached under
-# ~/.cache/trainer-images/wheels, so only a fresh machine pays the build (~9 minutes on 2 cores); the
+# ~/.cache/trainer-images/wheels, so only a fresh machine pays the build (~4 minutes on 2 cores, a Release build: no debug info); the
 # Horovod image build of `make image-test` waits for this venv and takes the same wheel instead of compiling.
 $(HVD_VENV)/.ready: images/horovod/requirements-cpu.txt images/horovod/build_horovod_wheel.sh tests/requirements.txt pyproject.toml
 	$(call lock_venv,$(HVD_VENV),images/horovod/requirements-cpu.txt)
