@@ -24,6 +24,8 @@ def test_parameter_server_job_trains_and_every_replica_exits_0(tmp_path: Path) -
     assert [step for step, _ in committed(out / "checkpoints")] == [16, 32]
     assert (out / "checkpoints" / "TRAINING_DONE").is_file()
     assert leftovers(tmp_path) == []
+    goodput = result["goodput"]  # the job ledger: the coordinator's steps, as Keras schedules them on the workers
+    assert goodput["buckets"]["productive"] > 0 and goodput["attempts"] == 1, goodput
 
 
 def test_evaluator_evaluates_committed_checkpoints_without_blocking_training(tmp_path: Path) -> None:
