@@ -96,7 +96,8 @@ def start_ledger(plan: Plan, ctx: failures.FailureContext) -> NodeRecorder | Non
     if ctx.job_dir is None or ctx.job_dir == refused_records():
         return None
     topo = plan.topology
-    node = NodeRecorder(plan.outputs.job_dir, topo.replica_name, topo.is_chief_node,
+    chief = topo.is_chief_node and (plan.placement is None or plan.placement.is_chief)  # torchrun: one per process
+    node = NodeRecorder(plan.outputs.job_dir, topo.replica_name, chief,
                         {"job": job_key(plan), "role": topo.role, "framework": plan.framework,
                          "code": plan.require_code().kind, "processes": plan.nproc_per_node,
                          "restart_count": plan.restart_count})
