@@ -102,7 +102,12 @@ def start_ledger(plan: Plan, ctx: failures.FailureContext) -> NodeRecorder | Non
                          "code": plan.require_code().kind, "processes": plan.nproc_per_node,
                          "restart_count": plan.restart_count})
     os.environ[ev.TRAINER_ATTEMPT] = node.attempt
-    ctx.on_end = node.end
+
+    def end(code: int, failure_class: str | None, line: str | None) -> None:
+        if ctx.job_dir != refused_records():  # a job displaced from its job dir writes nothing more there
+            node.end(code, failure_class, line)
+
+    ctx.on_end = end
     return node
 
 
