@@ -236,8 +236,8 @@ class PlatformRecorder:
         self.ledger = Ledger(job_dir, attempt_id("local", started), "local", None)
         self.ledger.add("submitted", t=started)
 
-    def ended(self, code: int) -> None:
-        self.ledger.add("job_end", code=int(code))
+    def ended(self, code: int | None) -> None:
+        self.ledger.add("job_end", code=code)
         self.ledger.close()
 
 

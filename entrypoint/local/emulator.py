@@ -247,6 +247,7 @@ def run_cluster(pools: Sequence[Pool], output_dir: str, trial: str | None = None
     print(f"[local] starting {len(replicas)} replicas ({names}); outputs under {output}; each replica's own disk "
           f"under {disks.root}; {host_cpus(os.environ)} CPU(s) shared: {ev.TRAINER_CPUS}={cpus} each\n"
           f"[local] {policy.describe()}", flush=True)
+    code: int | None = None
     try:
         try:
             secrets = secret_values() | frozenset(secrets_in_args([a for pool in pools for a in pool.command]))
@@ -254,10 +255,11 @@ def run_cluster(pools: Sequence[Pool], output_dir: str, trial: str | None = None
                                  on_failure=_record_exit(ctx), secrets=secrets).run()
         finally:
             signals.end_adopted(r.proc.pid for r in replicas if r.proc is not None)
-        platform.ended(outcome.code)
-        return _report(outcome, replicas, output_dir, ctx)
+        code = _report(outcome, replicas, output_dir, ctx)
+        return code
     finally:
         disks.remove()  # after the report: it reads the records the replicas' disks hold
+        platform.ended(code)  # the job's end as the platform sees it: its last moment
 
 
 def _goodput_line(job_dir: str) -> str:
