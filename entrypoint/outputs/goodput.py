@@ -91,6 +91,11 @@ def attempts_of(read: Read, now: float, running: bool) -> list[Attempt]:
     for a in ordered:
         if not a.ended:
             a.end = max(last_seen.get(a.id, a.start), a.start)
+            # A replica other than the chief writes only its start and end: one that wrote no end ran until its
+            # replacement started, at the latest (the chief's training records bound its own end more closely).
+            later = [b.start for b in ordered if b.replica == a.replica and b.start > a.start]
+            if later and not a.chief:
+                a.end = max(a.end, min(later))
     if running:  # the newest attempt of each replica that did not end is still running
         newest: dict[str, Attempt] = {}
         for a in ordered:
