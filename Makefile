@@ -79,9 +79,12 @@ $(TF_VENV)/.ready: images/tensorflow/requirements-cpu.txt tests/requirements.txt
 # PyTorch and TensorFlow ops as in the Horovod CPU image; the wheel is cached under
 # ~/.cache/trainer-images/wheels, so only a fresh machine pays the build (~4 minutes on 2 cores, a Release build: no debug info); the
 # Horovod image build of `make image-test` waits for this venv and takes the same wheel instead of compiling.
+# Its compile runs nproc + 1 jobs of its own, not on `make test`'s job slots: those are held by the test tiers for
+# their whole run, and a fresh machine's compile, the critical path of `make test`, got one slot (one compiler).
 $(HVD_VENV)/.ready: images/horovod/requirements-cpu.txt images/horovod/build_horovod_wheel.sh tests/requirements.txt pyproject.toml
 	$(call lock_venv,$(HVD_VENV),images/horovod/requirements-cpu.txt)
-	HOROVOD_WITH_TENSORFLOW=1 bash images/horovod/build_horovod_wheel.sh $(HVD_VENV)/bin/python $(HVD_VENV)/wheels
+	MAKEFLAGS= HOROVOD_BUILD_PARALLELISM=$$(( $$(nproc) + 1 )) HOROVOD_WITH_TENSORFLOW=1 \
+		bash images/horovod/build_horovod_wheel.sh $(HVD_VENV)/bin/python $(HVD_VENV)/wheels
 	$(HVD_VENV)/bin/$(PIP) install -q --no-deps $(HVD_VENV)/wheels/horovod-*.whl
 	$(HVD_VENV)/bin/$(PIP) install -q --no-deps --no-build-isolation -e .
 	$(HVD_VENV)/bin/horovodrun --check-build
