@@ -217,6 +217,7 @@ class NodeRecorder:
         self.attempt = attempt_id(replica, self.started)
         self.ledger = Ledger(job_dir, self.attempt, replica, None)
         self.ledger.add("start", t=self.started, chief=chief, **fields)
+        self.ledger.flush()  # on a store too: the other replicas look for it past the start-up barrier
         self.ended = False
 
     def end(self, code: int, failure_class: str | None = None, line: str | None = None) -> None:

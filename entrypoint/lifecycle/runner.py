@@ -15,6 +15,8 @@ import logging
 import os
 import sys
 import tempfile
+import threading
+import time
 from collections.abc import Iterator
 
 from entrypoint import context, failures
@@ -30,7 +32,7 @@ from entrypoint.cluster.environments.settings import (
 from entrypoint.errors import ConfigError, ExitCode
 from entrypoint.lifecycle import jobrecord, lease, rendezvous, shutdown, signals
 from entrypoint.lifecycle.recorder import NodeRecorder
-from entrypoint.outputs import checkpoints
+from entrypoint.outputs import checkpoints, ledger
 from entrypoint.outputs.locations import ensure_writable, how_written
 from entrypoint.planning import handoff, registry
 from entrypoint.planning.plan import Plan
@@ -62,7 +64,6 @@ def run_node(plan: Plan, ctx: failures.FailureContext) -> int:
     """Run this node's part of the job; a non-zero exit names the job's root cause on the last line."""
     user_code = plan.require_code()
     prepare_fabric(plan)
-    node: NodeRecorder | None = None
     out = plan.outputs
     log.info("outputs: job dir %s; model %s; checkpoints %s; tensorboard %s", how_written(out.job_dir),
              how_written(out.model_dir), how_written(out.checkpoint_dir), how_written(out.tensorboard_dir))
@@ -70,9 +71,15 @@ def run_node(plan: Plan, ctx: failures.FailureContext) -> int:
         ensure_writable([out.model_dir, out.checkpoint_dir, out.tensorboard_dir])
     try:
         with holding_job_dir(plan, ctx) as record:
+            # The job ledger (docs/goodput.md): the chief's attempt once it holds the job dir (a refused duplicate
+            # writes nothing); another replica's past the barrier, where it sees the chief's (a shared job dir).
+            chief = _is_chief(plan)
+            if chief:
+                start_ledger(plan, ctx)
             with signals.stop_at_once("meeting the other replicas at the start-up barrier"):
                 rendezvous.meet_peers(plan)
-            node = start_ledger(plan, ctx)  # past the lease and the barrier: a refused duplicate writes nothing
+            if not chief:
+                _ledger_once_shared(plan, ctx)
             os.environ.update(plan.emitted_env())  # what user code and children expect (TF_CONFIG, AIP_*, MASTER_*)
             with handoff.plan_file(plan) as handed:
                 os.environ.update(handed)
@@ -83,11 +90,30 @@ def run_node(plan: Plan, ctx: failures.FailureContext) -> int:
         _records_outside_anothers(plan, ctx)
         raise
     if code == ExitCode.OK:
-        if node is not None:
-            node.end(ExitCode.OK)
+        if ctx.on_end is not None:  # this node's attempt in the ledger, when it has one
+            ctx.on_end(ExitCode.OK, None, None)
         return ExitCode.OK
     _records_outside_anothers(plan, ctx)
     return failures.finish_node(ctx, code)
+
+
+def _ledger_once_shared(plan: Plan, ctx: failures.FailureContext) -> None:
+    """Another replica's attempt goes into the ledger once it sees the chief's there (a shared job dir); PyTorch's
+    launcher meets the chief later, in the job's store, so this looks every second until ``--timeout``, beside."""
+    def look() -> None:
+        deadline = time.monotonic() + plan.options.timeout
+        while time.monotonic() < deadline:
+            if ledger.shared(plan.outputs.job_dir):
+                start_ledger(plan, ctx)
+                return
+            time.sleep(1.0)
+
+    threading.Thread(target=look, name="ledger-start", daemon=True).start()
+
+
+def _is_chief(plan: Plan) -> bool:
+    """The job's chief node (under torchrun or mpirun, a process per ``run``: the chief's process)."""
+    return plan.topology.is_chief_node and (plan.placement is None or plan.placement.is_chief)
 
 
 def start_ledger(plan: Plan, ctx: failures.FailureContext) -> NodeRecorder | None:
@@ -96,8 +122,7 @@ def start_ledger(plan: Plan, ctx: failures.FailureContext) -> NodeRecorder | Non
     if ctx.job_dir is None or ctx.job_dir == refused_records():
         return None
     topo = plan.topology
-    chief = topo.is_chief_node and (plan.placement is None or plan.placement.is_chief)  # torchrun: one per process
-    node = NodeRecorder(plan.outputs.job_dir, topo.replica_name, chief,
+    node = NodeRecorder(plan.outputs.job_dir, topo.replica_name, _is_chief(plan),
                         {"job": job_key(plan), "role": topo.role, "framework": plan.framework,
                          "code": plan.require_code().kind, "processes": plan.nproc_per_node,
                          "restart_count": plan.restart_count})

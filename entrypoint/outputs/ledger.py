@@ -36,6 +36,7 @@ log = logging.getLogger("entrypoint")
 LEDGER_DIR = "ledger"
 SCHEMA_VERSION = 1
 REMOTE_EVERY = 30.0  # seconds between uploads of a writer's file to an object store
+CLOSE_WAIT = 30.0  # seconds ``close`` waits for an upload in flight, at most
 SUFFIX = ".jsonl"
 
 
@@ -126,6 +127,8 @@ class Ledger:
                 lines, count = "".join(self._lines), len(self._lines)
             if count <= self._uploaded:
                 return
+            if isinstance(self.location, storage.RemotePath) and self.location.unreachable():
+                return  # the store failed this process already: asking again only adds the client's retries
             try:
                 self.location.write_bytes(lines.encode())
                 self._uploaded = count
@@ -140,6 +143,8 @@ class Ledger:
     def close(self) -> None:
         self._closed.set()
         self._dirty.set()
+        if self._uploader is not None:
+            self._uploader.join(timeout=CLOSE_WAIT)  # an upload in flight finishes first
         self.flush()
         with self._lock:
             if self._file is not None:
@@ -151,6 +156,15 @@ class Ledger:
             self._failed = True
             log.warning("the job ledger %s could not be written (%s: %s); training goes on, goodput will miss "
                         "this process's records", self.location, type(exc).__name__, exc)
+
+
+def shared(job_dir: str) -> bool:
+    """Whether this replica sees the chief's ledger (the chief wrote its start before the start-up barrier): a job
+    dir on a shared store or mount. Otherwise each replica's job dir is its own disk, and only the chief's counts."""
+    try:
+        return (storage.path(job_dir) / LEDGER_DIR).is_dir()
+    except (OSError, StorageError):
+        return False
 
 
 @dataclass
