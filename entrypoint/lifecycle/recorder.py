@@ -22,17 +22,19 @@ import logging
 import sys
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from entrypoint.cluster.environments.settings import goodput_job_name, ledger_attempt
 from entrypoint.errors import ConfigError
 from entrypoint.lifecycle import jobrecord, lease
 from entrypoint.outputs import checkpoints, goodput, ledger, storage
 from entrypoint.outputs.goodput import Report
-from entrypoint.outputs.kubeflow_progress import KubeflowProgress
 from entrypoint.outputs.ledger import Ledger, attempt_id, process_start_time
 from entrypoint.outputs.storage import Location
 from entrypoint.outputs.summary import SUMMARY_FILE
+
+if TYPE_CHECKING:
+    from entrypoint.outputs.kubeflow_progress import KubeflowProgress
 
 log = logging.getLogger("entrypoint")
 FLUSH_EVERY = 10.0  # seconds of training between progress records
@@ -250,6 +252,8 @@ def for_training(job_dir: str | None, replica: str, rank: int | None, chief: boo
     attempt = ledger_attempt()
     if attempt is None:  # trained outside ``run`` (a test calling the loop): an attempt of its own
         attempt = attempt_id(replica, process_start_time())
+    from entrypoint.outputs.kubeflow_progress import KubeflowProgress  # urllib and ssl: for the chief only
+
     record = Recorder(Ledger(job_dir, attempt, replica, rank if rank is not None else 0),
                       KubeflowProgress.from_settings(), step_entries=goodput_job_name())
     if record.step_entries:  # ml-goodput-measurement's job start: when this attempt's node process started
