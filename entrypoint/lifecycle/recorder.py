@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -207,8 +208,12 @@ class Recorder:
 
     def _entry(self, **fields: Any) -> None:
         """One of ml-goodput-measurement's entries, as a Cloud Logging structured line (docs/goodput.md)."""
-        print(json.dumps({"severity": "INFO", "job_name": self.step_entries, **fields}), file=sys.stdout,
-              flush=False)
+        line = json.dumps({"severity": "INFO", "job_name": self.step_entries, **fields}) + "\n"
+        try:  # one write of the whole line: a block-buffered stdout cut lines where log lines came between
+            sys.stdout.flush()
+            os.write(sys.stdout.fileno(), line.encode())
+        except (OSError, ValueError):
+            pass
 
 
 class NodeRecorder:

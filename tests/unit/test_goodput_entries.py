@@ -14,7 +14,7 @@ from entrypoint.outputs.ledger import attempt_id, process_start_time
 
 
 def test_the_chief_prints_its_attempts_start_every_steps_start_and_the_end(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
     node = os.getppid()  # stands for the node's ``run`` process, which started before this one
     monkeypatch.setenv("TRAINER_GOODPUT_JOB_NAME", "job-1")
     monkeypatch.setenv("TRAINER_ATTEMPT", attempt_id("workerpool0-0", process_start_time(node), pid=node))
@@ -24,7 +24,7 @@ def test_the_chief_prints_its_attempts_start_every_steps_start_and_the_end(
         record.step_begin()
         record.step_end(step)
     record.close("finished")
-    entries = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    entries = [json.loads(line) for line in capfd.readouterr().out.splitlines()]
     started = entries[0].pop("job_start_time")
     assert entries[0] == {"severity": "INFO", "job_name": "job-1"}
     assert started == pytest.approx(process_start_time(node), abs=0.05)  # /proc's clock ticks: 10 ms
@@ -34,11 +34,11 @@ def test_the_chief_prints_its_attempts_start_every_steps_start_and_the_end(
 
 
 def test_without_the_job_name_nothing_is_printed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                 capsys: pytest.CaptureFixture[str]) -> None:
+                                                 capfd: pytest.CaptureFixture[str]) -> None:
     monkeypatch.delenv("TRAINER_GOODPUT_JOB_NAME", raising=False)
     record = recorder.for_training(str(tmp_path), "workerpool0-0", 0, chief=True)
     record.restored(0)
     record.step_begin()
     record.step_end(1)
     record.close("finished")
-    assert capsys.readouterr().out == ""
+    assert capfd.readouterr().out == ""
