@@ -293,6 +293,13 @@ def failing_as_store(target: RemotePath) -> Iterator[None]:
         raise error from exc
 
 
+def store_errors(where: Location | str) -> contextlib.AbstractContextManager[None]:
+    """``failing_as_store`` when ``where`` is on an object store, else nothing: for a library that writes through
+    fsspec itself (TensorBoard's event writer), whose connection errors would otherwise read as the user's code."""
+    location = path(where)
+    return failing_as_store(location) if isinstance(location, RemotePath) else contextlib.nullcontext()
+
+
 def path(uri: str | os.PathLike[str] | RemotePath) -> Location:
     """``RemotePath`` for an fsspec URL, else ``pathlib.Path`` (``file://`` stripped)."""
     if isinstance(uri, (Path, RemotePath)):

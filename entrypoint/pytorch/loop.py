@@ -293,7 +293,8 @@ class Trainer:
         ranks = self.comm.gather_object(self.ctx.rank)
         steps = self.comm.gather_object(state.step - start_step)
         if self.writer is not None:
-            self.writer.close()
+            with storage.store_errors(self.ctx.tensorboard_dir):
+                self.writer.close()
         hook = getattr(self.module, "export", None)
         if self.parallel is not None and self.parallel.sharded:  # every rank gives its shards, tensor by tensor
             self._export(state.model.eval(), hook, sharded=True)
@@ -357,15 +358,17 @@ class Trainer:
             return
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(str(ctx.tensorboard_dir))
+        with storage.store_errors(ctx.tensorboard_dir):  # TensorBoard writes gs:// through gcsfs itself
+            self.writer = SummaryWriter(str(ctx.tensorboard_dir))
         log.info("training %d epochs x %d steps, global batch %d (%d x %d replicas, %s, %s checkpoints)",
                  self.epochs, steps_per_epoch, self.batch_size * ctx.world_size, self.batch_size, ctx.world_size,
                  self.comm.name, self.options.checkpoint_mode)
 
     def _scalars(self, prefix: str, values: dict[str, float], step: int) -> None:
         if self.writer is not None:
-            for key, value in values.items():
-                self.writer.add_scalar(f"{prefix}/{key}", value, step)
+            with storage.store_errors(self.ctx.tensorboard_dir):  # its flush raises the store's errors here
+                for key, value in values.items():
+                    self.writer.add_scalar(f"{prefix}/{key}", value, step)
 
     def _digest(self, model: nn.Module) -> str:
         """This rank's parameters' digest (equal on every rank of a replicated model; its shards' when sharded)."""

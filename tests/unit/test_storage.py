@@ -168,6 +168,17 @@ def test_an_unreachable_store_is_retryable_and_credentials_name_the_bucket() -> 
     assert failures.code_class(197) == errors.STORAGE_UNAVAILABLE
 
 
+def test_a_library_writing_the_store_itself_fails_as_the_store_not_as_the_users_code(tmp_path: Path) -> None:
+    """TensorBoard's event writer talks to gs:// through gcsfs itself: its refused connection (raised at a flush
+    or the close, in the loop) is the store's, retryable; on a disk an OSError keeps its own class."""
+    refused = ConnectionRefusedError(111, "Connect call failed")
+    with pytest.raises(StorageError) as raised, storage.store_errors("gs://bkt/job/logs"):
+        raise refused
+    assert raised.value.cause is refused and failures.classify(raised.value).exit_code == 197
+    with pytest.raises(ConnectionRefusedError), storage.store_errors(tmp_path / "logs"):
+        raise refused
+
+
 def test_staging_uploads_a_committed_checkpoint_marker_last_and_mirrors_directories(
         gs: RemotePath, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from entrypoint.outputs.locations import resolve_outputs
