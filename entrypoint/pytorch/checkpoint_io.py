@@ -1,13 +1,12 @@
 """Checkpoint I/O behind one seam: the loop saves, loads and exports through it, never with torch.save itself.
 
-Both writers implement ``checkpoints.CheckpointWriter`` (the interface Keras' writer implements too), and
-``make_io`` is typed as returning it, so the loop (and Horovod, which runs the same loop) sees only that.
-
-``AsyncCheckpointIO`` blocks the training step only for a copy of the state into host memory, then a
-background thread writes it, hashes it, commits the marker (last) and prunes old checkpoints. At most
-one write is in flight: the next save, the final export, a preemption save and the process's exit all
-wait for it, and a failed write fails the job at the next step. ``SyncCheckpointIO`` writes inline.
-Both record how long training was blocked and how long writes took.
+Every writer implements ``checkpoints.CheckpointWriter`` (the interface Keras' writer implements too) and shares
+``BackgroundWriter``: at most one write in flight, in a thread of its own; the next save, the final export, a
+preemption save and the process's exit all wait for it, and a failed write fails the job at the next step; how long
+training was blocked and how long writes took. ``ReplicatedCheckpointIO`` (DDP, Horovod, one process) blocks the
+training step only for a copy of the state into host memory, then its thread writes it, hashes it, commits the
+marker (last) and prunes old checkpoints; ``--checkpoint-mode sync`` writes inline. The sharded writer
+(``sharded_io.py``) shares the same base; ``formats.py`` pairs each writer with the layout it saves.
 
 A checkpoint loads with one line: ``torch.load("ckpt-00000100/state.pt", weights_only=False)["model"]``.
 """
@@ -21,6 +20,7 @@ import os
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from typing import IO, Any
 
 import torch
@@ -124,22 +124,83 @@ class HostBuffers:
         return value
 
 
-class SyncCheckpointIO:
-    """Write, commit and prune in the training thread."""
+class BackgroundWriter:
+    """What every writer of the hooks loop shares: at most one write in flight, in a thread of its own (not a
+    daemon: the process's exit waits for it), whose failure is raised at the next ``check`` (every step boundary)
+    or ``wait``; how long training was blocked and how long writes took; the retention of committed checkpoints."""
 
     def __init__(self, keep: int) -> None:
         self.retention = checkpoints.Retention(keep)
         self.blocked_seconds = 0.0
         self.write_seconds = 0.0
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def _in_background(self, path: Location, write: Callable[..., None], *args: Any) -> None:
+        """Start ``write(*args)`` in the writer's thread (the previous write has ended: ``save`` waited)."""
+        self._thread = threading.Thread(target=write, args=args, name=f"checkpoint-{path.name}")
+        self._thread.start()
+
+    def _failed(self, exc: BaseException) -> None:
+        """Keep a background write's failure for the training thread (``check``, ``wait``)."""
+        self._error = exc
+
+    def wait(self) -> None:
+        """Block until the write in flight (if any) is committed; raise its failure."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        self.check()
+
+    def check(self) -> None:
+        """Raise the failure of a finished background write (called at every step boundary)."""
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+    def close(self) -> None:
+        """The write in flight committed (its failure raised); what the writer holds released."""
+        self.wait()
+
+
+class ReplicatedCheckpointIO(BackgroundWriter):
+    """The whole state in one file, ``state.pt``, written by the chief: inline (``--checkpoint-mode sync``), or
+    copied into host buffers in the training thread and written, committed and pruned in the background (async)."""
+
+    def __init__(self, keep: int, background: bool = True) -> None:
+        super().__init__(keep)
+        self.background = background
+        self._host = HostBuffers()
 
     def save(self, path: Location, state: dict[str, Any], meta: dict[str, Any]) -> None:
-        """Write ``state`` as ``path/state.pt`` and commit it."""
+        """Write ``state`` as ``path/state.pt`` and commit it; in the background, once the previous write ended and
+        ``state`` is copied (the only part the training step waits for)."""
+        self.wait()
         started = time.perf_counter()
-        self._write(path, state, meta)
+        if not self.background:
+            self._write(path, state, meta)
+            elapsed = time.perf_counter() - started
+            self.blocked_seconds += elapsed
+            self.write_seconds += elapsed
+            log.info("checkpoint %s committed: training blocked %.2f s (synchronous write)", path.name, elapsed)
+            return
+        copy = self._host.copy(state)
+        blocked = time.perf_counter() - started
+        self.blocked_seconds += blocked
+        self._in_background(path, self._background, path, copy, meta, blocked)
+
+    def _background(self, path: Location, state: dict[str, Any], meta: dict[str, Any], blocked: float) -> None:
+        started = time.perf_counter()
+        try:
+            self._write(path, state, meta)
+        except BaseException as exc:
+            self._failed(exc)
+            log.error("checkpoint %s failed in the background: %s", path.name, exc)
+            return
         elapsed = time.perf_counter() - started
-        self.blocked_seconds += elapsed
         self.write_seconds += elapsed
-        log.info("checkpoint %s committed: training blocked %.2f s (synchronous write)", path.name, elapsed)
+        log.info("checkpoint %s committed: training blocked %.2f s, written in %.2f s in the background",
+                 path.name, blocked, elapsed)
 
     def _write(self, path: Location, state: dict[str, Any], meta: dict[str, Any]) -> None:
         try:
@@ -158,68 +219,16 @@ class SyncCheckpointIO:
         self.retention.verified(path)
         self.retention.prune(path.parent)
 
-    def wait(self) -> None:
-        """Nothing is ever in flight."""
-
-    def check(self) -> None:
-        """Nothing can have failed in the background."""
-
     @staticmethod
-    def load(path: Location, device: torch.device) -> dict[str, Any]:
-        """A committed checkpoint's state, onto ``device`` (an object is read whole, then loaded)."""
+    def load(path: Location, device: torch.device | str) -> dict[str, Any]:
+        """A committed checkpoint's state, onto ``device`` (an object is read whole, then loaded): the one reader of
+        ``state.pt``, whichever kind of model it goes into (``formats.py``)."""
         source = path / STATE_FILE
         target: Any = io.BytesIO(source.read_bytes()) if isinstance(source, RemotePath) else source
         state: dict[str, Any] = torch.load(target, map_location=device, weights_only=False)
         return state
 
 
-class AsyncCheckpointIO(SyncCheckpointIO):
-    """Copy the state to host memory in the training thread; write, commit and prune in the background."""
-
-    def __init__(self, keep: int) -> None:
-        super().__init__(keep)
-        self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
-        self._host = HostBuffers()
-
-    def save(self, path: Location, state: dict[str, Any], meta: dict[str, Any]) -> None:
-        """Wait for the previous write, snapshot ``state``, start writing it; returns once the copy is made."""
-        self.wait()
-        started = time.perf_counter()
-        copy = self._host.copy(state)
-        blocked = time.perf_counter() - started
-        self.blocked_seconds += blocked
-        self._thread = threading.Thread(target=self._background, args=(path, copy, meta, blocked),
-                                        name=f"checkpoint-{path.name}")  # not a daemon: exit waits for it
-        self._thread.start()
-
-    def _background(self, path: Location, state: dict[str, Any], meta: dict[str, Any], blocked: float) -> None:
-        started = time.perf_counter()
-        try:
-            self._write(path, state, meta)
-        except BaseException as exc:
-            self._error = exc
-            log.error("checkpoint %s failed in the background: %s", path.name, exc)
-            return
-        elapsed = time.perf_counter() - started
-        self.write_seconds += elapsed
-        log.info("checkpoint %s committed: training blocked %.2f s, written in %.2f s in the background",
-                 path.name, blocked, elapsed)
-
-    def wait(self) -> None:
-        """Block until the write in flight (if any) is committed; raise its failure."""
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-        self.check()
-
-    def check(self) -> None:
-        """Raise the failure of a finished background write (called at every step boundary)."""
-        if self._error is not None:
-            error, self._error = self._error, None
-            raise error
-
-
 def make_io(mode: str, keep: int) -> checkpoints.CheckpointWriter:
-    """The checkpoint I/O for ``--checkpoint-mode`` (mypy checks that both writers implement the interface)."""
-    return AsyncCheckpointIO(keep) if mode == "async" else SyncCheckpointIO(keep)
+    """The replicated checkpoint I/O for ``--checkpoint-mode`` (mypy checks that it implements the interface)."""
+    return ReplicatedCheckpointIO(keep, background=mode == "async")

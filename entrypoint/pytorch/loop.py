@@ -26,7 +26,7 @@ from entrypoint.cluster import envvars as ev
 from entrypoint.cluster.placement import Placement
 from entrypoint.errors import ConfigError
 from entrypoint.options import DEFAULT_BATCH_SIZE, DEFAULT_EPOCHS
-from entrypoint.outputs import checkpoints, storage
+from entrypoint.outputs import storage
 from entrypoint.outputs.hypertune import MetricReporter
 from entrypoint.outputs.locations import ensure_writable, local_path
 from entrypoint.outputs.progress import Progress
@@ -35,7 +35,7 @@ from entrypoint.planning import registry
 from entrypoint.planning.plan import Plan
 from entrypoint.planning.usercode import load_hooks, module_default, parse_user_args
 from entrypoint.pytorch import hub_export, parallel, pretrained
-from entrypoint.pytorch.checkpoint_io import LOAD_WITH, make_io
+from entrypoint.pytorch.checkpoint_io import LOAD_WITH
 from entrypoint.pytorch.collectives import Collectives, TorchDistributed
 from entrypoint.pytorch.data import TrainBatches, to_device
 from entrypoint.pytorch.defaults import (
@@ -52,19 +52,13 @@ from entrypoint.pytorch.membership import Membership
 from entrypoint.pytorch.parallel import Parallel
 from entrypoint.pytorch.resilience import Resilience
 from entrypoint.pytorch.resume import LoopCheckpoints
-from entrypoint.pytorch.sharded_io import ShardedCheckpointIO
 from entrypoint.pytorch.state import TrainState, reseed
 from entrypoint.pytorch.survivors import InPlace
 from entrypoint.pytorch.vote import nonfinite
 
 log = logging.getLogger("entrypoint.pytorch")
-LOAD_REPLICATED = ("torch.load('model.pt', weights_only=False)  # or safetensors.torch.load_file('model.safetensors'), "
-                   f"or state_dict.pt into build_model(); a checkpoint: {LOAD_WITH}")
 LOAD_HUB = ("transformers' AutoModel...from_pretrained(model_dir) (config.json, safetensors with an index past "
             f"max_shard_size); a checkpoint: {LOAD_WITH}")
-LOAD_SHARDED = ("safetensors.torch.load_file('model.safetensors') into build_model(); a checkpoint: "
-                "torch.distributed.checkpoint.load(...) at any world size, or "
-                "torch.distributed.checkpoint.format_utils.dcp_to_torch_save(<checkpoint>, 'full.pt')")
 
 
 def check_placement(placed: Placement, comm: Collectives) -> None:
@@ -95,8 +89,7 @@ class Trainer:
         self.batch_size = int(options.batch_size or module_default(self.module, "batch_size", DEFAULT_BATCH_SIZE))
         self.metric_name = options.hypertune_metric or getattr(self.module, "HYPERTUNE_METRIC", None)
         self.reporter = MetricReporter(self.ctx.is_chief, topo.trial)
-        self.io: checkpoints.CheckpointWriter = make_io(options.checkpoint_mode, options.keep_checkpoints)
-        self.checkpoints = LoopCheckpoints(plan, comm, self.ctx, self.io)
+        self.checkpoints = LoopCheckpoints(plan, comm, self.ctx)  # in the layout's format once the model is placed
         self.parallel: Parallel | None = None
         inplace = None
         if membership is not None:
@@ -152,8 +145,12 @@ class Trainer:
         with pretrained.meta_parameters() if opts.init_from else nullcontext():  # its weights come after placing
             model = self.module.build_model(self.args, ctx)
         phase("placing the model (sharding it, or moving it to its device)")
-        self.parallel = self._parallel(model)
-        model = self.parallel.shard(model, self._units())
+        self.parallel = layout = self._parallel(model)
+        self.checkpoints.use(layout.checkpoint_format(opts.keep_checkpoints, opts.checkpoint_mode == "async",
+                                                      opts.timeout))
+        if not layout.survives_lost_peer:
+            self.resilience.restart_on_loss()
+        model = layout.shard(model, self._units())
         phase("building the optimizer")
         state = TrainState(model, *self._optimizer(model))
         batches = TrainBatches(train_set, self.batch_size, ctx.rank, ctx.world_size, opts.seed, self._workers(),
@@ -164,7 +161,7 @@ class Trainer:
         return state, batches, eval_set
 
     def _parallel(self, model: nn.Module) -> Parallel:
-        """DDP, FSDP or HSDP for this model (``parallel.choose``); a sharded model gets sharded checkpoints."""
+        """DDP, FSDP or HSDP for this model (``parallel.choose``): the layout, which gives its checkpoint format."""
         ctx, opts, topo = self.ctx, self.options, self.plan.topology
         placed = self.plan.placed
         choice = parallel.choose(self.plan.strategy, opts.strategy is not None,
@@ -178,10 +175,6 @@ class Trainer:
             bucket_cap_mb = opts.framework_option("bucket_cap_mb", BUCKET_CAP_MB_DEFAULT)
             return parallel.Replicated(choice, self.comm, ctx.device, bucket_cap_mb, compiled)
         parallel.same_weights_everywhere(model, self.comm)
-        self.resilience.restart_on_loss()
-        self.io = ShardedCheckpointIO(opts.keep_checkpoints, ctx.rank, opts.checkpoint_mode == "async", opts.timeout,
-                                      ctx.device.type == "cuda")
-        self.checkpoints.use(self.io, sharded=True)
         return parallel.Sharded(choice, ctx.device, max(topo.num_nodes, 1), placed.local_world_size, opts.bf16,
                                 compiled)
 
@@ -215,7 +208,7 @@ class Trainer:
         assert self.parallel is not None
         check_placement(self.plan.placed, self.comm)  # again after an in-place recovery re-formed the group
         self.resilience.doing("wrapping the model for data parallelism")
-        state.ddp, state.optimizer = self.parallel.wrap(state.model, state.optimizer)
+        state.wrapped, state.optimizer = self.parallel.wrap(state.model, state.optimizer)
         self.digests.setdefault("start", self.comm.gather_object(self.parallel.digest(state.model)))
 
     def _train_epoch(self, state: TrainState, batches: TrainBatches, epoch: int, progress: Progress) -> None:
@@ -235,7 +228,7 @@ class Trainer:
 
     def _step(self, state: TrainState, batch: Any) -> tuple[torch.Tensor, bool | None]:
         """One optimizer step; the loss, and whether the update was applied (None: checked by the vote later)."""
-        ddp = state.ddp
+        ddp = state.wrapped
         assert ddp is not None
         reseed(self.options.seed, self.ctx.rank, state.step + 1)
         with self._autocast():
@@ -296,7 +289,8 @@ class Trainer:
             with storage.store_errors(self.ctx.tensorboard_dir):
                 self.writer.close()
         hook = getattr(self.module, "export", None)
-        if self.parallel is not None and self.parallel.sharded:  # every rank gives its shards, tensor by tensor
+        self.checkpoints.close()  # the last write committed (``finishing`` waited), the writer's buffers released
+        if self.parallel is not None and self.parallel.every_rank_exports:  # each its shards, tensor by tensor
             self._export(state.model.eval(), hook, sharded=True)
         elif self.ctx.is_chief:
             self._export(state.model.to("cpu").eval(), hook, sharded=False)
@@ -387,11 +381,11 @@ class Trainer:
             final_step=state.step, expected_steps=total, steps_per_replica=steps, metrics=state.metrics,
             history=state.history, seconds=round(seconds, 2),
             samples_per_second=round((state.step - start_step) * global_batch / max(seconds, 1e-9), 1),
-            checkpoint_blocked_seconds=round(self.io.blocked_seconds, 3),
-            checkpoint_write_seconds=round(self.io.write_seconds, 3), trial=ctx.trial,
+            checkpoint_blocked_seconds=round(self.checkpoints.io.blocked_seconds, 3),
+            checkpoint_write_seconds=round(self.checkpoints.io.write_seconds, 3), trial=ctx.trial,
             hypertune_file=self.reporter.path, ranks=ranks, param_digests=digests, recoveries=state.recoveries,
             goodput=self.resilience.goodput_so_far(),
-            load_with=LOAD_HUB if self.hub else LOAD_SHARDED if choice and choice.sharded else LOAD_REPLICATED,
+            load_with=LOAD_HUB if self.hub else self.parallel.load_with if self.parallel else parallel.LOAD_REPLICATED,
             details={"init_param_digests": self.digests["init"], "start_param_digests": self.digests["start"],
                      "strategy_reason": choice.reason if choice else self.plan.reason,
                      "compile_seconds": round(parallel.compile_seconds(), 2),

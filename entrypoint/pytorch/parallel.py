@@ -35,13 +35,22 @@ from entrypoint.cluster import envvars as ev
 from entrypoint.errors import ConfigError
 from entrypoint.planning.registry import Framework
 from entrypoint.pytorch import pretrained
+from entrypoint.pytorch.checkpoint_io import LOAD_WITH, ReplicatedCheckpointIO
 from entrypoint.pytorch.defaults import param_digest
+from entrypoint.pytorch.formats import ReplicatedFormat, ShardedFormat
+from entrypoint.pytorch.sharded_io import ShardedCheckpointIO
 
 log = logging.getLogger("entrypoint.pytorch")
 BYTES_PER_PARAMETER = 16  # fp32 parameter + gradient + Adam's two moments
 FIT_FRACTION = 0.5  # of one device's memory: the rest is for activations, buffers and the allocator
 UNIT_FRACTION = 0.01  # a repeated block holding at least this share of the parameters is its own shard unit
 SHARDED = ("fsdp", "hsdp")
+# How the training summary says to load what the job wrote (``load_with``), by layout.
+LOAD_REPLICATED = ("torch.load('model.pt', weights_only=False)  # or safetensors.torch.load_file('model.safetensors'), "
+                   f"or state_dict.pt into build_model(); a checkpoint: {LOAD_WITH}")
+LOAD_SHARDED = ("safetensors.torch.load_file('model.safetensors') into build_model(); a checkpoint: "
+                "torch.distributed.checkpoint.load(...) at any world size, or "
+                "torch.distributed.checkpoint.format_utils.dcp_to_torch_save(<checkpoint>, 'full.pt')")
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
 CPU_MMAP_THRESHOLD = 128 * 1024  # bytes: FSDP's gathered blocks are far above it, small tensors stay in the heap
 
@@ -147,6 +156,9 @@ class Replicated:
     """Every rank holds the whole model (DDP over torch.distributed, or Horovod); gradients are averaged."""
 
     sharded = False
+    survives_lost_peer = True  # every other rank holds what a lost one held: survivors may keep training
+    every_rank_exports = False  # the chief exports its whole copy
+    load_with = LOAD_REPLICATED
 
     def __init__(self, choice: Choice, comm: Any, device: torch.device, bucket_cap_mb: int, compile: bool) -> None:
         self.choice, self.comm, self.device, self.bucket_cap_mb, self.compile = \
@@ -170,11 +182,18 @@ class Replicated:
         """A digest of every parameter: equal on every rank when the replicas are in sync."""
         return param_digest(model)
 
+    def checkpoint_format(self, keep: int, background: bool, timeout: float) -> ReplicatedFormat:
+        """``state.pt`` by the chief (``formats.py``)."""
+        return ReplicatedFormat(ReplicatedCheckpointIO(keep, background), self.device)
+
 
 class Sharded:
     """FSDP2 (``fully_shard``) over every rank, or HSDP: sharded within a node, replicated across nodes."""
 
-    sharded = True
+    sharded = True  # the evaluation's forward pass is a collective: every rank runs as many batches (lockstep)
+    survives_lost_peer = False  # a lost rank takes its shards with it: the job restarts from its checkpoint
+    every_rank_exports = True  # every rank gives its shards, tensor by tensor
+    load_with = LOAD_SHARDED
 
     def __init__(self, choice: Choice, device: torch.device, num_nodes: int, local_world_size: int, bf16: bool,
                  compile: bool) -> None:
@@ -217,6 +236,11 @@ class Sharded:
     def wrap(self, model: nn.Module, optimizer: Any) -> tuple[nn.Module, Any]:
         """Nothing to wrap: the sharded model reduces its own gradients."""
         return model, optimizer
+
+    def checkpoint_format(self, keep: int, background: bool, timeout: float) -> ShardedFormat:
+        """Every rank its shards with torch.distributed.checkpoint, over a gloo group of its own (``formats.py``)."""
+        return ShardedFormat(ShardedCheckpointIO(keep, dist.get_rank(), background, timeout,
+                                                 self.device.type == "cuda"))
 
     def digest(self, model: nn.Module) -> str:
         """A digest of this rank's shards (ranks hold different shards: compare one rank across runs)."""

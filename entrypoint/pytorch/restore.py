@@ -1,4 +1,5 @@
-"""Either checkpoint format into either kind of model: what lets a model outgrow DDP, and come back.
+"""Either checkpoint format into either kind of model, the state dicts' side (``formats.py`` reads the files through
+the writers and calls these): what lets a model outgrow DDP, and come back.
 
 - A replicated checkpoint (``state.pt``, written by DDP, Horovod or one process) holds the whole model and
   optimizer state. Into a replicated model it loads as it always did; into a sharded one each rank takes its
@@ -15,7 +16,6 @@ model is refused naming the first tensor that differs, and nothing is overwritte
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -23,10 +23,9 @@ from torch import nn
 
 from entrypoint.outputs.checkpoints import CheckpointError
 from entrypoint.outputs.storage import Location
-from entrypoint.pytorch.sharded_io import EXTRA_FILE, is_sharded_checkpoint, readable
+from entrypoint.pytorch.sharded_io import is_sharded_checkpoint, readable
 
 log = logging.getLogger("entrypoint.pytorch")
-STATE_FILE = "state.pt"
 
 
 def optimizer_fqns(model: nn.Module, optimizer: Any) -> list[list[str]]:
@@ -77,20 +76,9 @@ def check_shapes(model: nn.Module, path: Location) -> None:
                                   "(a checkpoint of another model?)")
 
 
-def read_replicated(path: Location, model: nn.Module, optimizer: Any, sharded: bool,
-                    device: torch.device) -> dict[str, Any]:
-    """A ``state.pt`` checkpoint into ``model`` and ``optimizer``; the rest of what it holds (positions, RNG...)."""
-    import io
-
-    from entrypoint.outputs.storage import RemotePath
-
-    source = path / STATE_FILE
-    target: Any = io.BytesIO(source.read_bytes()) if isinstance(source, RemotePath) else source
-    saved: dict[str, Any] = torch.load(target, map_location="cpu" if sharded else device, weights_only=False)
-    if not sharded:
-        model.load_state_dict(saved["model"])
-        optimizer.load_state_dict(saved["optimizer"])
-        return saved
+def apply_full(model: nn.Module, optimizer: Any, saved: dict[str, Any], path: Location) -> None:
+    """A replicated checkpoint's whole state (``saved``, read by its writer) into a sharded model: each rank takes
+    its shards; the optimizer state by parameter names (``optimizer_fqns``, or the model's order if it matches)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
 
     full = StateDictOptions(full_state_dict=True)
@@ -100,7 +88,6 @@ def read_replicated(path: Location, model: nn.Module, optimizer: Any, sharded: b
         log.warning("%s: the optimizer state could not be matched to parameter names: it starts afresh", path)
     else:
         set_optimizer_state_dict(model, optimizer, _by_name(saved["optimizer"], fqns), options=full)
-    return saved
 
 
 def _positional_names(model: nn.Module, saved: dict[str, Any]) -> list[list[str]] | None:
@@ -116,18 +103,19 @@ def _positional_names(model: nn.Module, saved: dict[str, Any]) -> list[list[str]
     return out
 
 
-def read_sharded_whole(path: Location, model: nn.Module, optimizer: Any) -> dict[str, Any]:
-    """A sharded checkpoint into a replicated model, read whole by this process alone; its ``extra.pt``."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+def whole_state(model: nn.Module, optimizer: Any) -> dict[str, Any]:
+    """A replicated model's and optimizer's state dicts under a sharded checkpoint's names (what it loads into)."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-    state = {"model": model.state_dict(), "optim": get_optimizer_state_dict(model, optimizer)}
-    with readable(path) as local:
-        dcp.load(state, checkpoint_id=str(local), no_dist=True)
-        extra: dict[str, Any] = torch.load(Path(local) / EXTRA_FILE, map_location="cpu", weights_only=False)
+    return {"model": model.state_dict(), "optim": get_optimizer_state_dict(model, optimizer)}
+
+
+def apply_whole(model: nn.Module, optimizer: Any, state: dict[str, Any]) -> None:
+    """Put what a sharded checkpoint filled into ``whole_state`` back into the replicated model and optimizer."""
+    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
     model.load_state_dict(state["model"])
     set_optimizer_state_dict(model, optimizer, state["optim"])
-    return extra
 
 
 def sharded_state(model: nn.Module, optimizer: Any) -> dict[str, Any]:

@@ -1,9 +1,10 @@
 """The hooks loop's checkpoints: what a save holds, which checkpoint a resume takes, and what that cost.
 
-A replicated model (DDP, Horovod, one process) is saved by the chief alone (``state.pt``); a sharded one by every
-rank (its shards, ``sharded_io.py``). Resume takes the newest committed checkpoint that verifies and loads, of
-either format (``restore.py``), at any world size: the chief picks, and for a sharded model every rank takes part
-in each attempt (``dcp.load`` is a collective), so a checkpoint that fails on any rank is skipped on all.
+What a save holds and who writes it is the parallel layout's checkpoint format (``formats.py``): the chief alone
+(``state.pt``: DDP, Horovod, one process), or every rank its shards (FSDP, HSDP). Resume takes the newest committed
+checkpoint that verifies and loads, of either format, at any world size, through the format: the chief picks, and
+for a collective format every rank takes part in each attempt (``dcp.load`` is a collective), so a checkpoint that
+fails on any rank is skipped on all.
 """
 
 from __future__ import annotations
@@ -17,27 +18,43 @@ from entrypoint.lifecycle import lost_work
 from entrypoint.outputs import checkpoints, storage
 from entrypoint.outputs.storage import Location
 from entrypoint.planning.plan import Plan
-from entrypoint.pytorch import restore
 from entrypoint.pytorch import state as rng
+from entrypoint.pytorch.checkpoint_io import BackgroundWriter
 from entrypoint.pytorch.collectives import Collectives
 from entrypoint.pytorch.defaults import HookContext
-from entrypoint.pytorch.sharded_io import is_sharded_checkpoint
+from entrypoint.pytorch.formats import CheckpointFormat, replicated_payload
 from entrypoint.pytorch.state import TrainState
 
 log = logging.getLogger("entrypoint.pytorch")
 
 
 class LoopCheckpoints:
-    """Saves through the checkpoint I/O seam and resumes every rank from the chief's choice."""
+    """Saves through the layout's checkpoint format and resumes every rank from the chief's choice."""
 
-    def __init__(self, plan: Plan, comm: Collectives, ctx: HookContext, io: checkpoints.CheckpointWriter,
-                 sharded: bool = False) -> None:
-        self.plan, self.comm, self.ctx, self.io, self.sharded = plan, comm, ctx, io, sharded
+    def __init__(self, plan: Plan, comm: Collectives, ctx: HookContext) -> None:
+        self.plan, self.comm, self.ctx = plan, comm, ctx
+        self.format: CheckpointFormat | None = None  # the layout's, once the model is placed (``use``)
+        self._idle = BackgroundWriter(plan.options.keep_checkpoints)  # nothing written before that
         self.batch_size = 1  # set by the loop: the per-rank batch size (to read an older checkpoint's position)
 
-    def use(self, io: checkpoints.CheckpointWriter, sharded: bool) -> None:
-        """Save and load through ``io`` (the sharded writer once the model turned out to be sharded)."""
-        self.io, self.sharded = io, sharded
+    def use(self, layout_format: CheckpointFormat) -> None:
+        """Save and load in ``layout_format`` (the parallel layout's, chosen once the model exists)."""
+        self.format = layout_format
+
+    @property
+    def io(self) -> BackgroundWriter:
+        """The format's writer (``wait``, ``check``, the seconds it blocked and wrote)."""
+        return self.format.io if self.format is not None else self._idle
+
+    def close(self) -> None:
+        """The write in flight committed, the writer's buffers released (the training's end)."""
+        if self.format is not None:
+            self.format.close()
+
+    def _format(self) -> CheckpointFormat:
+        if self.format is None:
+            raise RuntimeError("no checkpoint format before the model is placed")
+        return self.format
 
     def extra(self, state: TrainState) -> dict[str, Any]:
         """Everything but the model's and optimizer's tensors: position, history, scheduler, world size."""
@@ -49,33 +66,31 @@ class LoopCheckpoints:
         }
 
     def payload(self, state: TrainState) -> dict[str, Any]:
-        """Everything a rank needs to continue from a replicated ``state`` (in a checkpoint, or sent live)."""
-        return {"model": state.model.state_dict(), "optimizer": state.optimizer.state_dict(),
-                "optimizer_fqns": restore.optimizer_fqns(state.model, state.optimizer), **self.extra(state)}
+        """Everything a rank needs to continue from a replicated ``state`` (sent live to a healed rank)."""
+        return {**replicated_payload(state.model, state.optimizer), **self.extra(state)}
 
     def save(self, state: TrainState) -> None:
-        """Every rank gives its RNG state; the chief saves a replicated model, every rank its shards."""
+        """Every rank gives its RNG state; the format's writers save (the chief, or every rank its shards)."""
+        layout = self._format()
         rngs = self.comm.gather_object(rng.rng_state())
         state.saved_step = state.step
         path = checkpoints.checkpoint_path(self.ctx.checkpoint_dir, state.step)
         meta = {"step": state.step, "epoch": state.epoch, "batch": state.batch, "sample": state.sample,
                 "framework": self.plan.framework, "reached_at": lost_work.reached_at(),
-                "world_size": self.ctx.world_size, "sharded": self.sharded}
-        if self.sharded:
-            self.io.save(path, {"shards": restore.sharded_state(state.model, state.optimizer),
-                                "extra": {**self.extra(state), "rng": rngs}}, meta)
-        elif self.ctx.is_chief:
-            self.io.save(path, {**self.payload(state), "rng": rngs}, meta)
+                "world_size": self.ctx.world_size, "sharded": layout.name == "sharded"}
+        if layout.collective or self.ctx.is_chief:
+            layout.save(path, state, {**self.extra(state), "rng": rngs}, meta)
 
     def resume(self, state: TrainState) -> bool:
         """The chief picks the checkpoint (the newest that verifies and loads) and tells every rank what it cost;
         whether one was loaded (the same answer on every rank)."""
+        collective = self._format().collective
         choice: tuple[str | None, tuple[str, str] | None, dict[str, Any] | None] = (None, None, None)
         if self.ctx.is_chief:
             try:
                 found = checkpoints.load_newest(self.ctx.checkpoint_dir, self.plan.options.resume_from,
                                                 self._loader(state), self.io.retention,
-                                                check=(lambda _path: None) if self.sharded else None)
+                                                check=(lambda _path: None) if collective else None)
                 lost = None
                 if found is not None:
                     reached = checkpoints.read_marker(found[0]).get("reached_at")
@@ -84,16 +99,16 @@ class LoopCheckpoints:
             except ConfigError as exc:
                 choice = (None, (exc.source, exc.problem), None)
             finally:
-                if self.sharded:
+                if collective:
                     self.comm.broadcast_object(None)  # the others stop following the chief's attempts
-        elif self.sharded:
+        elif collective:
             self._follow(state)
         path_text, error, cost = self.comm.broadcast_object(choice)
         if error is not None:
             raise ConfigError(*error)
         if path_text is None:
             return False
-        if not self.ctx.is_chief and not self.sharded:
+        if not self.ctx.is_chief and not collective:
             self.load(storage.path(path_text), state)
         log.info("resumed from %s at step %d (epoch %d, batch %d)", path_text, state.step, state.epoch, state.batch)
         if cost is not None:
@@ -102,8 +117,8 @@ class LoopCheckpoints:
         return True
 
     def _loader(self, state: TrainState) -> Callable[[Location], None]:
-        """How the chief tries a candidate: alone for a replicated model, with every rank for a sharded one."""
-        if not self.sharded:
+        """How the chief tries a candidate: alone (a replicated format), or with every rank (a collective one)."""
+        if not self._format().collective:
             return lambda path: self.load(path, state)
 
         def attempt(path: Location) -> None:
@@ -142,16 +157,9 @@ class LoopCheckpoints:
         return None
 
     def load(self, path: Location, state: TrainState) -> None:
-        """A committed checkpoint of either format into ``state`` (this rank's RNG too, at the same world size)."""
-        restore.check_shapes(state.model, path)
-        if is_sharded_checkpoint(path) and self.sharded:
-            loaded = self.io.load(path, {"shards": restore.sharded_state(state.model, state.optimizer)})
-            restore.apply_sharded(state.model, state.optimizer, loaded["shards"])
-            saved = loaded["extra"]
-        elif is_sharded_checkpoint(path):
-            saved = restore.read_sharded_whole(path, state.model, state.optimizer)
-        else:
-            saved = restore.read_replicated(path, state.model, state.optimizer, self.sharded, self.ctx.device)
+        """A committed checkpoint of either format into ``state``, through the format (this rank's RNG too, at the
+        same world size)."""
+        saved = self._format().load(path, state)
         adopt_position(state, saved, self.batch_size * saved.get("world_size", self.ctx.world_size))
         state.saved_step = state.step
         saved_world = saved.get("world_size")

@@ -11,7 +11,7 @@ skips any torn checkpoint. ``--checkpoint-mode sync`` does the same in the train
 
 On an object store without a FUSE mount (``gs://``), each rank writes into a private local directory and uploads
 its own files; loading downloads the checkpoint once per process. The checkpoint loads into any world size
-(``dcp.load`` reshards) and into a replicated model (``resume.py`` reads both formats).
+(``dcp.load`` reshards) and into a replicated model (``load_whole``; ``formats.py`` pairs formats and models).
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import hashlib
 import logging
 import shutil
 import tempfile
-import threading
 import time
 import warnings
 from datetime import timedelta
@@ -33,7 +32,7 @@ import torch.distributed as dist
 
 from entrypoint.outputs import checkpoints, storage
 from entrypoint.outputs.storage import Location, RemotePath, StorageError
-from entrypoint.pytorch.checkpoint_io import output_error, write_file
+from entrypoint.pytorch.checkpoint_io import BackgroundWriter, output_error, write_file
 
 log = logging.getLogger("entrypoint.pytorch")
 EXTRA_FILE = "extra.pt"
@@ -55,22 +54,18 @@ def _digest(path: Path) -> dict[str, Any]:
     return {"size": path.stat().st_size, "sha256": sha.hexdigest()}
 
 
-class ShardedCheckpointIO:
+class ShardedCheckpointIO(BackgroundWriter):
     """Every rank saves its shards (in the background by default); the chief commits the marker last."""
 
     def __init__(self, keep: int, rank: int, background: bool, timeout: float, cuda: bool) -> None:
         from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
-        self.retention = checkpoints.Retention(keep)
+        super().__init__(keep)
         self.rank, self.background = rank, background
-        self.blocked_seconds = 0.0
-        self.write_seconds = 0.0
         self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout))  # every rank, once
         # Kept for the whole run: its staging buffers are reused from one save to the next.
         self.stager = DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=False,
                                                    use_async_staging=False, use_non_blocking_copy=cuda))
-        self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
 
     @property
     def is_chief(self) -> bool:
@@ -88,9 +83,7 @@ class ShardedCheckpointIO:
             self._write(path, staged, state.get("extra"), meta, blocked)
             self.check()
             return
-        self._thread = threading.Thread(target=self._write, args=(path, staged, state.get("extra"), meta, blocked),
-                                        name=f"checkpoint-{path.name}")  # not a daemon: exit waits for it
-        self._thread.start()
+        self._in_background(path, self._write, path, staged, state.get("extra"), meta, blocked)
 
     def _write(self, path: Location, shards: dict[str, Any], extra: Any, meta: dict[str, Any], blocked: float) -> None:
         import torch.distributed.checkpoint as dcp
@@ -114,7 +107,7 @@ class ShardedCheckpointIO:
                 checkpoints.commit(path, meta, files)
                 checkpoints.check_sizes(path)
         except BaseException as exc:  # CheckpointException is a BaseException
-            self._error = output_error(exc if isinstance(exc, Exception) else RuntimeError(str(exc)), path)
+            self._failed(output_error(exc if isinstance(exc, Exception) else RuntimeError(str(exc)), path))
             log.error("checkpoint %s failed: %s", path.name, " ".join(str(exc).split())[:300])
             self._discard(path)
             return
@@ -156,19 +149,6 @@ class ShardedCheckpointIO:
         except (OSError, StorageError) as exc:
             return f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
 
-    def wait(self) -> None:
-        """Block until the save in flight (if any) is committed; raise its failure."""
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-        self.check()
-
-    def check(self) -> None:
-        """Raise the failure of a finished background save (called at every step boundary)."""
-        if self._error is not None:
-            error, self._error = self._error, None
-            raise error
-
     def load(self, path: Location, into: Any) -> Any:
         """Read the committed checkpoint at ``path`` into ``into`` (``{"shards": ..., "extra": None}``), resharded."""
         import torch.distributed.checkpoint as dcp
@@ -178,9 +158,20 @@ class ShardedCheckpointIO:
             into["extra"] = torch.load(Path(local) / EXTRA_FILE, map_location="cpu", weights_only=False)
         return into
 
+    @staticmethod
+    def load_whole(path: Location, into: dict[str, Any]) -> dict[str, Any]:
+        """Read the committed checkpoint at ``path`` whole into ``into`` (``{"model": ..., "optim": ...}``, full
+        state dicts) in this process alone (``no_dist``: a replicated model); its ``extra.pt``."""
+        import torch.distributed.checkpoint as dcp
+
+        with readable(path) as local:
+            dcp.load(into, checkpoint_id=str(local), no_dist=True)
+            extra: dict[str, Any] = torch.load(Path(local) / EXTRA_FILE, map_location="cpu", weights_only=False)
+        return extra
+
     def close(self) -> None:
-        """Release the staging buffers."""
-        self.wait()
+        """The save in flight committed; the staging buffers released."""
+        super().close()
         self.stager.close()
 
 

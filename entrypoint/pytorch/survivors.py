@@ -111,7 +111,7 @@ class InPlace:
         """After losing a peer: drop the group, re-form it with the replacement, heal; raises PeerError if not."""
         failed_at, step = time.time(), state.step
         self.comm.drop_group()
-        state.ddp = None
+        state.wrapped = None
         gc.collect()  # the old DDP's hooks and buffers go with it
         log.warning("lost %s at step %d: keeping this process and re-forming the group (generation %d)",
                     ", ".join(lost) or "a peer", step, self.membership.generation + 1)
