@@ -15,6 +15,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from entrypoint.cluster import envvars as ev
 from entrypoint.lifecycle.peers import KeyValue
 
 log = logging.getLogger("entrypoint.pytorch")
@@ -35,6 +36,7 @@ class Collectives(Protocol):
     """Rank facts and the collectives the hooks loop uses."""
 
     name: str
+    rank_variable: str  # the variable that places this process at its rank (named when the framework disagrees)
 
     @property
     def rank(self) -> int:
@@ -76,7 +78,7 @@ class TorchDistributed:
     """
 
     def __init__(self, backend: str, rank: int = 0, world_size: int = 1, timeout: float = 300.0) -> None:
-        self.name = backend
+        self.name, self.rank_variable = backend, ev.RANK
         self.device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
         self._rank, self._world_size, self.timeout = rank, world_size, timeout
         self._links: dict[int, str] = {}  # the connections the current group opened (to shut down if it breaks)

@@ -22,7 +22,6 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from entrypoint import failures
-from entrypoint.cluster import envvars as ev
 from entrypoint.cluster.placement import Placement
 from entrypoint.errors import ConfigError
 from entrypoint.options import DEFAULT_BATCH_SIZE, DEFAULT_EPOCHS
@@ -54,7 +53,6 @@ from entrypoint.pytorch.resilience import Resilience
 from entrypoint.pytorch.resume import LoopCheckpoints
 from entrypoint.pytorch.state import TrainState, reseed
 from entrypoint.pytorch.survivors import InPlace
-from entrypoint.pytorch.vote import nonfinite
 
 log = logging.getLogger("entrypoint.pytorch")
 LOAD_HUB = ("transformers' AutoModel...from_pretrained(model_dir) (config.json, safetensors with an index past "
@@ -64,9 +62,9 @@ LOAD_HUB = ("transformers' AutoModel...from_pretrained(model_dir) (config.json, 
 def check_placement(placed: Placement, comm: Collectives) -> None:
     """The framework's own rank and world size (``dist.get_rank()``, ``hvd.rank()``) must be the plan's."""
     if (comm.rank, comm.world_size) != (placed.rank, placed.world_size):
-        variable = ev.HOROVOD_RANK if comm.name == "horovod" else ev.RANK
-        raise ConfigError(variable, f"{comm.name} placed this process at rank {comm.rank} of {comm.world_size}, "
-                                    f"but the job's layout places it at rank {placed.rank} of {placed.world_size}")
+        raise ConfigError(comm.rank_variable, f"{comm.name} placed this process at rank {comm.rank} of "
+                          f"{comm.world_size}, but the job's layout places it at rank {placed.rank} of "
+                          f"{placed.world_size}")
 
 
 class Trainer:
@@ -228,34 +226,26 @@ class Trainer:
 
     def _step(self, state: TrainState, batch: Any) -> tuple[torch.Tensor, bool | None]:
         """One optimizer step; the loss, and whether the update was applied (None: checked by the vote later)."""
-        ddp = state.wrapped
-        assert ddp is not None
+        wrapped = state.wrapped
+        assert wrapped is not None
         reseed(self.options.seed, self.ctx.rank, state.step + 1)
         with self._autocast():
-            loss = getattr(self.module, "compute_loss", default_loss)(ddp, to_device(batch, self.ctx.device), self.ctx)
+            loss = getattr(self.module, "compute_loss", default_loss)(wrapped, to_device(batch, self.ctx.device),
+                                                                      self.ctx)
         state.optimizer.zero_grad()  # set_to_none is the default (Horovod's optimizer takes no argument)
         loss.backward()
-        return loss, self._apply(state, loss, ddp)
+        return loss, self._apply(state, loss, wrapped)
 
-    def _apply(self, state: TrainState, loss: torch.Tensor, ddp: nn.Module) -> bool | None:
-        """The optimizer step; with ``--on-nonfinite skip`` every rank first agrees the loss is finite.
-
-        Returns None when the loss is checked later by the step vote (``fail``), else whether the update
-        was applied (``skip``: one small synchronous all-reduce per step).
-        """
-        checked = self.options.on_nonfinite == "skip"
-        if checked and (bad := int(self.comm.all_reduce_sum(nonfinite(loss)).item())):
-            self.comm.discard_step(state.optimizer)
-            state.skipped.append(state.step + 1)
-            if self.ctx.is_chief:
-                log.warning("step %d: the loss is NaN or infinite on %d of %d ranks: update skipped "
-                            "(--on-nonfinite skip; %d skipped so far)", state.step + 1, bad, self.ctx.world_size,
-                            len(state.skipped))
+    def _apply(self, state: TrainState, loss: torch.Tensor, wrapped: nn.Module) -> bool | None:
+        """The optimizer step, unless every rank agreed to skip it (``Resilience.agree_finite``). Returns None when
+        the loss is checked later by the step vote (``fail``), else whether the update was applied (``skip``)."""
+        agreed = self.resilience.agree_finite(state, loss)
+        if agreed is False:
             return False
         if self.options.clip_grad_norm:
-            torch.nn.utils.clip_grad_norm_(ddp.parameters(), self.options.clip_grad_norm)
+            torch.nn.utils.clip_grad_norm_(wrapped.parameters(), self.options.clip_grad_norm)
         state.optimizer.step()
-        return True if checked else None
+        return agreed
 
     def _end_epoch(self, state: TrainState, eval_set: Dataset[Any], epoch: int) -> None:
         ctx, guard = self.ctx, self.resilience

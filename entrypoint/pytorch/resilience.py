@@ -10,6 +10,8 @@
   write, and the per-step vote (``vote.py``): every rank learns at the same step that a signal arrived
   anywhere (the chief commits that step, every rank exits 128 + N), that a loss was not finite, or that the
   platform gave a node an advance notice (``notices.py``: that step is committed at once, training goes on).
+- ``agree_finite(state, loss)``: ``--on-nonfinite skip`` (every rank agrees the loss is finite before the update,
+  or drops it); ``fail`` leaves it to the vote.
 - ``checkpoint(state)`` and ``settle(state)``: the vote in flight is finished before anything is saved,
   evaluated or exported, so no checkpoint holds the state of a step whose loss was not finite.
 - ``attempts(state)``: the training runs once; with survivors-keep-training on (``survivors.py``), a lost peer
@@ -40,7 +42,7 @@ from entrypoint.pytorch.notices import AdvanceNotice
 from entrypoint.pytorch.resume import LoopCheckpoints
 from entrypoint.pytorch.state import TrainState
 from entrypoint.pytorch.survivors import Healing, InPlace
-from entrypoint.pytorch.vote import StepVerdict, StepVote
+from entrypoint.pytorch.vote import StepVerdict, StepVote, nonfinite
 
 log = logging.getLogger("entrypoint.pytorch")
 MAX_RECOVERIES_AT_ONE_STEP = 2  # more, at the same step, is a failure that repeats (not a peer that was lost)
@@ -165,6 +167,22 @@ class Resilience:
             else "in a training step"
         self._step_started = time.monotonic()
         self.record.step_begin()
+
+    def agree_finite(self, state: TrainState, loss: Any) -> bool | None:
+        """Before the update, ``--on-nonfinite``: ``fail`` lets it through unchecked (None: the step vote checks the
+        loss later, without a collective of its own); ``skip`` has every rank agree the loss is finite first (one
+        small synchronous all-reduce), and drops the step's update everywhere when it is not (False)."""
+        if self.plan.options.on_nonfinite != "skip":
+            return None
+        bad = int(self.comm.all_reduce_sum(nonfinite(loss)).item())
+        if not bad:
+            return True
+        self.comm.discard_step(state.optimizer)
+        state.skipped.append(state.step + 1)
+        if self.ctx.is_chief:
+            log.warning("step %d: the loss is NaN or infinite on %d of %d ranks: update skipped (--on-nonfinite "
+                        "skip; %d skipped so far)", state.step + 1, bad, self.ctx.world_size, len(state.skipped))
+        return False
 
     def after_step(self, state: TrainState, loss: Any) -> None:
         """A step ended (``loss`` None: its finiteness was agreed on already): beat, vote, stop or fail as agreed.
