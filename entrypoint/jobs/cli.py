@@ -57,8 +57,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
                         help="default: run's --framework, else the image's name")
     parser.add_argument("--workers", type=int, default=1, help="training replicas, as local --workers: "
                         "1 chief + N-1 workers")
-    parser.add_argument("--ps", type=int, default=0, help="parameter servers (TensorFlow)")
-    parser.add_argument("--evaluators", type=int, default=0, help="evaluators (TensorFlow)")
+    parser.add_argument("--ps", type=int, default=0, help=f"parameter servers ({_serving('ps')})")
+    parser.add_argument("--evaluators", type=int, default=0, help=f"evaluators ({_serving('evaluator')})")
 
 
 def _vertex_options(p: argparse.ArgumentParser, formats_: tuple[str, ...]) -> None:
@@ -210,3 +210,8 @@ def main(argv: Sequence[str]) -> int:
         print(f"entrypoint: warning: {warning}", file=sys.stderr)
     sys.stdout.write(text)
     return ExitCode.OK
+
+
+def _serving(role: str) -> str:
+    """The frameworks whose replicas include ``role``, as people write them (``TensorFlow``)."""
+    return " / ".join(f.label for f in registry.serving(role)) or "no framework"

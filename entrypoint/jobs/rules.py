@@ -152,5 +152,6 @@ def validate(job: JobSpec, source: str, framework: str | None) -> list[str]:
     planned.check_vertex(job, source, framework)
     evaluators = job.pool(3)
     if evaluators is not None and evaluators.replicas > 1:
-        warnings.append(f"{evaluators.replicas} evaluators: TensorFlow expects a single evaluator")
+        serving = " / ".join(f.label for f in registry.serving("evaluator")) or "the framework"
+        warnings.append(f"{evaluators.replicas} evaluators: {serving} expects a single evaluator")
     return warnings

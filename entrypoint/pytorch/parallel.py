@@ -32,6 +32,7 @@ import torch.distributed as dist
 from torch import nn
 
 from entrypoint.cluster import envvars as ev
+from entrypoint.cluster.environments.settings import user_overrides
 from entrypoint.errors import ConfigError
 from entrypoint.planning.registry import Framework
 from entrypoint.pytorch import pretrained
@@ -270,7 +271,7 @@ def compile_forward(unit: nn.Module) -> None:
 def give_large_buffers_back() -> bool:
     """glibc's malloc maps allocations from ``CPU_MMAP_THRESHOLD`` up and unmaps them when freed (True), unless the
     user chose a threshold (glibc read it at start) or the C library has no such setting (musl: False)."""
-    if ev.MALLOC_MMAP_THRESHOLD in os.environ:
+    if user_overrides((ev.MALLOC_MMAP_THRESHOLD,)):
         return False
     try:
         mallopt = ctypes.CDLL(None).mallopt
