@@ -257,6 +257,37 @@ def test_every_checkpoint_writers_load_is_reached_from_resume() -> None:
         assert loads <= reached, f"{cls}: {sorted(loads - reached)} not reached from a format's load"
 
 
+def unit(module: str) -> str:
+    """The top-level piece of ``entrypoint`` a module belongs to (``entrypoint.jobs``, ``entrypoint.context``)."""
+    return ".".join(module.split(".")[:2])
+
+
+def test_no_import_runs_back_up_the_structure() -> None:
+    """Within a layer too, the top-level pieces stand one above another: no two import each other, through any
+    chain (``jobs`` and ``local`` share layer 7, ``lifecycle`` and ``context`` layer 5; ``local`` uses ``jobs``, and
+    ``jobs`` must not use ``local``)."""
+    graph: dict[str, set[str]] = {}
+    for path in MODULES:
+        mine = unit(module_name(path))
+        if mine == "entrypoint":
+            continue
+        graph.setdefault(mine, set()).update(
+            theirs for _, name in imported(ast.parse(path.read_text()))
+            if (theirs := unit(name)) != mine and theirs != "entrypoint")
+    back = []
+    for start in graph:
+        seen, todo = set(), list(graph[start])
+        while todo:
+            here = todo.pop()
+            if here == start:
+                back.append(start)
+                break
+            if here not in seen:
+                seen.add(here)
+                todo.extend(graph.get(here, ()))
+    assert not back, f"these pieces import each other, through some chain: {sorted(back)}"
+
+
 def test_the_new_rules_see_what_they_look_for() -> None:
     """The environment and framework-name checks find a read and a name where there is one."""
     source = ("import os\na = os.environ.get('X')\nb = os.environ['Y']\nc = 'Z' in os.environ\nd = os.getenv('W')\n"
