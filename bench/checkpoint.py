@@ -4,7 +4,8 @@ In this process, on a model of ``Linear`` layers with an Adam state (parameters 
 parameter), the same payload the hooks loop saves goes through:
 
 - ``ReplicatedCheckpointIO.save`` inline (ours, ``--checkpoint-mode sync``): blocked = written;
-- ``ReplicatedCheckpointIO.save`` in the background + ``wait()`` (ours, the default): blocked = the host copy, then a thread writes;
+- ``ReplicatedCheckpointIO.save`` in the background + ``wait()`` (ours, the default): blocked = the host copy, then
+  a thread writes;
 - ``torch.distributed.checkpoint.async_save`` (DCP, ``no_dist``), the alternative the issue names, and
   DCP's synchronous ``save`` for its write speed;
 - ours again to ``gs://`` without a FUSE mount (issue #20): through gcsfs to a local GCS JSON API server
@@ -84,7 +85,7 @@ class Saver:
     def ours(self, mode: str, remote: bool = False) -> float:
         """Our checkpoint I/O; ``written`` is the write itself (in the background when async)."""
         from entrypoint.outputs import storage
-        from entrypoint.pytorch.checkpoint_io import make_io
+        from entrypoint.pytorch.checkpoints.checkpoint_io import make_io
 
         self.count += 1
         name = f"ours {mode}" + (" gs://" if remote else "")

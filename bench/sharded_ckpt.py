@@ -37,9 +37,10 @@ sys.path[0] = str(Path(__file__).resolve().parent.parent)  # the checkout, not b
 from bench.common import interleave  # noqa: E402
 from bench.gpt import CONFIGS, GPT, configure_optimizer, corpus, window  # noqa: E402
 from entrypoint.outputs import checkpoints  # noqa: E402
-from entrypoint.pytorch import parallel, restore  # noqa: E402
-from entrypoint.pytorch.checkpoint_io import ReplicatedCheckpointIO  # noqa: E402
-from entrypoint.pytorch.sharded_io import ShardedCheckpointIO  # noqa: E402
+from entrypoint.pytorch.checkpoints import restore  # noqa: E402
+from entrypoint.pytorch.checkpoints.checkpoint_io import ReplicatedCheckpointIO  # noqa: E402
+from entrypoint.pytorch.checkpoints.sharded_io import ShardedCheckpointIO  # noqa: E402
+from entrypoint.pytorch.loop import parallel  # noqa: E402
 
 
 def parse_args() -> argparse.Namespace:

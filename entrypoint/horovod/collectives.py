@@ -13,7 +13,7 @@ from torch import nn
 
 from entrypoint.cluster import envvars as ev
 from entrypoint.lifecycle.peers import KeyValue
-from entrypoint.pytorch.collectives import Vote
+from entrypoint.pytorch.launch.collectives import Vote
 
 _SCOPE = "trainer"
 

@@ -149,7 +149,7 @@ def test_the_rules_see_what_they_look_for() -> None:
 
 
 # "Rules the code keeps": only cluster/environments/ reads the platform's variables; the one exception the map names
-ENVIRON_READS_ALLOWED = {"entrypoint.pytorch.launch"}  # restores the user's TORCH_CPP_LOG_LEVEL after one import
+ENVIRON_READS_ALLOWED = {"entrypoint.pytorch.launch.node"}  # restores the user's TORCH_CPP_LOG_LEVEL after one import
 
 
 def _is_environ(node: ast.AST) -> bool:
@@ -240,7 +240,7 @@ def _calls_in(path: Path, cls: str, method: str) -> set[str]:
 
 
 def test_every_checkpoint_writers_load_is_reached_from_resume() -> None:
-    pytorch = PACKAGE / "pytorch"
+    pytorch = PACKAGE / "pytorch" / "checkpoints"
     assert "self._format().load" in _calls_in(pytorch / "resume.py", "LoopCheckpoints", "load")
     replicated = _calls_in(pytorch / "formats.py", "ReplicatedFormat", "load")
     sharded = _calls_in(pytorch / "formats.py", "ShardedFormat", "load")
@@ -255,6 +255,44 @@ def test_every_checkpoint_writers_load_is_reached_from_resume() -> None:
         reached = {call.rsplit(".", 1)[-1] for call in replicated | sharded
                    if call.count(".") and call.split(".")[-2] in ("io", cls)}
         assert loads <= reached, f"{cls}: {sorted(loads - reached)} not reached from a format's load"
+
+
+# docs/ARCHITECTURE.md, "The tree": a framework package past ~15 modules is grouped by concern, each group a floor
+# of its own: a module imports from its own group or the ones before it in this list (the package's shared modules
+# first: its record, the training state, the hooks' defaults).
+GROUPS: dict[str, list[tuple[str, ...]]] = {
+    "entrypoint.pytorch": [("__init__", "framework", "state", "defaults"), ("launch",), ("checkpoints",),
+                           ("recovery",), ("loop",)],
+}
+
+
+def group(module: str) -> tuple[str, int] | None:
+    """The package ``module`` is grouped in, and its group's floor there (None: not in a grouped package)."""
+    for package, floors in GROUPS.items():
+        if module == package:
+            return package, 0
+        if module.startswith(package + "."):
+            first = module[len(package) + 1:].split(".")[0]
+            return package, next(i for i, names in enumerate(floors) if first in names)
+    return None
+
+
+@pytest.mark.parametrize("path", [p for p in MODULES if group(module_name(p)) is not None],
+                         ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_a_grouped_module_imports_nothing_from_a_later_group(path: Path) -> None:
+    mine = group(module_name(path))
+    assert mine is not None
+    later = [f"line {line}: {name}" for line, name in imported(ast.parse(path.read_text()))
+             if (theirs := group(name)) is not None and theirs[0] == mine[0] and theirs[1] > mine[1]]
+    assert not later, f"{module_name(path)} (group {mine[1]} of {mine[0]}) imports from a later group: {later}"
+
+
+def test_every_module_of_a_grouped_package_is_in_a_group() -> None:
+    for package in GROUPS:
+        base = PACKAGE.joinpath(*package.split(".")[1:])
+        assert [p.name for p in base.glob("*.py") if p.stem not in GROUPS[package][0]] == [], \
+            f"{package}: a module outside its groups"
+        assert all(group(module_name(p)) is not None for p in base.rglob("*.py"))
 
 
 def unit(module: str) -> str:

@@ -30,7 +30,7 @@ from entrypoint.errors import PeerError
 from entrypoint.lifecycle.waiting import LOG_EVERY, Wait
 from entrypoint.planning import registry
 from entrypoint.pytorch.framework import RECOVERY_DEFAULT
-from entrypoint.pytorch.store import job_run_id
+from entrypoint.pytorch.launch.store import job_run_id
 
 log = logging.getLogger("entrypoint.pytorch")
 _POLL = 0.05

@@ -21,8 +21,8 @@ from typing import Any
 import torch
 
 from entrypoint.outputs.storage import Location, RemotePath
-from entrypoint.pytorch.checkpoint_io import output_error
-from entrypoint.pytorch.export import SAFETENSORS_FILE, partial, publish, write_safetensors
+from entrypoint.pytorch.checkpoints.checkpoint_io import output_error
+from entrypoint.pytorch.loop.export import SAFETENSORS_FILE, partial, publish, write_safetensors
 
 MAX_SHARD_SIZE = 5 * 10**9  # bytes: save_pretrained's default "5GB"
 INDEX_FILE = "model.safetensors.index.json"

@@ -21,7 +21,7 @@ from typing import Any
 from entrypoint import errors, failures
 from entrypoint.lifecycle import peers
 from entrypoint.planning.plan import Plan
-from entrypoint.pytorch.store import NodeStore
+from entrypoint.pytorch.launch.store import NodeStore
 
 log = logging.getLogger("entrypoint.pytorch")
 
@@ -38,7 +38,7 @@ def watched(plan: Plan, store: NodeStore, ctx: failures.FailureContext) -> Itera
         return
     from torch.distributed import TCPStore
 
-    from entrypoint.pytorch.collectives import TorchStore
+    from entrypoint.pytorch.launch.collectives import TorchStore
 
     kv = TorchStore(TCPStore(store.host, store.port, is_master=False, timeout=timedelta(seconds=5),
                              wait_for_workers=False))

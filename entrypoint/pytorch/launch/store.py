@@ -23,7 +23,7 @@ from entrypoint.cluster.topology import Peer
 from entrypoint.errors import PeerError
 from entrypoint.lifecycle import signals
 from entrypoint.lifecycle.waiting import LOG_EVERY, Wait, bounded
-from entrypoint.pytorch import barrier
+from entrypoint.pytorch.launch import barrier
 
 log = logging.getLogger("entrypoint.pytorch")
 BACKEND = "trainer-static"  # our rendezvous backend for torch's agent: a static one over this store

@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from entrypoint.outputs import checkpoints, storage
 from entrypoint.outputs.storage import Location, RemotePath, StorageError
-from entrypoint.pytorch.checkpoint_io import BackgroundWriter, output_error, write_file
+from entrypoint.pytorch.checkpoints.checkpoint_io import BackgroundWriter, output_error, write_file
 
 log = logging.getLogger("entrypoint.pytorch")
 EXTRA_FILE = "extra.pt"

@@ -19,10 +19,10 @@ from entrypoint.outputs import checkpoints, storage
 from entrypoint.outputs.storage import Location
 from entrypoint.planning.plan import Plan
 from entrypoint.pytorch import state as rng
-from entrypoint.pytorch.checkpoint_io import BackgroundWriter
-from entrypoint.pytorch.collectives import Collectives
+from entrypoint.pytorch.checkpoints.checkpoint_io import BackgroundWriter
+from entrypoint.pytorch.checkpoints.formats import CheckpointFormat, replicated_payload
 from entrypoint.pytorch.defaults import HookContext
-from entrypoint.pytorch.formats import CheckpointFormat, replicated_payload
+from entrypoint.pytorch.launch.collectives import Collectives
 from entrypoint.pytorch.state import TrainState
 
 log = logging.getLogger("entrypoint.pytorch")

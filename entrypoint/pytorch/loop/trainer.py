@@ -33,10 +33,8 @@ from entrypoint.outputs.summary import TrainingSummary, write_summary
 from entrypoint.planning import registry
 from entrypoint.planning.plan import Plan
 from entrypoint.planning.usercode import load_hooks, module_default, parse_user_args
-from entrypoint.pytorch import hub_export, parallel, pretrained
-from entrypoint.pytorch.checkpoint_io import LOAD_WITH
-from entrypoint.pytorch.collectives import Collectives, TorchDistributed
-from entrypoint.pytorch.data import TrainBatches, to_device
+from entrypoint.pytorch.checkpoints.checkpoint_io import LOAD_WITH
+from entrypoint.pytorch.checkpoints.resume import LoopCheckpoints
 from entrypoint.pytorch.defaults import (
     HookContext,
     default_eval_step,
@@ -44,15 +42,17 @@ from entrypoint.pytorch.defaults import (
     eval_step_from_loss,
     param_digest,
 )
-from entrypoint.pytorch.evaluation import check_evaluation_set, evaluate
-from entrypoint.pytorch.export import export_model
 from entrypoint.pytorch.framework import BUCKET_CAP_MB_DEFAULT
-from entrypoint.pytorch.membership import Membership
-from entrypoint.pytorch.parallel import Parallel
-from entrypoint.pytorch.resilience import Resilience
-from entrypoint.pytorch.resume import LoopCheckpoints
+from entrypoint.pytorch.launch.collectives import Collectives, TorchDistributed
+from entrypoint.pytorch.launch.membership import Membership
+from entrypoint.pytorch.loop import hub_export, parallel, pretrained
+from entrypoint.pytorch.loop.data import TrainBatches, to_device
+from entrypoint.pytorch.loop.evaluation import check_evaluation_set, evaluate
+from entrypoint.pytorch.loop.export import export_model
+from entrypoint.pytorch.loop.parallel import Parallel
+from entrypoint.pytorch.recovery.resilience import Resilience
+from entrypoint.pytorch.recovery.survivors import InPlace
 from entrypoint.pytorch.state import TrainState, reseed
-from entrypoint.pytorch.survivors import InPlace
 
 log = logging.getLogger("entrypoint.pytorch")
 LOAD_HUB = ("transformers' AutoModel...from_pretrained(model_dir) (config.json, safetensors with an index past "

@@ -23,7 +23,7 @@ from torch import nn
 
 from entrypoint.outputs.checkpoints import CheckpointError
 from entrypoint.outputs.storage import Location
-from entrypoint.pytorch.sharded_io import is_sharded_checkpoint, readable
+from entrypoint.pytorch.checkpoints.sharded_io import is_sharded_checkpoint, readable
 
 log = logging.getLogger("entrypoint.pytorch")
 

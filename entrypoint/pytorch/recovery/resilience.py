@@ -36,13 +36,13 @@ from entrypoint.lifecycle.waiting import LOG_EVERY, Wait
 from entrypoint.lifecycle.watchdog import HangWatchdog
 from entrypoint.outputs import checkpoints, goodput
 from entrypoint.planning.plan import Plan
-from entrypoint.pytorch.collectives import Collectives
+from entrypoint.pytorch.checkpoints.resume import LoopCheckpoints
 from entrypoint.pytorch.defaults import HookContext
-from entrypoint.pytorch.notices import AdvanceNotice
-from entrypoint.pytorch.resume import LoopCheckpoints
+from entrypoint.pytorch.launch.collectives import Collectives
+from entrypoint.pytorch.recovery.notices import AdvanceNotice
+from entrypoint.pytorch.recovery.survivors import Healing, InPlace
+from entrypoint.pytorch.recovery.vote import StepVerdict, StepVote, nonfinite
 from entrypoint.pytorch.state import TrainState
-from entrypoint.pytorch.survivors import Healing, InPlace
-from entrypoint.pytorch.vote import StepVerdict, StepVote, nonfinite
 
 log = logging.getLogger("entrypoint.pytorch")
 MAX_RECOVERIES_AT_ONE_STEP = 2  # more, at the same step, is a failure that repeats (not a peer that was lost)

@@ -23,9 +23,9 @@ from torch import nn
 
 from entrypoint.outputs.checkpoints import CheckpointWriter
 from entrypoint.outputs.storage import Location
-from entrypoint.pytorch import restore
-from entrypoint.pytorch.checkpoint_io import ReplicatedCheckpointIO
-from entrypoint.pytorch.sharded_io import ShardedCheckpointIO, is_sharded_checkpoint
+from entrypoint.pytorch.checkpoints import restore
+from entrypoint.pytorch.checkpoints.checkpoint_io import ReplicatedCheckpointIO
+from entrypoint.pytorch.checkpoints.sharded_io import ShardedCheckpointIO, is_sharded_checkpoint
 from entrypoint.pytorch.state import TrainState
 
 

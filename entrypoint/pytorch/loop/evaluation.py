@@ -17,9 +17,9 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset, Subset
 
-from entrypoint.pytorch.collectives import Collectives
-from entrypoint.pytorch.data import make_loader, to_device
 from entrypoint.pytorch.defaults import HookContext
+from entrypoint.pytorch.launch.collectives import Collectives
+from entrypoint.pytorch.loop.data import make_loader, to_device
 
 StepFn = Callable[..., dict[str, torch.Tensor]]
 log = logging.getLogger("entrypoint.pytorch")

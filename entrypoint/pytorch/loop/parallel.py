@@ -35,11 +35,11 @@ from entrypoint.cluster import envvars as ev
 from entrypoint.cluster.environments.settings import user_overrides
 from entrypoint.errors import ConfigError
 from entrypoint.planning.registry import Framework
-from entrypoint.pytorch import pretrained
-from entrypoint.pytorch.checkpoint_io import LOAD_WITH, ReplicatedCheckpointIO
+from entrypoint.pytorch.checkpoints.checkpoint_io import LOAD_WITH, ReplicatedCheckpointIO
+from entrypoint.pytorch.checkpoints.formats import ReplicatedFormat, ShardedFormat
+from entrypoint.pytorch.checkpoints.sharded_io import ShardedCheckpointIO
 from entrypoint.pytorch.defaults import param_digest
-from entrypoint.pytorch.formats import ReplicatedFormat, ShardedFormat
-from entrypoint.pytorch.sharded_io import ShardedCheckpointIO
+from entrypoint.pytorch.loop import pretrained
 
 log = logging.getLogger("entrypoint.pytorch")
 BYTES_PER_PARAMETER = 16  # fp32 parameter + gradient + Adam's two moments

@@ -21,7 +21,7 @@ from entrypoint.lifecycle.notice import NoticeWatcher
 from entrypoint.outputs import checkpoints
 from entrypoint.planning.plan import Plan
 from entrypoint.pytorch.defaults import HookContext
-from entrypoint.pytorch.vote import NO_NOTICE, StepVerdict
+from entrypoint.pytorch.recovery.vote import NO_NOTICE, StepVerdict
 
 log = logging.getLogger("entrypoint.pytorch")
 

@@ -22,10 +22,10 @@ from typing import Any
 from entrypoint.lifecycle import lost_work
 from entrypoint.planning.plan import Plan
 from entrypoint.planning.usercode import module_source
-from entrypoint.pytorch.collectives import TorchDistributed
+from entrypoint.pytorch.checkpoints.resume import LoopCheckpoints, adopt
 from entrypoint.pytorch.defaults import param_digest
-from entrypoint.pytorch.membership import Membership, fingerprint
-from entrypoint.pytorch.resume import LoopCheckpoints, adopt
+from entrypoint.pytorch.launch.collectives import TorchDistributed
+from entrypoint.pytorch.launch.membership import Membership, fingerprint
 from entrypoint.pytorch.state import TrainState
 
 log = logging.getLogger("entrypoint.pytorch")

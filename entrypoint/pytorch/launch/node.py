@@ -26,7 +26,7 @@ from entrypoint.errors import ExitCode, exit_code_of, signal_exit_code
 from entrypoint.lifecycle.runner import run_process
 from entrypoint.lifecycle.supervisor import free_ports
 from entrypoint.planning.plan import Plan
-from entrypoint.pytorch.store import BACKEND, NodeStore, job_run_id, node_store, register_backend
+from entrypoint.pytorch.launch.store import BACKEND, NodeStore, job_run_id, node_store, register_backend
 
 log = logging.getLogger("entrypoint.pytorch")
 ROLE = "default"  # torchrun's role name
@@ -67,7 +67,7 @@ def launch(plan: Plan, ctx: failures.FailureContext) -> int:
     if plan.nproc_per_node > 1:
         _import_quietly()
     host, port = rendezvous_address(plan)
-    from entrypoint.pytorch import membership
+    from entrypoint.pytorch.launch import membership
 
     with node_store(host, port, topo.node_rank or 0, topo.num_nodes, plan.options.timeout,
                     run_id(plan, host, port), topo.training_peers(), membership.applies(plan)) as store:
@@ -88,7 +88,7 @@ def _error_file() -> Iterator[str]:
 
 
 def _in_process(plan: Plan, store: NodeStore, ctx: failures.FailureContext) -> int:
-    from entrypoint.pytorch import nodewatch
+    from entrypoint.pytorch.launch import nodewatch
 
     topo, placed = plan.topology, plan.for_process(0)
     with _error_file() as error_file:

@@ -27,9 +27,9 @@ def run(plan: Plan, failure_context: FailureContext) -> int:
     import torch
     import torch.distributed as dist
 
-    from entrypoint.pytorch import membership
-    from entrypoint.pytorch.collectives import TorchDistributed
-    from entrypoint.pytorch.loop import Trainer
+    from entrypoint.pytorch.launch import membership
+    from entrypoint.pytorch.launch.collectives import TorchDistributed
+    from entrypoint.pytorch.loop.trainer import Trainer
 
     cuda = torch.cuda.is_available()
     if cuda:

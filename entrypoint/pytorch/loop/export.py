@@ -29,7 +29,7 @@ import torch
 
 from entrypoint.outputs import storage
 from entrypoint.outputs.storage import Location, RemotePath
-from entrypoint.pytorch.checkpoint_io import output_error, write_file
+from entrypoint.pytorch.checkpoints.checkpoint_io import output_error, write_file
 
 SAFETENSORS_FILE = "model.safetensors"
 _DTYPES = {

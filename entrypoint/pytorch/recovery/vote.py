@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from entrypoint.lifecycle.signals import StopRequest
-from entrypoint.pytorch.collectives import Collectives, Vote
+from entrypoint.pytorch.launch.collectives import Collectives, Vote
 
 NO_NOTICE = (0, 0)
 
