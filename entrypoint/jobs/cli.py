@@ -12,23 +12,16 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from entrypoint.errors import ConfigError, ExitCode
-from entrypoint.jobs import (
-    formats,
-    kubeflow,
-    network,
-    placement,
-    pods,
-    pyformat,
-    roles,
-    tuning,
-    vertexopts,
-    vertexpools,
-    yamltext,
-)
+from entrypoint.jobs import network, yamltext
 from entrypoint.jobs.args import readable, with_run_option
-from entrypoint.jobs.kubeflow import KINDS, KubeflowRequest
-from entrypoint.jobs.trainjob import build_trainjob
-from entrypoint.jobs.vertex import DEFAULT_MACHINE, DEFAULT_REGION, VertexRequest, build
+from entrypoint.jobs.kubeflow import job as kubeflow
+from entrypoint.jobs.kubeflow import placement, pods, roles
+from entrypoint.jobs.kubeflow.job import KINDS, KubeflowRequest
+from entrypoint.jobs.kubeflow.trainjob import build_trainjob
+from entrypoint.jobs.vertex import formats, pyformat, tuning
+from entrypoint.jobs.vertex import options as vertexopts
+from entrypoint.jobs.vertex import pools as vertexpools
+from entrypoint.jobs.vertex.job import DEFAULT_MACHINE, DEFAULT_REGION, VertexRequest, build
 from entrypoint.planning import registry
 from entrypoint.planning.runargs import split_user_args
 

@@ -25,11 +25,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from entrypoint.errors import ConfigError
-from entrypoint.jobs import planned, pods
+from entrypoint.jobs import planned
 from entrypoint.jobs.args import infer_framework, run_options
 from entrypoint.jobs.images import parse_image
-from entrypoint.jobs.placement import V1_JOB_LABEL
-from entrypoint.jobs.pods import PodOptions
+from entrypoint.jobs.kubeflow import pods
+from entrypoint.jobs.kubeflow.placement import V1_JOB_LABEL
+from entrypoint.jobs.kubeflow.pods import PodOptions
 from entrypoint.planning import registry
 
 KINDS = {"pytorchjob": "PyTorchJob", "tfjob": "TFJob", "trainjob": "TrainJob"}

@@ -9,7 +9,7 @@ from typing import Any
 
 from entrypoint.errors import ConfigError
 from entrypoint.jobs.model import JobSettings, JobSpec
-from entrypoint.jobs.tuning import Study
+from entrypoint.jobs.vertex.tuning import Study
 
 _STRATEGY = "aiplatform.compat.types.custom_job.Scheduling.Strategy."
 _SCALES = {"UNIT_LINEAR_SCALE": "linear", "UNIT_LOG_SCALE": "log", "UNIT_REVERSE_LOG_SCALE": "reverse_log"}

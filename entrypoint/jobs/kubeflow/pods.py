@@ -20,11 +20,11 @@ from typing import Any
 from entrypoint.cluster import envvars as ev
 from entrypoint.cluster.environments.settings import is_secret_name
 from entrypoint.errors import ConfigError
-from entrypoint.jobs import fabricpods, placement, volumes
-from entrypoint.jobs.fabricpods import FabricPods
-from entrypoint.jobs.placement import Placement
-from entrypoint.jobs.vertexopts import parse_pairs
-from entrypoint.jobs.volumes import Volume
+from entrypoint.jobs.kubeflow import fabricpods, placement, volumes
+from entrypoint.jobs.kubeflow.fabricpods import FabricPods
+from entrypoint.jobs.kubeflow.placement import Placement
+from entrypoint.jobs.kubeflow.volumes import Volume
+from entrypoint.jobs.vertex.options import parse_pairs
 
 _QUANTITY = re.compile(r"(\d+(\.\d+)?|\.\d+)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?")
 _SUFFIX = {"m": 10**-3, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,

@@ -21,7 +21,7 @@ from entrypoint.cluster import envvars as ev
 from entrypoint.cluster.environments.settings import is_secret_name
 from entrypoint.errors import ConfigError
 from entrypoint.jobs.model import JobSettings
-from entrypoint.jobs.vertexopts import parse_pairs
+from entrypoint.jobs.vertex.options import parse_pairs
 
 DISK_TYPES = ("pd-ssd", "pd-standard", "hyperdisk-balanced")
 MAX_ENV = 100  # ContainerSpec.env: "Maximum limit is 100."

@@ -18,9 +18,9 @@ from __future__ import annotations
 from typing import Any
 
 from entrypoint.errors import ConfigError
-from entrypoint.jobs import pods
-from entrypoint.jobs.kubeflow import KubeflowRequest, check, job_metadata, job_name
-from entrypoint.jobs.placement import JOBSET_LABEL
+from entrypoint.jobs.kubeflow import pods
+from entrypoint.jobs.kubeflow.job import KubeflowRequest, check, job_metadata, job_name
+from entrypoint.jobs.kubeflow.placement import JOBSET_LABEL
 
 API_VERSION = "trainer.kubeflow.org/v1alpha1"
 PATCH_MANAGER = "trainer-entrypoint.job-kubeflow"

@@ -11,7 +11,7 @@ from entrypoint.errors import ConfigError
 from entrypoint.jobs import machines, network, planned
 from entrypoint.jobs.images import parse_image
 from entrypoint.jobs.model import JobSpec, PoolSpec
-from entrypoint.jobs.vertexpools import MAX_ENV
+from entrypoint.jobs.vertex.pools import MAX_ENV
 from entrypoint.planning import registry
 
 FLEX_START = "--flex-start (scheduling.strategy FLEX_START)"

@@ -15,8 +15,8 @@ import argparse
 from dataclasses import replace
 
 from entrypoint.errors import ConfigError
-from entrypoint.jobs import pods
-from entrypoint.jobs.pods import PodOptions
+from entrypoint.jobs.kubeflow import pods
+from entrypoint.jobs.kubeflow.pods import PodOptions
 
 ROLES = {"pytorchjob": ("master", "worker"), "tfjob": ("chief", "worker", "ps", "evaluator"), "trainjob": ()}
 _RESOURCE_KEYS = ("cpu", "cpu-limit", "memory", "memory-limit", "shm-size", "gpus")

@@ -9,8 +9,8 @@ from entrypoint.jobs import machines, network, planned
 from entrypoint.jobs.args import infer_framework, run_options, with_run_option
 from entrypoint.jobs.images import parse_image
 from entrypoint.jobs.model import JobSettings, JobSpec, PoolSpec
-from entrypoint.jobs.rules import validate
-from entrypoint.jobs.vertexpools import EvaluatorMachines, PoolExtras
+from entrypoint.jobs.vertex.pools import EvaluatorMachines, PoolExtras
+from entrypoint.jobs.vertex.rules import validate
 from entrypoint.planning import registry
 
 DEFAULT_MACHINE = "n1-standard-4"

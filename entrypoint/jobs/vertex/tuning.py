@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from entrypoint.errors import ConfigError
-from entrypoint.jobs.params import Parameter, nest, parse_parameter
+from entrypoint.jobs.vertex.params import Parameter, nest, parse_parameter
 from entrypoint.planning.runargs import add_run_arguments
 
 GOALS = ("MAXIMIZE", "MINIMIZE")
