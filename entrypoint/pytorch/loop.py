@@ -38,13 +38,7 @@ from entrypoint.pytorch import hub_export, parallel, pretrained
 from entrypoint.pytorch.checkpoint_io import LOAD_WITH, make_io
 from entrypoint.pytorch.collectives import Collectives, TorchDistributed
 from entrypoint.pytorch.data import TrainBatches, to_device
-from entrypoint.pytorch.defaults import (
-    HookContext,
-    default_eval_step,
-    default_loss,
-    eval_step_from_loss,
-    param_digest,
-)
+from entrypoint.pytorch.defaults import HookContext, default_eval_step, default_loss, eval_step_from_loss, param_digest
 from entrypoint.pytorch.evaluation import check_evaluation_set, evaluate
 from entrypoint.pytorch.export import export_model
 from entrypoint.pytorch.framework import BUCKET_CAP_MB_DEFAULT
