@@ -35,13 +35,7 @@ from entrypoint.planning.plan import Plan
 from entrypoint.planning.usercode import load_hooks, module_default, parse_user_args
 from entrypoint.pytorch.checkpoints.checkpoint_io import LOAD_WITH
 from entrypoint.pytorch.checkpoints.resume import LoopCheckpoints
-from entrypoint.pytorch.defaults import (
-    HookContext,
-    default_eval_step,
-    default_loss,
-    eval_step_from_loss,
-    param_digest,
-)
+from entrypoint.pytorch.defaults import HookContext, default_eval_step, default_loss, eval_step_from_loss, param_digest
 from entrypoint.pytorch.framework import BUCKET_CAP_MB_DEFAULT
 from entrypoint.pytorch.launch.collectives import Collectives, TorchDistributed
 from entrypoint.pytorch.launch.membership import Membership
