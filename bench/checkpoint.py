@@ -3,8 +3,9 @@
 In this process, on a model of ``Linear`` layers with an Adam state (parameters + two moments: 12 bytes per
 parameter), the same payload the hooks loop saves goes through:
 
-- ``SyncCheckpointIO.save`` (ours, ``--checkpoint-mode sync``): blocked = written;
-- ``AsyncCheckpointIO.save`` + ``wait()`` (ours, the default): blocked = the host copy, then a thread writes;
+- ``ReplicatedCheckpointIO.save`` inline (ours, ``--checkpoint-mode sync``): blocked = written;
+- ``ReplicatedCheckpointIO.save`` in the background + ``wait()`` (ours, the default): blocked = the host copy, then
+  a thread writes;
 - ``torch.distributed.checkpoint.async_save`` (DCP, ``no_dist``), the alternative the issue names, and
   DCP's synchronous ``save`` for its write speed;
 - ours again to ``gs://`` without a FUSE mount (issue #20): through gcsfs to a local GCS JSON API server
@@ -13,7 +14,7 @@ parameter), the same payload the hooks loop saves goes through:
 
 Sharded training (issue #29), 2 processes, the 110M-parameter GPT of ``bench.gpt`` with AdamW
 (``bench/sharded_ckpt.py`` under ``entrypoint run --nproc-per-node 2``): our ``ShardedCheckpointIO`` (FSDP,
-sync and async) vs our ``AsyncCheckpointIO`` (DDP, the chief writes) vs DCP's ``async_save`` (FSDP), every
+sync and async) vs our ``ReplicatedCheckpointIO`` (DDP, the chief writes) vs DCP's ``async_save`` (FSDP), every
 rank's slower figure. In the full size also through the hooks loop itself (``entrypoint run --module
 bench.gpt_hooks --strategy fsdp|ddp --checkpoint-every 3``): the training summary's
 ``checkpoint_blocked_seconds`` / ``checkpoint_write_seconds`` (the chief's, summed over its saves).
@@ -84,7 +85,7 @@ class Saver:
     def ours(self, mode: str, remote: bool = False) -> float:
         """Our checkpoint I/O; ``written`` is the write itself (in the background when async)."""
         from entrypoint.outputs import storage
-        from entrypoint.pytorch.checkpoint_io import make_io
+        from entrypoint.pytorch.checkpoints.checkpoint_io import make_io
 
         self.count += 1
         name = f"ours {mode}" + (" gs://" if remote else "")

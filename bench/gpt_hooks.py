@@ -137,7 +137,7 @@ def eval_step(model: nn.Module, batch: Any, ctx: Any) -> dict[str, torch.Tensor]
 def measured_export(model: nn.Module, model_dir: Path, ctx: Any) -> dict[str, Any]:
     """The entrypoint's own export of ``model`` (every rank of a sharded model takes part); what it cost this
     process: its peak resident set's rise over the resident set before, next to the largest and all tensors."""
-    from entrypoint.pytorch.export import export_model
+    from entrypoint.pytorch.loop.export import export_model
 
     sharded = any(hasattr(p, "full_tensor") for p in model.parameters())
     sizes = [v.numel() * v.element_size() for v in model.state_dict().values()]  # global shapes

@@ -67,7 +67,7 @@ def build_datasets(args: argparse.Namespace, ctx: Any) -> tuple[Windows, Windows
 def build_model(args: argparse.Namespace, ctx: Any) -> nn.Module:
     model = GPT(CONFIGS[args.config])
     if args.load:
-        from entrypoint.pytorch import pretrained
+        from entrypoint.pytorch.loop import pretrained
 
         pretrained.load(model, args.load)
     return model
@@ -99,7 +99,7 @@ def export(model: nn.Module, model_dir: Path, ctx: Any) -> None:
 
 def save(config: str, target: Path) -> int:
     """A randomly initialised GPT of ``config`` as ``target/model.safetensors`` (streamed); its bytes."""
-    from entrypoint.pytorch.export import write_safetensors
+    from entrypoint.pytorch.loop.export import write_safetensors
 
     torch.manual_seed(0)
     model = GPT(CONFIGS[config])

@@ -10,7 +10,7 @@ Then, in rotating order after warm-up rounds, each kind of save is timed as the 
 - ``ours sharded sync|async (FSDP)``: the entrypoint's ``ShardedCheckpointIO`` (its staging buffers kept between
   saves, the write on a gloo group of its own), given what ``LoopCheckpoints.save`` gives it
   (``restore.sharded_state``: each rank's shards);
-- ``ours async (DDP)``: the entrypoint's ``AsyncCheckpointIO`` on the chief, given the replicated payload;
+- ``ours async (DDP)``: the entrypoint's ``ReplicatedCheckpointIO`` (async) on the chief, given the replicated payload;
 - ``DCP async_save (FSDP)``: plain ``torch.distributed.checkpoint.async_save`` of ``get_state_dict`` over its
   own gloo group (what its documentation recommends; its default stager, a fresh host copy each call).
 
@@ -37,9 +37,10 @@ sys.path[0] = str(Path(__file__).resolve().parent.parent)  # the checkout, not b
 from bench.common import interleave  # noqa: E402
 from bench.gpt import CONFIGS, GPT, configure_optimizer, corpus, window  # noqa: E402
 from entrypoint.outputs import checkpoints  # noqa: E402
-from entrypoint.pytorch import parallel, restore  # noqa: E402
-from entrypoint.pytorch.checkpoint_io import AsyncCheckpointIO  # noqa: E402
-from entrypoint.pytorch.sharded_io import ShardedCheckpointIO  # noqa: E402
+from entrypoint.pytorch.checkpoints import restore  # noqa: E402
+from entrypoint.pytorch.checkpoints.checkpoint_io import ReplicatedCheckpointIO  # noqa: E402
+from entrypoint.pytorch.checkpoints.sharded_io import ShardedCheckpointIO  # noqa: E402
+from entrypoint.pytorch.loop import parallel  # noqa: E402
 
 
 def parse_args() -> argparse.Namespace:
@@ -71,7 +72,7 @@ class Saves:
         timeout = 600.0
         self.ours = {"sync": ShardedCheckpointIO(1, self.rank, False, timeout, False),
                      "async": ShardedCheckpointIO(1, self.rank, True, timeout, False)}
-        self.replicated = AsyncCheckpointIO(1)
+        self.replicated = ReplicatedCheckpointIO(1, background=True)
         self.dcp_group = dist.new_group(backend="gloo")
         self.count = 0
         self.seconds: dict[str, list[tuple[float, float]]] = {}

@@ -71,7 +71,8 @@ STARTUP_TIMEOUT = FailureClass("startup_timeout", ExitCode.STARTUP_TIMEOUT,
 HOST_UNRESOLVABLE = FailureClass("host_unresolvable", ExitCode.HOST_UNRESOLVABLE, "a peer's host name never resolved")
 STORAGE_UNAVAILABLE = FailureClass("storage_unavailable", ExitCode.STORAGE_UNAVAILABLE,
                                    "the object store holding the outputs was unreachable or failing")
-START_DEADLINE = FailureClass("peer_lost", ExitCode.START_DEADLINE, "TensorFlow's cluster start outlived --timeout")
+START_DEADLINE = FailureClass("peer_lost", ExitCode.START_DEADLINE,
+                              "the framework's cluster start outlived --timeout (a start it cannot interrupt)")
 PREEMPTED = "preempted"  # the class of a process stopped by SIGTERM (the platform's preemption or stop)
 # Classes a failure of another replica can cause: the root cause is looked for elsewhere first.
 CONSEQUENCES = frozenset({PEER_LOST.name, HANG.name})

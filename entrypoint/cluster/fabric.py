@@ -312,8 +312,11 @@ def strays(fabric: str | None, environ: Mapping[str, str], root: str = "/") -> d
     return found
 
 
-def apply(step: FabricStep, environ: MutableMapping[str, str]) -> None:
-    """Write the step into ``environ`` (the environment the training processes inherit)."""
+def apply(step: FabricStep, environ: MutableMapping[str, str]) -> bool:
+    """Write the step into ``environ`` (the environment the training processes inherit); whether it changed the
+    library path (which the dynamic loader of a running process read at its start)."""
+    library_path = environ.get(ev.LD_LIBRARY_PATH, "")
     for name in step.removed:
         environ.pop(name, None)
     environ.update(step.set)
+    return environ.get(ev.LD_LIBRARY_PATH, "") != library_path

@@ -120,8 +120,9 @@ def driver(version: str | None, image_cuda: str | None, forward_compat: bool, dr
         return Finding("driver", "ok", f"driver {version} runs CUDA {image_cuda} (needs {needed} or newer)")
     message = (f"driver {version} is older than CUDA {image_cuda} needs ({needed} or newer): CUDA would fail with "
                "'CUDA driver version is insufficient for CUDA runtime version'")
-    fix = (f"a node with driver {needed}+ (on GKE a newer node version or gpu-driver-version=latest)"
-           + ("" if major <= 12 else ", or the CUDA 12 TensorFlow image, which runs on 525+"))
+    fix = f"a node with driver {needed}+ (on GKE a newer node version or gpu-driver-version=latest)" + \
+        "".join(f", or the CUDA {cuda} {title} image, which runs on {'.'.join(map(str, MIN_DRIVER[cuda]))}+"
+                for cuda, title in _older_images(major))
     if forward_compat:
         return Finding("driver", "warning", message + "; this image ships CUDA's forward-compatibility libraries, "
                        "which only data-center GPUs can use", fix)
@@ -287,3 +288,10 @@ def peers(resolved: dict[str, bool | None]) -> Finding:
         return Finding("peers", "warning", f"{what}: {', '.join(bad)}; the start-up barrier waits --timeout "
                        "(exit 196 if a name never resolves)", "check the peers' service / host names and DNS")
     return Finding("peers", "ok", f"{count(len(resolved), 'peer host')} resolve")
+
+
+def _older_images(major: int) -> list[tuple[int, str]]:
+    """Our GPU images built on an older CUDA major than ``major`` (a way to an older driver), from the registry."""
+    found = {(f.cuda_major, f.label) for f in map(registry.get, registry.names())
+             if f.cuda_major is not None and f.cuda_major < major and f.cuda_major in MIN_DRIVER}
+    return sorted(found, reverse=True)

@@ -30,13 +30,14 @@ from entrypoint.outputs.storage import StorageError
 _MAX_MESSAGE = 8000  # a record keeps the whole message (the last line clips it: records.clip), bar a pathological one
 _MAX_TRACEBACK_LINES = 60
 _MAX_TRACEBACK_CHARS = 8000
-# What a collective or a store says when a peer is gone or stuck (gloo, nccl, Horovod, the OS): read only of an
-# error raised where a collective or the store runs (a framework's ``peer_modules``), never of the user's own.
+# What a collective or a store says when a peer is gone or stuck (gloo, nccl, the OS; a framework adds its own words,
+# ``PeerSigns.messages``): read only of an error raised where a collective or the store runs (a framework's
+# ``peer_modules``), never of the user's own.
 _PEER_MESSAGES = (
     "connection closed by peer", "connection reset by peer", "broken pipe", "connection refused",
     "timed out waiting", "timeout waiting", "wait timeout", "socket timeout", "collective operation timeout",
     "communicator was aborted", "remote process exited", "ncclremoteerror", "ncclsystemerror",
-    "horovod has been shut down", "gloo context", "read error", "connection closed",
+    "gloo context", "read error", "connection closed",
     "caused pair closure",  # gloo: "Application timeout caused pair closure" (a frozen peer, gloo's own timeout)
 )
 
@@ -47,10 +48,12 @@ class PeerSigns:
 
     ``errors``: dotted names (``torch.distributed.DistNetworkError``); a type matches by its name and its top
     package (``torch``), wherever the package defines it. ``modules``: module prefixes (``torch.distributed``).
+    ``messages``: what its own errors say when a peer is gone, beside the transports' words (lower case).
     """
 
     errors: tuple[str, ...] = ()
     modules: tuple[str, ...] = ()
+    messages: tuple[str, ...] = ()
 
 
 _sources: list[Callable[[], Iterable[PeerSigns]]] = []
@@ -170,7 +173,8 @@ def _is_peer_failure(exc: BaseException, text: str) -> bool:
         return False
     inside = own or _within(raised_in(exc), modules)
     lowered = text.lower()
-    return inside and any(m in lowered for m in _PEER_MESSAGES)
+    messages = _PEER_MESSAGES + tuple(m for s in signs for m in s.messages)
+    return inside and any(m in lowered for m in messages)
 
 
 def _within(module: str, packages: Iterable[str]) -> bool:

@@ -11,8 +11,9 @@ import horovod.torch as hvd
 import torch
 from torch import nn
 
+from entrypoint.cluster import envvars as ev
 from entrypoint.lifecycle.peers import KeyValue
-from entrypoint.pytorch.collectives import Vote
+from entrypoint.pytorch.launch.collectives import Vote
 
 _SCOPE = "trainer"
 
@@ -47,7 +48,7 @@ class HorovodCollectives:
     """horovod.torch after ``hvd.init()``; ``rendezvous`` is Horovod's rendezvous server (host, port), if known."""
 
     def __init__(self, rendezvous: tuple[str, int] | None = None) -> None:
-        self.name, self.rendezvous = "horovod", rendezvous
+        self.name, self.rendezvous, self.rank_variable = "horovod", rendezvous, ev.HOROVOD_RANK
         self.rank = hvd.rank()
         self.world_size = hvd.size()
 

@@ -70,4 +70,5 @@ FRAMEWORK = Framework(
     # a peer lost mid-collective (HorovodInternalError), an elastic host change; raised where its ops run
     peer_errors=("horovod.common.exceptions.HorovodInternalError", "horovod.common.exceptions.HostsUpdatedInterrupt"),
     peer_modules=("horovod", "entrypoint.horovod"),
+    peer_messages=("horovod has been shut down",),
 )

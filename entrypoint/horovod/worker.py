@@ -18,7 +18,7 @@ def run(plan: Plan, failure_context: FailureContext) -> int:
     import torch
 
     from entrypoint.horovod.collectives import HorovodCollectives
-    from entrypoint.pytorch.loop import Trainer
+    from entrypoint.pytorch.loop.trainer import Trainer
 
     try:
         hvd.init()

@@ -12,23 +12,16 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from entrypoint.errors import ConfigError, ExitCode
-from entrypoint.jobs import (
-    formats,
-    kubeflow,
-    network,
-    placement,
-    pods,
-    pyformat,
-    roles,
-    tuning,
-    vertexopts,
-    vertexpools,
-    yamltext,
-)
+from entrypoint.jobs import network, yamltext
 from entrypoint.jobs.args import readable, with_run_option
-from entrypoint.jobs.kubeflow import KINDS, KubeflowRequest
-from entrypoint.jobs.trainjob import build_trainjob
-from entrypoint.jobs.vertex import DEFAULT_MACHINE, DEFAULT_REGION, VertexRequest, build
+from entrypoint.jobs.kubeflow import job as kubeflow
+from entrypoint.jobs.kubeflow import placement, pods, roles
+from entrypoint.jobs.kubeflow.job import KINDS, KubeflowRequest
+from entrypoint.jobs.kubeflow.trainjob import build_trainjob
+from entrypoint.jobs.vertex import formats, pyformat, tuning
+from entrypoint.jobs.vertex import options as vertexopts
+from entrypoint.jobs.vertex import pools as vertexpools
+from entrypoint.jobs.vertex.job import DEFAULT_MACHINE, DEFAULT_REGION, VertexRequest, build
 from entrypoint.planning import registry
 from entrypoint.planning.runargs import split_user_args
 
@@ -57,8 +50,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
                         help="default: run's --framework, else the image's name")
     parser.add_argument("--workers", type=int, default=1, help="training replicas, as local --workers: "
                         "1 chief + N-1 workers")
-    parser.add_argument("--ps", type=int, default=0, help="parameter servers (TensorFlow)")
-    parser.add_argument("--evaluators", type=int, default=0, help="evaluators (TensorFlow)")
+    parser.add_argument("--ps", type=int, default=0, help=f"parameter servers ({_serving('ps')})")
+    parser.add_argument("--evaluators", type=int, default=0, help=f"evaluators ({_serving('evaluator')})")
 
 
 def _vertex_options(p: argparse.ArgumentParser, formats_: tuple[str, ...]) -> None:
@@ -210,3 +203,8 @@ def main(argv: Sequence[str]) -> int:
         print(f"entrypoint: warning: {warning}", file=sys.stderr)
     sys.stdout.write(text)
     return ExitCode.OK
+
+
+def _serving(role: str) -> str:
+    """The frameworks whose replicas include ``role``, as people write them (``TensorFlow``)."""
+    return " / ".join(f.label for f in registry.serving(role)) or "no framework"

@@ -5,7 +5,7 @@ So a run-time configuration error (a strategy that cannot run on this cluster, a
 not serve, another framework's flag, a bad value in the pool's env) is the job's error when the job is written,
 in the planner's own words; jobs/ keeps only the platform's rules (machines, reducers, pool counts). The user's
 code is not looked for: it lives in the image. Vertex AI replicas get CLUSTER_SPEC and TF_CONFIG as
-``local`` writes them (``local.pools``); Kubeflow's are written by ``jobs.kubeflow``.
+``local`` writes them (``jobs.replicaenv``); Kubeflow's are written by ``jobs.kubeflow``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from entrypoint.jobs import network
 from entrypoint.jobs.args import run_options, with_run_option
 from entrypoint.jobs.images import parse_image
 from entrypoint.jobs.model import JobSpec, PoolSpec
-from entrypoint.local.pools import Pool, cluster_specs, vertex_tf_config
+from entrypoint.jobs.replicaenv import Pool, cluster_specs, vertex_tf_config
 from entrypoint.planning import registry
 from entrypoint.planning.plan import Plan, make_plan
 

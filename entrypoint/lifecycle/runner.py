@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Iterator
 
-from entrypoint import context, failures
+from entrypoint import failures
 from entrypoint.cluster import envvars as ev
 from entrypoint.cluster import fabric
 from entrypoint.cluster.environments.settings import (
@@ -31,6 +31,7 @@ from entrypoint.cluster.environments.settings import (
 )
 from entrypoint.errors import ConfigError, ExitCode
 from entrypoint.lifecycle import jobrecord, lease, rendezvous, shutdown, signals
+from entrypoint.lifecycle import script_context as context
 from entrypoint.lifecycle.recorder import NodeRecorder
 from entrypoint.outputs import checkpoints, ledger
 from entrypoint.outputs.locations import ensure_writable, how_written
@@ -153,9 +154,7 @@ def prepare_fabric(plan: Plan) -> fabric.FabricStep:
     step = fabric.prepare(fabric.mode_of(plan.options.fabric, settings.fabric), os.environ, settings.fabric_root)
     for line in step.lines():
         (log.warning if step.problem and line.startswith(f"fabric: {step.problem}") else log.info)(line)
-    library_path = os.environ.get(ev.LD_LIBRARY_PATH, "")
-    fabric.apply(step, os.environ)
-    if os.environ.get(ev.LD_LIBRARY_PATH, "") != library_path:
+    if fabric.apply(step, os.environ):
         # The dynamic loader read LD_LIBRARY_PATH when this process started: a framework that trains in this
         # process (TensorFlow, a node of one PyTorch process) would load an NCCL that cannot find the plugin.
         # The same command starts again, in the same process (the platform sees no change), with the step applied.

@@ -31,6 +31,7 @@ from entrypoint.cluster.environments._parse import get_trial
 from entrypoint.cluster.environments.settings import host_cpus, secret_values, secrets_in_args
 from entrypoint.errors import ConfigError, ExitCode, is_retryable
 from entrypoint.failures.records import FAILURES_DIR, FALLBACK_DIR, current, read_records, record_names
+from entrypoint.jobs.replicaenv import Pool, cluster_specs, vertex_pools, vertex_tf_config
 from entrypoint.lifecycle import lease, signals
 from entrypoint.lifecycle.recorder import PlatformRecorder
 from entrypoint.lifecycle.restart_policy import (
@@ -42,7 +43,6 @@ from entrypoint.lifecycle.restart_policy import (
 )
 from entrypoint.lifecycle.runner import REFUSED
 from entrypoint.lifecycle.supervisor import Outcome, Replica, Supervisor
-from entrypoint.local.pools import Pool, cluster_specs, vertex_pools, vertex_tf_config
 from entrypoint.options import DEFAULT_GRACE_PERIOD
 from entrypoint.outputs import goodput, storage
 from entrypoint.planning.runargs import parse_options, split_user_args

@@ -19,10 +19,10 @@ from entrypoint.errors import ConfigError
 from entrypoint.jobs import network
 from entrypoint.jobs.args import infer_framework, run_options
 from entrypoint.jobs.model import JobSpec, PoolSpec
-from entrypoint.jobs.params import trial_values
-from entrypoint.jobs.rules import validate
+from entrypoint.jobs.replicaenv import Pool
 from entrypoint.jobs.specdoc import SOURCE, Document, job_from_document, read_document
-from entrypoint.local.pools import Pool
+from entrypoint.jobs.vertex.params import trial_values
+from entrypoint.jobs.vertex.rules import validate
 
 DEFAULT_TRIAL = "1"
 # Fields local --spec reads (the rest is named as not emulated): pools, their machines and containers,

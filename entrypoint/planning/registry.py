@@ -135,6 +135,7 @@ class Framework:
     # run (a RuntimeError or OSError raised there that names a connection or a timeout).
     peer_errors: tuple[str, ...] = ()
     peer_modules: tuple[str, ...] = ()
+    peer_messages: tuple[str, ...] = ()  # what its own errors say then, beside the transports' words (lower case)
 
     def installed(self) -> bool:
         """Whether the framework's module can be found (nothing is imported)."""
@@ -163,7 +164,7 @@ def peer_signs() -> Iterator[PeerSigns]:
             framework = get(name)
         except Exception:  # a registry line whose package is missing: it names no peer error
             continue
-        yield PeerSigns(framework.peer_errors, framework.peer_modules)
+        yield PeerSigns(framework.peer_errors, framework.peer_modules, framework.peer_messages)
 
 
 add_peer_source(peer_signs)

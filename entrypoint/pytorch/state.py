@@ -50,12 +50,12 @@ def reseed(seed: int, rank: int, step: int) -> None:
 
 @dataclass
 class TrainState:
-    """The training state the loop carries: the model (and its DDP wrapper), optimizer, position, metrics."""
+    """The training state the loop carries: the model (and what a step calls), optimizer, position, metrics."""
 
     model: nn.Module
     optimizer: Any
     scheduler: Any
-    ddp: nn.Module | None = None
+    wrapped: nn.Module | None = None  # the model as a step calls it: DDP's or Horovod's wrapper, compiled, or itself
     step: int = 0
     epoch: int = 0
     batch: int = 0  # position inside ``epoch``: batches this run's ranks did

@@ -15,7 +15,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-from entrypoint.pytorch.export import row_shards, write_safetensors
+from entrypoint.pytorch.loop.export import row_shards, write_safetensors
 
 
 def main() -> None:

@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.pytorch, pytest.mark.slow]
 SCRIPT = """
 import functools, sys, torch, torch.distributed as dist
 from torch import nn
-from entrypoint.pytorch import parallel
+from entrypoint.pytorch.loop import parallel
 torch.compile = functools.partial(torch.compile, backend="eager")  # dynamo traces as under --compile, no C++ builds
 dist.init_process_group("gloo", init_method="file://" + sys.argv[2], rank=0, world_size=1)
 torch.manual_seed(0)

@@ -10,7 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 safetensors_torch = pytest.importorskip("safetensors.torch")
-from entrypoint.pytorch import export  # noqa: E402
+from entrypoint.pytorch.loop import export  # noqa: E402
 
 pytestmark = pytest.mark.pytorch
 

@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")  # collected in every venv; these run where torch is
 pytestmark = pytest.mark.pytorch
 
-from entrypoint.pytorch.membership import Membership, fingerprint  # noqa: E402
+from entrypoint.pytorch.launch.membership import Membership, fingerprint  # noqa: E402
 
 PRINT = fingerprint(3, [("0.weight", (128, 64)), ("0.bias", (128,))], "code")
 

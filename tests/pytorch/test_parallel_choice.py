@@ -17,9 +17,9 @@ pytestmark = pytest.mark.pytorch
 
 from torch import nn  # noqa: E402
 
-from entrypoint.pytorch import parallel  # noqa: E402
-from entrypoint.pytorch.data import EpochSampler  # noqa: E402
-from entrypoint.pytorch.export import write_safetensors  # noqa: E402
+from entrypoint.pytorch.loop import parallel  # noqa: E402
+from entrypoint.pytorch.loop.data import EpochSampler  # noqa: E402
+from entrypoint.pytorch.loop.export import write_safetensors  # noqa: E402
 from trainers.gpt_torch import GPT  # noqa: E402
 
 PYTORCH, HOROVOD = registry.get("pytorch"), registry.get("horovod")
@@ -106,6 +106,6 @@ def test_sharding_on_cpu_gives_large_buffers_back_unless_the_user_chose_a_thresh
     env.pop("MALLOC_MMAP_THRESHOLD_", None)
     if threshold is not None:
         env["MALLOC_MMAP_THRESHOLD_"] = threshold
-    code = "from entrypoint.pytorch.parallel import give_large_buffers_back; print(give_large_buffers_back())"
+    code = "from entrypoint.pytorch.loop.parallel import give_large_buffers_back; print(give_large_buffers_back())"
     out = subprocess.run([PYTHON, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     assert out.split() == [expected]

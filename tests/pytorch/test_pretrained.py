@@ -13,8 +13,8 @@ from entrypoint.errors import ConfigError
 torch = pytest.importorskip("torch")
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
-from entrypoint.pytorch import hub_export, pretrained  # noqa: E402 (needs torch: skipped in the other tiers' venvs)
 from entrypoint.pytorch.defaults import eval_step_from_loss  # noqa: E402
+from entrypoint.pytorch.loop import hub_export, pretrained  # noqa: E402 (needs torch: skipped in the other tiers' venvs)
 
 pytestmark = pytest.mark.pytorch
 nn = torch.nn

@@ -131,7 +131,7 @@ def storage(cause: BaseException, url: str = "gs://bkt/job/model/x.pt") -> Stora
                                                     "Application timeout caused pair closure")),
      "peer_lost", 129),  # a frozen peer seen by gloo's own timeout before the heartbeats name it
     (raised_in("horovod.torch.mpi_ops", RuntimeError("Horovod has been shut down")), "peer_lost", 129),
-    (raised_in("entrypoint.pytorch.vote", RuntimeError("Read error [10.0.0.2]:4242")), "peer_lost", 129),
+    (raised_in("entrypoint.pytorch.recovery.vote", RuntimeError("Read error [10.0.0.2]:4242")), "peer_lost", 129),
     (raised_in(C10D, ValueError("connection closed by peer")), "user_code", 1),  # a ValueError is never a peer's
     (raised_in(C10D, RuntimeError("Tensors must be contiguous")), "user_code", 1),  # a misuse of a collective
     # the user's own code saying the same words is the user's error (not retried 24 times)

@@ -10,8 +10,8 @@ import pytest
 from entrypoint.cluster.environments import resolve
 from entrypoint.cluster.environments.settings import host_cpus, read_settings
 from entrypoint.errors import ConfigError
+from entrypoint.jobs.replicaenv import vertex_pools
 from entrypoint.local.emulator import build_replicas, replica_cpus
-from entrypoint.local.pools import vertex_pools
 from entrypoint.options import RunOptions
 from entrypoint.planning.plan import make_plan
 

@@ -29,6 +29,8 @@ def test_each_node_gets_exactly_what_its_profile_exports(tmp_path: Path, node: s
     assert step.set == fabric_trees.expected_set(node, BASE["LD_LIBRARY_PATH"]
                                                  if plugin_dir != BASE["LD_LIBRARY_PATH"] else "")
     assert step.removed == {} and step.kept == ()
+    env = dict(BASE)  # apply says whether the library path changed (a running process must start again to see it)
+    assert fabric.apply(step, env) == (env["LD_LIBRARY_PATH"] != BASE["LD_LIBRARY_PATH"])
 
 
 def test_a_stray_gib_on_a_plain_node_is_removed_by_name(tmp_path: Path) -> None:
@@ -38,7 +40,7 @@ def test_a_stray_gib_on_a_plain_node_is_removed_by_name(tmp_path: Path) -> None:
     step = fabric.prepare("auto", env, str(root))
     assert step.fabric is None and step.set == {}
     assert sorted(step.removed) == ["NCCL_NET", "NCCL_TUNER_CONFIG_PATH", "NCCL_TUNER_PLUGIN"]
-    fabric.apply(step, env)
+    assert fabric.apply(step, env) is False  # the library path is as it was
     assert "NCCL_NET" not in env and env["NCCL_DEBUG"] == "INFO"
     lines = "\n".join(step.lines())
     assert "removed NCCL_NET" in lines and "tuner_config_a4" not in lines  # names, never values

@@ -7,11 +7,18 @@
   ``lifecycle/shutdown.py``, the hang watchdog and the start-deadline watcher (``lifecycle/watchdog.py``), and a
   process whose parent is gone (``signals.die_with_parent``).
 - Modules stay under 400 lines and functions under about 60 ("Rules the code keeps"; 60 is enforced).
+- The platform's variables are read (``os.environ.get``, ``os.environ[...]``, ``in os.environ``, ``os.getenv``) in
+  ``cluster/environments/`` only, bar the exception the map names ("Rules the code keeps").
+- No module outside a framework's package names a framework, in code or in a message (docstrings and comments may),
+  bar the names an outside API fixes (``FRAMEWORK_NAMES_ALLOWED``, each with its reason).
+- Every checkpoint writer's ``load`` is reached from resume: ``LoopCheckpoints.load`` loads through the format, and
+  each format's ``load`` through its writers' readers.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -139,3 +146,193 @@ def test_the_rules_see_what_they_look_for() -> None:
     assert sorted(calls(ast.parse(source))) == [(2, "signal.signal"), (3, "sys.exit"), (4, "os._exit"),
                                                 (5, "SystemExit")]
     assert set(EXITS_ALLOWED) | {SIGNAL_MODULE} <= {module_name(p) for p in MODULES}
+
+
+# "Rules the code keeps": only cluster/environments/ reads the platform's variables; the one exception the map names
+ENVIRON_READS_ALLOWED = {"entrypoint.pytorch.launch.node"}  # restores the user's TORCH_CPP_LOG_LEVEL after one import
+
+
+def _is_environ(node: ast.AST) -> bool:
+    return isinstance(node, ast.Attribute) and node.attr == "environ" and isinstance(node.value, ast.Name) \
+        and node.value.id == "os"
+
+
+def environ_reads(tree: ast.AST) -> list[tuple[int, str]]:
+    """Every read of this process's environment in a source: ``os.environ.get(...)``, ``os.environ[...]`` (a load),
+    ``... in os.environ``, ``os.getenv(...)`` (passing ``os.environ`` on, setting or deleting a variable is not)."""
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            if node.func.attr == "get" and _is_environ(node.func.value):
+                found.append((node.lineno, "os.environ.get"))
+            elif node.func.attr == "getenv" and isinstance(node.func.value, ast.Name) and node.func.value.id == "os":
+                found.append((node.lineno, "os.getenv"))
+        elif isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load) and _is_environ(node.value):
+            found.append((node.lineno, "os.environ[...]"))
+        elif isinstance(node, ast.Compare) and any(isinstance(op, (ast.In, ast.NotIn)) for op in node.ops) \
+                and any(_is_environ(c) for c in node.comparators):
+            found.append((node.lineno, "in os.environ"))
+    return found
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_the_platforms_variables_are_read_where_the_map_says(path: Path) -> None:
+    name = module_name(path)
+    if name.startswith("entrypoint.cluster.environments") or name in ENVIRON_READS_ALLOWED:
+        return
+    found = [f"line {line}: {what}" for line, what in environ_reads(ast.parse(path.read_text()))]
+    assert not found, f"{name} reads the environment itself (cluster/environments/ does: settings.py): {found}"
+
+
+FRAMEWORK_PACKAGES = ("entrypoint.pytorch", "entrypoint.horovod", "entrypoint.tensorflow")
+FRAMEWORK_WORDS = re.compile(r"\b(pytorch|tensorflow|horovod|keras)\b", re.IGNORECASE)
+# Names an outside API fixes, by module: (line text that holds it, why)
+FRAMEWORK_NAMES_ALLOWED: dict[str, tuple[str, ...]] = {
+    # the registry's lines name each framework's package: the one place that does
+    "entrypoint.planning.registry": ("pytorch", "tensorflow", "horovod"),
+    # Kubeflow's PyTorchJob and TFJob require their containers to be named "pytorch" and "tensorflow"
+    "entrypoint.jobs.kubeflow.job": ("pytorch", "tensorflow"),
+    # the torchrun variable format is named after its launcher (a platform format, not one of our frameworks)
+    "entrypoint.cluster.environments.torch_nodes": ("PyTorch",),
+    # the help of the hooks loop's options and its refusal name the loop they apply to: the PyTorch hooks loop,
+    # which Horovod runs too (the frameworks' own records say which frameworks run it: ``Framework.init_from``)
+    "entrypoint.planning.runargs": ("PyTorch", "Horovod"),
+    "entrypoint.planning.plan": ("PyTorch",),
+}
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    found: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                found.add(id(first.value))
+    return found
+
+
+def framework_names(tree: ast.AST) -> list[tuple[int, str]]:
+    """Every framework named in a source's strings (its docstrings aside): ``(line, name)``."""
+    docs = _docstrings(tree)
+    return [(node.lineno, match) for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs
+            for match in FRAMEWORK_WORDS.findall(node.value)]
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_no_module_outside_a_frameworks_package_names_a_framework(path: Path) -> None:
+    name = module_name(path)
+    if any(name == p or name.startswith(p + ".") for p in FRAMEWORK_PACKAGES):
+        return
+    allowed = {word.lower() for word in FRAMEWORK_NAMES_ALLOWED.get(name, ())}
+    found = [f"line {line}: {word}" for line, word in framework_names(ast.parse(path.read_text()))
+             if word.lower() not in allowed]
+    assert not found, (f"{name} names a framework (ask the registry: a Framework record's fields, "
+                       f"registry.serving, Framework.label): {found}")
+
+
+def _calls_in(path: Path, cls: str, method: str) -> set[str]:
+    """The ``x.y(...)`` calls in ``cls.method`` of the module at ``path``, as dotted text (``self.io.load``)."""
+    tree = ast.parse(path.read_text())
+    (klass,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls]
+    (func,) = [n for n in klass.body if isinstance(n, ast.FunctionDef) and n.name == method]
+    return {ast.unparse(n.func) for n in ast.walk(func) if isinstance(n, ast.Call)}
+
+
+def test_every_checkpoint_writers_load_is_reached_from_resume() -> None:
+    pytorch = PACKAGE / "pytorch" / "checkpoints"
+    assert "self._format().load" in _calls_in(pytorch / "resume.py", "LoopCheckpoints", "load")
+    replicated = _calls_in(pytorch / "formats.py", "ReplicatedFormat", "load")
+    sharded = _calls_in(pytorch / "formats.py", "ShardedFormat", "load")
+    assert "self.io.load" in replicated and "self.io.load" in sharded  # each format's own writer
+    assert "ShardedCheckpointIO.load_whole" in replicated  # a sharded checkpoint into a replicated model
+    assert "ReplicatedCheckpointIO.load" in sharded  # a replicated checkpoint into a sharded model
+    for path, cls in ((pytorch / "checkpoint_io.py", "ReplicatedCheckpointIO"),
+                      (pytorch / "sharded_io.py", "ShardedCheckpointIO")):
+        tree = ast.parse(path.read_text())
+        (klass,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls]
+        loads = {n.name for n in klass.body if isinstance(n, ast.FunctionDef) and n.name.startswith("load")}
+        reached = {call.rsplit(".", 1)[-1] for call in replicated | sharded
+                   if call.count(".") and call.split(".")[-2] in ("io", cls)}
+        assert loads <= reached, f"{cls}: {sorted(loads - reached)} not reached from a format's load"
+
+
+# docs/ARCHITECTURE.md, "The tree": a framework package past ~15 modules is grouped by concern, each group a floor
+# of its own: a module imports from its own group or the ones before it in this list (the package's shared modules
+# first: its record, the training state, the hooks' defaults).
+GROUPS: dict[str, list[tuple[str, ...]]] = {
+    "entrypoint.pytorch": [("__init__", "framework", "state", "defaults"), ("launch",), ("checkpoints",),
+                           ("recovery",), ("loop",)],
+    "entrypoint.jobs": [("__init__", "args", "images", "machines", "model", "network", "planned", "replicaenv",
+                         "specdoc", "yamltext"), ("vertex",), ("kubeflow",), ("cli",)],
+}
+
+
+def group(module: str) -> tuple[str, int] | None:
+    """The package ``module`` is grouped in, and its group's floor there (None: not in a grouped package)."""
+    for package, floors in GROUPS.items():
+        if module == package:
+            return package, 0
+        if module.startswith(package + "."):
+            first = module[len(package) + 1:].split(".")[0]
+            return package, next(i for i, names in enumerate(floors) if first in names)
+    return None
+
+
+@pytest.mark.parametrize("path", [p for p in MODULES if group(module_name(p)) is not None],
+                         ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_a_grouped_module_imports_nothing_from_a_later_group(path: Path) -> None:
+    mine = group(module_name(path))
+    assert mine is not None
+    later = [f"line {line}: {name}" for line, name in imported(ast.parse(path.read_text()))
+             if (theirs := group(name)) is not None and theirs[0] == mine[0] and theirs[1] > mine[1]]
+    assert not later, f"{module_name(path)} (group {mine[1]} of {mine[0]}) imports from a later group: {later}"
+
+
+def test_every_module_of_a_grouped_package_is_in_a_group() -> None:
+    for package in GROUPS:
+        base = PACKAGE.joinpath(*package.split(".")[1:])
+        assert [p.name for p in base.glob("*.py") if all(p.stem not in names for names in GROUPS[package])] == [], \
+            f"{package}: a module outside its groups"
+        assert all(group(module_name(p)) is not None for p in base.rglob("*.py"))
+
+
+def unit(module: str) -> str:
+    """The top-level piece of ``entrypoint`` a module belongs to (``entrypoint.jobs``, ``entrypoint.context``)."""
+    return ".".join(module.split(".")[:2])
+
+
+def test_no_import_runs_back_up_the_structure() -> None:
+    """Within a layer too, the top-level pieces stand one above another: no two import each other, through any
+    chain (``jobs`` and ``local`` share layer 7, ``lifecycle`` and ``context`` layer 5; ``local`` uses ``jobs``, and
+    ``jobs`` must not use ``local``)."""
+    graph: dict[str, set[str]] = {}
+    for path in MODULES:
+        mine = unit(module_name(path))
+        if mine == "entrypoint":
+            continue
+        graph.setdefault(mine, set()).update(
+            theirs for _, name in imported(ast.parse(path.read_text()))
+            if (theirs := unit(name)) != mine and theirs != "entrypoint")
+    back = []
+    for start in graph:
+        seen, todo = set(), list(graph[start])
+        while todo:
+            here = todo.pop()
+            if here == start:
+                back.append(start)
+                break
+            if here not in seen:
+                seen.add(here)
+                todo.extend(graph.get(here, ()))
+    assert not back, f"these pieces import each other, through some chain: {sorted(back)}"
+
+
+def test_the_new_rules_see_what_they_look_for() -> None:
+    """The environment and framework-name checks find a read and a name where there is one."""
+    source = ("import os\na = os.environ.get('X')\nb = os.environ['Y']\nc = 'Z' in os.environ\nd = os.getenv('W')\n"
+              "os.environ['V'] = '1'\ne = dict(os.environ)\n")
+    assert environ_reads(ast.parse(source)) == [(2, "os.environ.get"), (3, "os.environ[...]"), (4, "in os.environ"),
+                                                (5, "os.getenv")]
+    named = 'def f():\n    """PyTorch here is fine."""\n    return x == "horovod" or "TensorFlow image"\n'
+    assert sorted(framework_names(ast.parse(named))) == [(3, "TensorFlow"), (3, "horovod")]

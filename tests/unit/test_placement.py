@@ -17,7 +17,7 @@ from entrypoint.cluster.placement import Placement, place
 from entrypoint.horovod.launch import worker_env
 from entrypoint.options import RunOptions
 from entrypoint.planning.plan import Plan, make_plan
-from entrypoint.pytorch.launch import process_env
+from entrypoint.pytorch.launch.node import process_env
 from tests.unit.test_environments import MPIRUN_R5, TORCHRUN_R3, vertex
 
 

@@ -101,7 +101,8 @@ def test_none_that_loads_is_a_config_error_naming_the_url(gs: RemotePath) -> Non
 
 def test_pytorch_writers_save_load_and_export_to_gcs(gs: RemotePath) -> None:
     torch = pytest.importorskip("torch")
-    from entrypoint.pytorch import checkpoint_io, export
+    from entrypoint.pytorch.checkpoints import checkpoint_io
+    from entrypoint.pytorch.loop import export
 
     model = torch.nn.Linear(4, 3)
     for mode in ("sync", "async"):

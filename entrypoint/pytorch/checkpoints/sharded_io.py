@@ -1,0 +1,198 @@
+"""Sharded checkpoints: every rank writes its own shards with torch.distributed.checkpoint; the chief commits last.
+
+``ShardedCheckpointIO`` implements ``checkpoints.CheckpointWriter`` for FSDP and HSDP. ``save`` is called on
+every rank with the same path: the state (sharded model and optimizer state dicts) is staged into host buffers
+kept from one save to the next (pinned on a GPU) - the only part training waits for - then a background thread
+writes it with ``torch.distributed.checkpoint`` over a gloo process group of its own (the training collectives
+never wait on it), hashes this rank's files and gathers every rank's list; the chief writes ``extra.pt`` (the
+position, history, RNG of every rank) and then the ``COMMITTED`` marker, listing every file of every rank with
+its size and SHA-256, last. A rank killed mid-save leaves a checkpoint without a marker: resume skips it, as it
+skips any torn checkpoint. ``--checkpoint-mode sync`` does the same in the training thread.
+
+On an object store without a FUSE mount (``gs://``), each rank writes into a private local directory and uploads
+its own files; loading downloads the checkpoint once per process. The checkpoint loads into any world size
+(``dcp.load`` reshards) and into a replicated model (``load_whole``; ``formats.py`` pairs formats and models).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import shutil
+import tempfile
+import time
+import warnings
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from entrypoint.outputs import checkpoints, storage
+from entrypoint.outputs.storage import Location, RemotePath, StorageError
+from entrypoint.pytorch.checkpoints.checkpoint_io import BackgroundWriter, output_error, write_file
+
+log = logging.getLogger("entrypoint.pytorch")
+EXTRA_FILE = "extra.pt"
+METADATA_FILE = ".metadata"
+_CHUNK = 1 << 20
+warnings.filterwarnings("ignore", message="Detected an existing checkpoint in", category=UserWarning)
+
+
+def is_sharded_checkpoint(path: Location) -> bool:
+    """Whether the checkpoint at ``path`` was written by torch.distributed.checkpoint (a ``.metadata`` file)."""
+    return (path / METADATA_FILE).is_file()
+
+
+def _digest(path: Path) -> dict[str, Any]:
+    sha = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(_CHUNK):
+            sha.update(chunk)
+    return {"size": path.stat().st_size, "sha256": sha.hexdigest()}
+
+
+class ShardedCheckpointIO(BackgroundWriter):
+    """Every rank saves its shards (in the background by default); the chief commits the marker last."""
+
+    def __init__(self, keep: int, rank: int, background: bool, timeout: float, cuda: bool) -> None:
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+        super().__init__(keep)
+        self.rank, self.background = rank, background
+        self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout))  # every rank, once
+        # Kept for the whole run: its staging buffers are reused from one save to the next.
+        self.stager = DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=False,
+                                                   use_async_staging=False, use_non_blocking_copy=cuda))
+
+    @property
+    def is_chief(self) -> bool:
+        """The rank that commits and prunes."""
+        return self.rank == 0
+
+    def save(self, path: Location, state: dict[str, Any], meta: dict[str, Any]) -> None:
+        """Stage ``state`` (``{"shards": {...}, "extra": {...}}``), then write and commit it (in the background)."""
+        self.wait()
+        started = time.perf_counter()
+        staged: dict[str, Any] = self.stager.stage(state["shards"])  # type: ignore[assignment]  # synchronous
+        blocked = time.perf_counter() - started
+        self.blocked_seconds += blocked
+        if not self.background:
+            self._write(path, staged, state.get("extra"), meta, blocked)
+            self.check()
+            return
+        self._in_background(path, self._write, path, staged, state.get("extra"), meta, blocked)
+
+    def _write(self, path: Location, shards: dict[str, Any], extra: Any, meta: dict[str, Any], blocked: float) -> None:
+        import torch.distributed.checkpoint as dcp
+
+        started = time.perf_counter()
+        local = Path(tempfile.mkdtemp(prefix="trainer-shards-")) if isinstance(path, RemotePath) else None
+        try:
+            if self.is_chief and path.exists():  # a rerun reached the same step: replace, never mix two saves
+                storage.rmtree(path)
+            target = local or path
+            dcp.save(shards, checkpoint_id=str(target), process_group=self.group)
+            mine = self._mine(target, local, path)
+            everyone: list[Any] = [None] * dist.get_world_size(self.group)
+            dist.all_gather_object(everyone, mine, group=self.group)
+            failed = [f"rank {r}: {files}" for r, files in enumerate(everyone) if isinstance(files, str)]
+            if failed:
+                raise OSError(f"a rank could not write its shards of {path.name}: {'; '.join(failed)}")
+            if self.is_chief:
+                files = {name: digest for files in everyone for name, digest in files.items()}
+                files[EXTRA_FILE] = write_file(extra, path / EXTRA_FILE)
+                checkpoints.commit(path, meta, files)
+                checkpoints.check_sizes(path)
+        except BaseException as exc:  # CheckpointException is a BaseException
+            self._failed(output_error(exc if isinstance(exc, Exception) else RuntimeError(str(exc)), path))
+            log.error("checkpoint %s failed: %s", path.name, " ".join(str(exc).split())[:300])
+            self._discard(path)
+            return
+        finally:
+            if local is not None:
+                shutil.rmtree(local, ignore_errors=True)
+        elapsed = time.perf_counter() - started
+        self.write_seconds += elapsed
+        if self.is_chief:
+            self.retention.verified(path)
+            self.retention.prune(path.parent)
+            how = "written in %.2f s in the background" if self.background else "written in %.2f s"
+            log.info(f"checkpoint %s committed (sharded over %d ranks): training blocked %.2f s, {how}",
+                     path.name, dist.get_world_size(self.group), blocked, elapsed)
+
+    def _discard(self, path: Location) -> None:
+        """A failed save leaves no partial checkpoint (a full disk stays full otherwise): every rank removes its own
+        files of it, the chief the whole uncommitted directory (the save's collectives have ended on every rank)."""
+        with contextlib.suppress(OSError, StorageError):
+            if self.is_chief:
+                storage.rmtree(path)
+            elif not isinstance(path, RemotePath) and path.is_dir():  # this rank's own disk, or the shared one
+                for part in path.iterdir():
+                    if part.name.startswith(f"__{self.rank}_"):
+                        part.unlink(missing_ok=True)
+                with contextlib.suppress(OSError):
+                    path.rmdir()  # only when empty: on a disk of its own
+
+    def _mine(self, target: Location, local: Path | None, path: Location) -> dict[str, Any] | str:
+        """This rank's files of the checkpoint and their digests (uploaded from its private directory to a store);
+        a string saying what failed otherwise."""
+        try:
+            root = Path(str(target))
+            found = {p.name: _digest(p) for p in sorted(root.iterdir())
+                     if p.name.startswith(f"__{self.rank}_") or (self.is_chief and p.name == METADATA_FILE)}
+            if local is not None and isinstance(path, RemotePath):
+                storage.upload_tree(local, path)  # its private directory holds this rank's files only
+            return found
+        except (OSError, StorageError) as exc:
+            return f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+
+    def load(self, path: Location, into: Any) -> Any:
+        """Read the committed checkpoint at ``path`` into ``into`` (``{"shards": ..., "extra": None}``), resharded."""
+        import torch.distributed.checkpoint as dcp
+
+        with readable(path) as local:
+            dcp.load(into["shards"], checkpoint_id=str(local))
+            into["extra"] = torch.load(Path(local) / EXTRA_FILE, map_location="cpu", weights_only=False)
+        return into
+
+    @staticmethod
+    def load_whole(path: Location, into: dict[str, Any]) -> dict[str, Any]:
+        """Read the committed checkpoint at ``path`` whole into ``into`` (``{"model": ..., "optim": ...}``, full
+        state dicts) in this process alone (``no_dist``: a replicated model); its ``extra.pt``."""
+        import torch.distributed.checkpoint as dcp
+
+        with readable(path) as local:
+            dcp.load(into, checkpoint_id=str(local), no_dist=True)
+            extra: dict[str, Any] = torch.load(Path(local) / EXTRA_FILE, map_location="cpu", weights_only=False)
+        return extra
+
+    def close(self) -> None:
+        """The save in flight committed; the staging buffers released."""
+        super().close()
+        self.stager.close()
+
+
+class readable:
+    """A local directory holding the checkpoint at ``path`` (downloaded from a store - ``only`` those files, if
+    given - and removed afterwards)."""
+
+    def __init__(self, path: Location, only: tuple[str, ...] | None = None) -> None:
+        self.path, self.only = path, only
+        self.local: Path | None = None
+
+    def __enter__(self) -> Path:
+        if not isinstance(self.path, RemotePath):
+            return Path(str(self.path))
+        self.local = Path(tempfile.mkdtemp(prefix="trainer-shards-"))
+        if self.only is None:
+            storage.download_tree(self.path, self.local)
+        for name in self.only or ():
+            (self.local / name).write_bytes((self.path / name).read_bytes())
+        return self.local
+
+    def __exit__(self, *_exc: object) -> None:
+        if self.local is not None:
+            shutil.rmtree(self.local, ignore_errors=True)

@@ -1,0 +1,257 @@
+"""Survivors keep training: who is in the process group, generation by generation, through the job's store.
+
+When a peer is lost, the surviving processes do not exit. Each one says so in the job's store (the chief's
+TCPStore, which outlives any other replica) for the next generation; the replacement the platform restarts
+at the lost replica's address finds the job live and announces itself with a fingerprint of what it would
+train. Rank 0 decides: once every rank is either a survivor or a fresh replacement whose fingerprint
+matches its own, the next generation is formed (a new process group over a fresh prefix of the same
+store); a replacement that differs (model shape, world size, code) is refused with a line naming what
+differs, and a rank that does not come back within ``--timeout`` ends the attempt: both send everyone
+back to the checkpoint path (exit 129, the platform restarts the job). If rank 0 itself is lost, so is
+the store, and the checkpoint path is the only one. docs/recovery.md compares the two paths.
+
+Keys (under ``trainer/<run>/live/``): ``started`` (generation 0 trains), ``gen`` (the current generation),
+``joins/<rank>`` (how many replacements of that rank announced themselves), ``join/<rank>/<n>`` (the n-th
+one's fingerprint), ``accepted/<rank>`` (the last one taken in), ``g<n>/here/<rank>`` (a survivor for
+generation n), ``g<n>/verdict`` (rank 0's decision).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from entrypoint.errors import PeerError
+from entrypoint.lifecycle.waiting import LOG_EVERY, Wait
+from entrypoint.planning import registry
+from entrypoint.pytorch.framework import RECOVERY_DEFAULT
+from entrypoint.pytorch.launch.store import job_run_id
+
+log = logging.getLogger("entrypoint.pytorch")
+_POLL = 0.05
+
+
+def fingerprint(world_size: int, shapes: list[tuple[str, tuple[int, ...]]], code: str) -> dict[str, Any]:
+    """What every member of a group must agree on: world size, parameter names and shapes, the code's digest."""
+    shape_text = ";".join(f"{name}:{'x'.join(map(str, shape))}" for name, shape in shapes)
+    return {"world_size": world_size, "parameters": len(shapes),
+            "shapes": hashlib.sha256(shape_text.encode()).hexdigest()[:16], "code": code,
+            "shape_list": shape_text[:4000]}
+
+
+def differences(mine: dict[str, Any], theirs: dict[str, Any]) -> str:
+    """What differs between two fingerprints, in words ("" when they agree)."""
+    found = []
+    if mine.get("world_size") != theirs.get("world_size"):
+        found.append(f"world size {theirs.get('world_size')} instead of {mine.get('world_size')}")
+    if mine.get("shapes") != theirs.get("shapes"):
+        found.append(f"model parameters ({theirs.get('parameters')} tensors) of other shapes than the group's "
+                     f"({mine.get('parameters')}): {_first_difference(mine, theirs)}")
+    if mine.get("code") != theirs.get("code"):
+        found.append("another version of the code (its module's digest differs)")
+    return "; ".join(found)
+
+
+def _first_difference(mine: dict[str, Any], theirs: dict[str, Any]) -> str:
+    a, b = str(mine.get("shape_list", "")).split(";"), str(theirs.get("shape_list", "")).split(";")
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            return f"{y} where the group has {x}"
+    return f"{len(b)} tensors where the group has {len(a)}"
+
+
+@dataclass
+class GroupVerdict:
+    """Rank 0's decision for a generation: go (with the replacements it took in) or not (why)."""
+
+    generation: int
+    go: bool
+    why: str = ""
+    joiners: dict[int, int] = field(default_factory=dict)  # rank -> the replacement's announcement number
+
+    def to_json(self) -> str:
+        """As stored."""
+        return json.dumps({"generation": self.generation, "go": self.go, "why": self.why,
+                           "joiners": {str(k): v for k, v in self.joiners.items()}})
+
+    @classmethod
+    def from_json(cls, text: str) -> GroupVerdict:
+        """Inverse of ``to_json``."""
+        data = json.loads(text)
+        return cls(int(data["generation"]), bool(data["go"]), str(data.get("why", "")),
+                   {int(k): int(v) for k, v in (data.get("joiners") or {}).items()})
+
+
+class Membership:
+    """This process's view of the group: its rank, the current generation, and the protocol to form the next.
+
+    ``store`` is a client of the job's store (a torch ``Store``: set/get/add/check); ``names`` says how a
+    rank is called in messages (its replica); ``timeout`` bounds every wait (``--timeout``).
+    """
+
+    def __init__(self, store: Any, run: str, rank: int, world_size: int, timeout: float,
+                 names: Callable[[int], str] = str) -> None:
+        self.store, self.rank, self.world_size, self.timeout, self.names = store, rank, world_size, timeout, names
+        self.base = f"trainer/{run}/live/"
+        self.generation = 0
+        self.fingerprint: dict[str, Any] = {}
+
+    # ---- store helpers -------------------------------------------------------------------------------
+    def _key(self, *parts: object) -> str:
+        return self.base + "/".join(map(str, parts))
+
+    def _get(self, *parts: object) -> str | None:
+        key = self._key(*parts)
+        return bytes(self.store.get(key)).decode() if self.store.check([key]) else None
+
+    def _count(self, *parts: object) -> int:
+        return int(self.store.add(self._key(*parts), 0))
+
+    def pg_store(self, generation: int | None = None) -> Any:
+        """The store a generation's process group meets in (a fresh prefix per generation)."""
+        from torch.distributed import PrefixStore
+
+        return PrefixStore(self._key(f"g{self.generation if generation is None else generation}", "pg"), self.store)
+
+    # ---- generation 0 --------------------------------------------------------------------------------
+    def joining(self) -> bool:
+        """Whether this process replaces a lost one in a job that is already training."""
+        return self._get("started") is not None
+
+    def started(self, fingerprint: dict[str, Any]) -> None:
+        """The group trains (rank 0 marks it, so replacements know to join); every rank keeps its fingerprint."""
+        self.fingerprint = fingerprint
+        if self.rank == 0:
+            self.store.set(self._key("started"), "1")
+
+    # ---- a survivor ------------------------------------------------------------------------------------
+    def reform(self, step: int) -> GroupVerdict:
+        """After losing a peer: say so for the next generation, wait for rank 0's verdict (rank 0 decides it).
+
+        Returns the verdict to go on with; raises PeerError (the checkpoint path) when there is none.
+        """
+        target = self.generation + 1
+        self.store.set(self._key(f"g{target}", "here", self.rank), json.dumps({"step": step}))
+        if self.rank == 0:
+            verdict = self._decide(target)
+        else:
+            verdict = self._await_verdict(target, "rank 0's decision on the group")
+        if not verdict.go:
+            raise PeerError(f"the group could not be re-formed: {verdict.why}; back to the newest checkpoint")
+        self.generation = target
+        return verdict
+
+    def _decide(self, target: int) -> GroupVerdict:
+        """Rank 0: wait until every rank is a survivor or a fresh replacement, check the replacements, decide."""
+        # the survivors say so within moments: name only who is really awaited
+        wait = Wait(self.timeout, context="re-forming the group", first_after=2.0, logger=log)
+        while True:
+            joiners, missing = self._members(target)
+            if not missing:
+                break
+            why = "the platform restarts a lost replica in place"
+            if wait.expired:
+                return self._publish(GroupVerdict(target, False, wait.timed_out(self._named(missing), why)))
+            wait.say(self._named(missing), why)
+            wait.sleep(_POLL)
+        for rank, count in joiners.items():
+            theirs = json.loads(self._get("join", rank, count) or "{}")
+            diff = differences(self.fingerprint, theirs)
+            if diff:
+                why = f"the replacement of {self.names(rank)} was refused: it has {diff}"
+                log.warning("%s; every replica goes back to the newest checkpoint", why)
+                return self._publish(GroupVerdict(target, False, why))
+        for rank, count in joiners.items():
+            self.store.set(self._key("accepted", rank), str(count))
+        self.store.set(self._key("gen"), str(target))
+        return self._publish(GroupVerdict(target, True, joiners=joiners))
+
+    def _members(self, target: int) -> tuple[dict[int, int], list[int]]:
+        """The fresh replacements (rank -> announcement) and the ranks that are neither here nor replaced."""
+        joiners: dict[int, int] = {}
+        missing = []
+        for rank in range(1, self.world_size):
+            if self.store.check([self._key(f"g{target}", "here", rank)]):
+                continue
+            joins, accepted = self._count("joins", rank), int(self._get("accepted", rank) or 0)
+            # a replacement counts itself in, then writes its fingerprint: it has joined once both are there
+            if joins > accepted and self.store.check([self._key("join", rank, joins)]):
+                joiners[rank] = joins
+            else:
+                missing.append(rank)
+        return joiners, missing
+
+    def _publish(self, verdict: GroupVerdict) -> GroupVerdict:
+        self.store.set(self._key(f"g{verdict.generation}", "verdict"), verdict.to_json())
+        return verdict
+
+    def _await_verdict(self, target: int, what: str) -> GroupVerdict:
+        # rank 0 decides within --timeout; a margin for it
+        wait = Wait(self.timeout, margin=10, context="re-forming the group", first_after=LOG_EVERY, logger=log)
+        wait.until(lambda: None if self._get(f"g{target}", "verdict") is not None else (what, ""))
+        return GroupVerdict.from_json(self._get(f"g{target}", "verdict") or "")
+
+    # ---- a replacement -----------------------------------------------------------------------------------
+    def join(self, fingerprint: dict[str, Any]) -> GroupVerdict:
+        """A replacement: announce itself with its fingerprint and wait to be taken into a generation."""
+        self.fingerprint = fingerprint
+        count = int(self.store.add(self._key("joins", self.rank), 1))
+        self.store.set(self._key("join", self.rank, count), json.dumps(fingerprint))
+        log.info("joining a job in progress as rank %d: waiting for the survivors to re-form the group", self.rank)
+        wait = Wait(self.timeout, margin=10, context="joining a job in progress", first_after=LOG_EVERY, logger=log)
+        while not wait.expired:
+            generation = int(self._get("gen") or 0)
+            for candidate in (generation, generation + 1):
+                text = self._get(f"g{candidate}", "verdict")
+                if text is None:
+                    continue
+                verdict = GroupVerdict.from_json(text)
+                if verdict.go and verdict.joiners.get(self.rank) == count:
+                    self.generation = candidate
+                    return verdict
+                if not verdict.go:  # the survivors go back to the checkpoint: so does this replacement
+                    raise PeerError(f"not taken into the group: {verdict.why}")
+            wait.say("the survivors to take this replacement in")
+            wait.sleep(_POLL)
+        raise wait.error("the survivors to take this replacement in")
+
+    def _named(self, ranks: list[int]) -> str:
+        return ", ".join(f"{self.names(r)} (rank {r})" for r in ranks)
+
+
+def applies(plan: Any) -> bool:
+    """Whether survivors keep training in this job: the PyTorch hooks loop across nodes, ``--recovery in-place``,
+    processes placed by our launcher (not by the platform's own torchrun), a replicated model (a sharded one
+    restarts from its checkpoint: a lost rank takes its shards with it)."""
+    topo, recovery = plan.topology, plan.options.framework_option("recovery", RECOVERY_DEFAULT)
+    return bool(registry.get(plan.framework).survivors_regroup and recovery == "in-place" and topo.num_nodes >= 2
+                and plan.strategy not in ("fsdp", "hsdp")
+                and topo.chief_host_port() is not None and not topo.processes_started_externally
+                and plan.require_code().kind == "hooks")
+
+
+def for_plan(plan: Any) -> Membership | None:
+    """This training process's membership when survivors keep training applies to it, else None.
+
+    It applies to the PyTorch hooks loop across nodes with ``--recovery in-place`` (the default) when our
+    launcher placed the processes: the job's store is the chief node's TCPStore at the chief's address,
+    which rank 0 hosts when it trains in the node's own process (else torch's agent there hosts it).
+    """
+    topo, options = plan.topology, plan.options
+    address = topo.chief_host_port()
+    if not applies(plan) or address is None:
+        return None
+    from torch.distributed import TCPStore
+
+    host, port = address
+    rank = plan.placed.training_rank
+    hosts = rank == 0 and plan.nproc_per_node == 1
+    store = TCPStore(host, port, None, hosts, timedelta(seconds=options.timeout), wait_for_workers=False,
+                     multi_tenant=True)
+    return Membership(store, job_run_id(host, port, topo.trial), rank, plan.placed.world_size,
+                      options.timeout)

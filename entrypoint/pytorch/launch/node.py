@@ -1,0 +1,138 @@
+"""Run the PyTorch part of this node: in this process for one process per node, torch's elastic agent for more.
+
+Either way the node plays torchrun: its processes see the variables torchrun sets (``process_env``),
+with the same values, and the job's store is the launcher's (``store.py``), hosted on node 0 before
+any process starts and kept up until every node is done (the exit barrier). One process per node
+(CPU, one GPU, ``--nproc-per-node 1``): no agent and no second interpreter; this process becomes the
+worker, so signals, exit codes, failure records and the rendezvous timeout are its own. Several
+processes per node: torch's elastic launcher (the engine behind ``torchrun``) over that store, each
+worker being ``python -m entrypoint.worker``, stopped with an explicit grace period on SIGTERM.
+Processes the platform placed itself (under its own torchrun) run as they are.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterator
+
+from entrypoint import failures
+from entrypoint.cluster import envvars as ev
+from entrypoint.errors import ExitCode, exit_code_of, signal_exit_code
+from entrypoint.lifecycle.runner import run_process
+from entrypoint.lifecycle.supervisor import free_ports
+from entrypoint.planning.plan import Plan
+from entrypoint.pytorch.launch.store import BACKEND, NodeStore, job_run_id, node_store, register_backend
+
+log = logging.getLogger("entrypoint.pytorch")
+ROLE = "default"  # torchrun's role name
+MAX_RESTARTS = 0  # the agent never restarts workers itself: the platform restarts the replica
+SIGNALS_TO_HANDLE = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"  # what torchrun's agent sets for its workers
+
+
+def rendezvous_address(plan: Plan) -> tuple[str, int]:
+    """The chief's address from the cluster spec, else a free port on this machine (a single node)."""
+    return plan.topology.chief_host_port() or ("127.0.0.1", free_ports(1)[0])
+
+
+def run_id(plan: Plan, host: str, port: int) -> str:
+    """The rendezvous id every node derives alike (torchrun's ``--rdzv-id``)."""
+    return job_run_id(host, port, plan.topology.trial)
+
+
+def process_env(plan: Plan, host: str, port: int, error_file: str) -> dict[str, str]:
+    """Every variable torchrun sets for a process placed by ``plan.for_process``, with torchrun's values."""
+    topo, process = plan.topology, plan.placed
+    return {
+        ev.RANK: str(process.training_rank), ev.WORLD_SIZE: str(process.world_size),
+        ev.LOCAL_RANK: str(process.local_rank), ev.LOCAL_WORLD_SIZE: str(process.local_world_size),
+        ev.GROUP_RANK: str(topo.node_rank or 0), ev.GROUP_WORLD_SIZE: str(topo.num_nodes),
+        ev.ROLE_NAME: ROLE, ev.ROLE_RANK: str(process.training_rank), ev.ROLE_WORLD_SIZE: str(process.world_size),
+        ev.MASTER_ADDR: host, ev.MASTER_PORT: str(port),
+        ev.TORCHELASTIC_RESTART_COUNT: str(plan.restart_count), ev.TORCHELASTIC_MAX_RESTARTS: str(MAX_RESTARTS),
+        ev.TORCHELASTIC_RUN_ID: run_id(plan, host, port), ev.TORCHELASTIC_USE_AGENT_STORE: str(True),
+        ev.TORCHELASTIC_SIGNALS_TO_HANDLE: SIGNALS_TO_HANDLE, ev.TORCHELASTIC_ERROR_FILE: error_file,
+    }
+
+
+def launch(plan: Plan, ctx: failures.FailureContext) -> int:
+    """Run this node's processes; the exit code of the node."""
+    topo = plan.topology
+    if topo.processes_started_externally:  # torchrun started this process: it is placed already
+        return run_process(plan, ctx)
+    if plan.nproc_per_node > 1:
+        _import_quietly()
+    host, port = rendezvous_address(plan)
+    from entrypoint.pytorch.launch import membership
+
+    with node_store(host, port, topo.node_rank or 0, topo.num_nodes, plan.options.timeout,
+                    run_id(plan, host, port), topo.training_peers(), membership.applies(plan)) as store:
+        code = _in_process(plan, store, ctx) if plan.nproc_per_node == 1 else _elastic(plan, store)
+        if code == ExitCode.OK:
+            store.leave_together()
+    return code
+
+
+@contextlib.contextmanager
+def _error_file() -> Iterator[str]:
+    """Where torch's ``record`` writes a failure, as under torchrun (a private directory, removed after)."""
+    directory = tempfile.mkdtemp(prefix="trainer-torchelastic-")
+    try:
+        yield os.path.join(directory, "error.json")
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _in_process(plan: Plan, store: NodeStore, ctx: failures.FailureContext) -> int:
+    from entrypoint.pytorch.launch import nodewatch
+
+    topo, placed = plan.topology, plan.for_process(0)
+    with _error_file() as error_file:
+        os.environ.update(process_env(placed, store.host, store.port, error_file))
+        log.info("node %s/%s: training in this process, world size %d (%s)", topo.node_rank, topo.num_nodes,
+                 plan.world_size, plan.reason)
+        with nodewatch.watched(plan, store, ctx):  # a script's lost peer is named (the hooks loop names its own)
+            return run_process(placed, ctx)
+
+
+def _import_quietly() -> None:
+    """Import torch's launcher with its C++ log level at FATAL for this agent process only.
+
+    c10d's retry stack dumps would bury our own one-line messages; workers keep the user's level.
+    """
+    previous = os.environ.get(ev.TORCH_CPP_LOG_LEVEL)
+    os.environ.setdefault(ev.TORCH_CPP_LOG_LEVEL, "FATAL")
+    import torch.distributed.launcher.api  # noqa: F401
+
+    if previous is None:
+        del os.environ[ev.TORCH_CPP_LOG_LEVEL]
+
+
+def _elastic(plan: Plan, store: NodeStore) -> int:
+    from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, SignalException, Std
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    topo, options = plan.topology, plan.options
+    register_backend()
+    config = LaunchConfig(
+        min_nodes=topo.num_nodes, max_nodes=topo.num_nodes, nproc_per_node=plan.nproc_per_node,
+        run_id=store.run_id, role=ROLE, rdzv_endpoint=f"{store.host}:{store.port}", rdzv_backend=BACKEND,
+        max_restarts=MAX_RESTARTS, monitor_interval=0.2, start_method="spawn",
+        logs_specs=DefaultLogsSpecs(redirects=Std.NONE, tee=Std.NONE), log_line_prefix_template=None,
+        shutdown_timeout=int(options.grace_period),
+    )
+    log.info("node %s/%s: starting %d processes, world size %d, rendezvous %s:%d (%s)", topo.node_rank,
+             topo.num_nodes, plan.nproc_per_node, plan.world_size, store.host, store.port, plan.reason)
+    try:
+        elastic_launch(config, sys.executable)("-m", "entrypoint.worker")
+    except ChildFailedError as exc:
+        _rank, failure = exc.get_first_failure()
+        return exit_code_of(failure.exitcode)
+    except SignalException as exc:
+        return signal_exit_code(exc.sigval)
+    return ExitCode.OK

@@ -1,0 +1,133 @@
+"""The hooks loop's side of "survivors keep training": form or join the group, heal from rank 0, recover in place.
+
+A surviving process that loses a peer keeps its interpreter, its model and its data: it drops the broken
+process group, waits with the others for the replacement (``membership.py``), forms the next generation,
+and every rank whose state differs from rank 0's (the replacement, or a survivor that got one step
+further or less) receives rank 0's live state: model, optimizer, scheduler, position, history. Each step
+draws its randomness from (seed, rank, step) (``state.reseed``), so the replayed step and the
+replacement's steps draw exactly what an uninterrupted run would: at most the step in flight is lost.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from entrypoint.lifecycle import lost_work
+from entrypoint.planning.plan import Plan
+from entrypoint.planning.usercode import module_source
+from entrypoint.pytorch.checkpoints.resume import LoopCheckpoints, adopt
+from entrypoint.pytorch.defaults import param_digest
+from entrypoint.pytorch.launch.collectives import TorchDistributed
+from entrypoint.pytorch.launch.membership import Membership, fingerprint
+from entrypoint.pytorch.state import TrainState
+
+log = logging.getLogger("entrypoint.pytorch")
+
+
+def code_digest(plan: Plan) -> str:
+    """The user's module, the loop's own code and the run's options: what a replacement must share."""
+    digest = hashlib.sha256()
+    digest.update(module_source(plan.require_code().target).read_bytes())
+    digest.update(Path(__file__).with_name("loop.py").read_bytes())
+    options = asdict(plan.options)
+    digest.update(json.dumps(options, sort_keys=True, default=str).encode())
+    return digest.hexdigest()[:16]
+
+
+def model_fingerprint(state: TrainState, plan: Plan, world_size: int) -> dict[str, Any]:
+    """This process's fingerprint: world size, every parameter's name and shape, the code's digest."""
+    shapes = [(name, tuple(t.shape)) for name, t in state.model.state_dict().items()]
+    return fingerprint(world_size, shapes, code_digest(plan))
+
+
+@dataclass(frozen=True)
+class Healing:
+    """Who received rank 0's state, the step every rank had reached before, and who every rank is."""
+
+    healed: list[int]
+    steps: list[int]
+    members: list[tuple[str, str]]  # (replica, host) per rank
+    seconds: float
+
+
+def heal(comm: TorchDistributed, checkpoints: LoopCheckpoints, state: TrainState, joining: bool,
+         me: tuple[str, str]) -> Healing:
+    """Every rank whose (step, parameters) differ from rank 0's, and every replacement, gets rank 0's live state."""
+    started = time.perf_counter()
+    views = comm.gather_object((state.step, param_digest(state.model), joining, me))
+    reference = views[0][:2]
+    healed = [r for r, (step, digest, new, _) in enumerate(views) if r and (new or (step, digest) != reference)]
+    if comm.rank == 0 and healed:
+        payload = checkpoints.payload(state)
+        for rank in healed:
+            comm.send_object(payload, rank)
+    elif comm.rank in healed:
+        adopt(state, comm.recv_object(0))
+    comm.gather_object(None)  # every rank holds rank 0's state before the group trains again
+    return Healing(healed, [int(v[0]) for v in views], [tuple(v[3]) for v in views], time.perf_counter() - started)
+
+
+class InPlace:
+    """Survivors keep training: the group's generations, and what each recovery cost."""
+
+    def __init__(self, membership: Membership, comm: TorchDistributed, checkpoints: LoopCheckpoints,
+                 plan: Plan, me: tuple[str, str]) -> None:
+        self.membership, self.comm, self.checkpoints, self.plan, self.me = membership, comm, checkpoints, plan, me
+        self.fingerprint: dict[str, Any] = {}
+        self.joining = False
+
+    def form(self) -> bool:
+        """Form generation 0 before anything is built, unless a job is in progress: then this process replaces a
+        lost one (True), and joins once its model exists (``enter``)."""
+        self.joining = self.membership.joining()
+        if not self.joining:
+            self.comm.form_group(self.membership.pg_store(0))
+        return self.joining
+
+    def enter(self, state: TrainState) -> Healing | None:
+        """Generation 0 is formed (None), or join the job in progress as a replacement, healed from rank 0 (how)."""
+        self.fingerprint = model_fingerprint(state, self.plan, self.comm.world_size)
+        if not self.joining:
+            return None
+        self.membership.join(self.fingerprint)
+        self.comm.form_group(self.membership.pg_store())
+        done = heal(self.comm, self.checkpoints, state, True, self.me)
+        log.info("joined the group (generation %d) at step %d, healed from rank 0 in %.2f s",
+                 self.membership.generation, state.step, done.seconds)
+        return done
+
+    def started(self) -> None:
+        """Generation 0 trains: replacements may join from now on."""
+        self.membership.started(self.fingerprint)
+
+    def recover(self, state: TrainState, in_flight: float, lost: list[str]) -> None:
+        """After losing a peer: drop the group, re-form it with the replacement, heal; raises PeerError if not."""
+        failed_at, step = time.time(), state.step
+        self.comm.drop_group()
+        state.wrapped = None
+        gc.collect()  # the old DDP's hooks and buffers go with it
+        log.warning("lost %s at step %d: keeping this process and re-forming the group (generation %d)",
+                    ", ".join(lost) or "a peer", step, self.membership.generation + 1)
+        verdict = self.membership.reform(step)
+        self.comm.form_group(self.membership.pg_store())
+        done = heal(self.comm, self.checkpoints, state, False, self.me)
+        # each rank of a replica names the replica: one name per replica lost (two processes a node named it twice)
+        names = list(dict.fromkeys([self.membership.names(r) for r in sorted(verdict.joiners)] or lost or ["a peer"]))
+        reached = max(done.steps)
+        cost = lost_work.Recovery(
+            replica=", ".join(names), lost_at_step=reached, resumed_from_step=state.step,
+            lost_steps=max(reached - state.step, 0), lost_seconds=round(in_flight, 3), how="in_place",
+            stalled_seconds=round(time.time() - failed_at, 3))
+        state.recoveries.append(cost.to_dict())
+        log.info("%s", cost.line())
+        log.info("group re-formed with %d replicas at step %d, healed %s from rank 0 in %.2f s",
+                 self.comm.world_size, state.step,
+                 ", ".join(f"rank {r}" for r in done.healed) or "nobody (every survivor held rank 0's state)",
+                 done.seconds)
