@@ -110,7 +110,7 @@ def test_json_logs_from_the_node_and_its_workers_and_a_json_last_line(tmp_path: 
     assert progress and all(line["severity"] == "INFO" for line in progress)
     assert progress[-1]["logging.googleapis.com/labels"]["step"] == "2"
     assert {line["logging.googleapis.com/labels"].get("rank") for line in progress} == {"0"}
-    assert progress[0]["logging.googleapis.com/sourceLocation"]["file"].endswith("loop.py")
+    assert progress[0]["logging.googleapis.com/sourceLocation"]["file"].endswith("pytorch/loop/trainer.py")
     *workers, _last = [line for line in err if line["severity"] == "ERROR"]
     assert workers and all(line["logging.googleapis.com/labels"]["rank"] in ("0", "1") for line in workers)
     last = json.loads(last_line(proc))

@@ -29,13 +29,14 @@ from entrypoint.pytorch.launch.membership import Membership, fingerprint
 from entrypoint.pytorch.state import TrainState
 
 log = logging.getLogger("entrypoint.pytorch")
+LOOP_SOURCE = Path(__file__).resolve().parents[1] / "loop" / "trainer.py"  # the hooks loop a replacement must share
 
 
 def code_digest(plan: Plan) -> str:
     """The user's module, the loop's own code and the run's options: what a replacement must share."""
     digest = hashlib.sha256()
     digest.update(module_source(plan.require_code().target).read_bytes())
-    digest.update(Path(__file__).with_name("loop.py").read_bytes())
+    digest.update(LOOP_SOURCE.read_bytes())
     options = asdict(plan.options)
     digest.update(json.dumps(options, sort_keys=True, default=str).encode())
     return digest.hexdigest()[:16]
