@@ -17,7 +17,7 @@ set (``VmHWM``) is kept. Training processes name themselves (the scripts touch `
   run in the PyTorch venv whichever venv the family runs in: where TensorFlow is installed (the Horovod venv),
   the chief's ``torch.utils.tensorboard`` imports it (+0.6 GiB on rank 0 alone).
 - Export: in the FSDP runs, rank 0's peak resident set rise while the entrypoint writes ``model.safetensors``
-  (streamed tensor by tensor, ``entrypoint/pytorch/export.py``), next to the largest tensor. Target: at most the
+  (streamed tensor by tensor, ``entrypoint/pytorch/loop/export.py``), next to the largest tensor. Target: at most the
   largest tensor plus a fixed buffer (``EXPORT_BUFFER_MIB``).
 - Pretrained weights (issue #45): ``bench.init_hooks``, a GPT of 972M parameters (3,706 MiB in fp32; a few MB at the
   quick size) saved as ``model.safetensors``, loaded under ``--strategy fsdp`` at world 2 with ``--init-from`` (built

@@ -66,7 +66,7 @@ FRAMEWORK = Framework(
     image="horovod",
     cuda_major=CUDA_MAJOR,  # built on the PyTorch image's CUDA (docs/horovod.md)
     kubeflow_kinds=("pytorchjob", "trainjob"),  # our launcher needs only PET_*'s node rank, count and master
-    init_from=True,  # the PyTorch hooks loop (pytorch/pretrained.py)
+    init_from=True,  # the PyTorch hooks loop (pytorch/loop/pretrained.py)
     # a peer lost mid-collective (HorovodInternalError), an elastic host change; raised where its ops run
     peer_errors=("horovod.common.exceptions.HorovodInternalError", "horovod.common.exceptions.HostsUpdatedInterrupt"),
     peer_modules=("horovod", "entrypoint.horovod"),

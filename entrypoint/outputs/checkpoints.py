@@ -10,8 +10,8 @@ or one this process committed since), and deletes the ones known not to load bef
 at every moment at least one checkpoint that loads remains.
 
 ``CheckpointWriter`` is the one typed interface the training loops save and load through, whatever the
-framework: PyTorch's ``ReplicatedCheckpointIO`` (``pytorch/checkpoint_io.py``, shared by Horovod) and
-``ShardedCheckpointIO`` (``pytorch/sharded_io.py``), and Keras' ``KerasCheckpointIO`` (``tensorflow/checkpoint_io.py``)
+framework: PyTorch's ``ReplicatedCheckpointIO`` (``pytorch/checkpoints/checkpoint_io.py``, shared by Horovod) and
+``ShardedCheckpointIO`` (``pytorch/checkpoints/sharded_io.py``), and Keras' ``KerasCheckpointIO`` (``tensorflow/checkpoint_io.py``)
 implement it.
 """
 

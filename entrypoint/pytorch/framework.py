@@ -99,7 +99,7 @@ FRAMEWORK = Framework(
     cuda_major=CUDA_MAJOR,
     kubeflow_kinds=("pytorchjob", "trainjob"),
     survivors_regroup=True,
-    init_from=True,  # pytorch/pretrained.py
+    init_from=True,  # pytorch/loop/pretrained.py
     peer_errors=PEER_ERRORS,
     peer_modules=PEER_MODULES,
 )

@@ -61,7 +61,7 @@ class PodOptions:
     scheduler_name: str | None = None
     priority_class: str | None = None
     placement: Placement = field(default_factory=Placement)
-    fabric: FabricPods | None = None  # --node-fabric: the GPU fabric's pod pieces (jobs/fabricpods.py)
+    fabric: FabricPods | None = None  # --node-fabric: the GPU fabric's pod pieces (jobs/kubeflow/fabricpods.py)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
