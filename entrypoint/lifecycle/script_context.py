@@ -1,13 +1,5 @@
-"""The small context API for scripts: who am I, where do outputs go, report a tuning metric, stop politely.
-(Its public path is ``entrypoint.context``, which hands these on.)
-
-    from entrypoint import context
-    if context.is_chief():
-        model.save(context.model_dir())
-    context.report_metric("accuracy", acc, step)
-    context.step_done(step)          # optional: the job's goodput counts the script's steps
-    if context.preempted():          # SIGTERM arrived: save, then leave
-        save_checkpoint(); sys.exit(143)
+"""The answers behind the small context API for scripts (``entrypoint.context``, its public path, shows its use):
+who am I, where do outputs go, report a tuning metric, count a step, stop politely.
 
 Under the entrypoint the answers come from the plan the runner binds before the user's code starts
 (``bind``); a process the user's code started itself finds the plan its launcher handed over
