@@ -11,8 +11,8 @@ at every moment at least one checkpoint that loads remains.
 
 ``CheckpointWriter`` is the one typed interface the training loops save and load through, whatever the
 framework: PyTorch's ``ReplicatedCheckpointIO`` (``pytorch/checkpoints/checkpoint_io.py``, shared by Horovod) and
-``ShardedCheckpointIO`` (``pytorch/checkpoints/sharded_io.py``), and Keras' ``KerasCheckpointIO`` (``tensorflow/checkpoint_io.py``)
-implement it.
+``ShardedCheckpointIO`` (``pytorch/checkpoints/sharded_io.py``), and Keras' ``KerasCheckpointIO``
+(``tensorflow/checkpoint_io.py``) implement it.
 """
 
 from __future__ import annotations
