@@ -80,6 +80,10 @@ class Resilience:
             yield self
             self.record.close("finished")
         except BaseException as exc:
+            # A write still in flight ends (and says how) before the failure's last line, not after it: the
+            # process's exit would wait for its thread anyway, and the last line names the root cause.
+            with contextlib.suppress(BaseException):
+                self.saver.io.wait()
             self.record.close("stopped" if isinstance(exc, StopRequested) else "failed")
             named = self._name_the_lost(exc)
             if named is not exc:
