@@ -58,11 +58,26 @@ help:
 	@echo "make image-test-gpu - build the three GPU images here from the GPU locks (not part of make test)"
 
 # One venv per image CPU lock, each with the test tools and this package (editable) on top.
-# $(call lock_venv,VENV,LOCK): create VENV from the exact LOCK plus tests/requirements.txt.
+# $(call lock_venv,VENV,LOCK): create VENV from the exact LOCK plus tests/requirements.txt. Not byte-compiled at
+# install (--no-compile): that is about 25 s of CPU per lock on 2 cores, most of it for modules no test imports;
+# Python compiles a module when it is first imported and keeps the .pyc (the venv is writable).
 define lock_venv
 	rm -rf $(1)
 	$(PYTHON) -m venv $(1)
-	$(1)/bin/$(PIP) install -q -r $(2) -r tests/requirements.txt
+	$(1)/bin/$(PIP) install -q --no-compile -r $(2) -r tests/requirements.txt
+endef
+
+# $(call venv_over,VENV,BASE,REQUIREMENTS): VENV sees everything installed in the venv BASE (a .pth file adds BASE's
+# site-packages, its own .pth files, the editable install of this package included, processed), and installs only
+# what REQUIREMENTS adds; its own packages come first on sys.path. Installing the PyTorch lock again took about a
+# minute of CPU per venv on a fresh machine.
+define venv_over
+	rm -rf $(1)
+	$(PYTHON) -m venv $(1)
+	$(1)/bin/$(PIP) uninstall -q -y setuptools  # the one venv bundles would hide BASE's exact pin
+	echo "import site; site.addsitedir('$$($(2)/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')')" \
+		> "$$($(1)/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/_over_$(notdir $(2)).pth"
+	$(1)/bin/$(PIP) install -q --no-compile -r $(3)
 endef
 
 $(TORCH_VENV)/.ready: images/pytorch/requirements-cpu.txt tests/requirements.txt pyproject.toml
@@ -81,23 +96,22 @@ $(TF_VENV)/.ready: images/tensorflow/requirements-cpu.txt tests/requirements.txt
 # Horovod image build of `make image-test` waits for this venv and takes the same wheel instead of compiling.
 # Its compile runs nproc + 1 jobs of its own, not on `make test`'s job slots: those are held by the test tiers for
 # their whole run, and a fresh machine's compile, the critical path of `make test`, got one slot (one compiler).
-$(HVD_VENV)/.ready: images/horovod/requirements-cpu.txt images/horovod/build_horovod_wheel.sh tests/requirements.txt pyproject.toml
-	$(call lock_venv,$(HVD_VENV),images/horovod/requirements-cpu.txt)
+# The Horovod lock is the TensorFlow lock plus PyTorch and a few more, at the same pins: this venv sits over the
+# TensorFlow venv (venv_over) and installs only the rest.
+$(HVD_VENV)/.ready: $(TF_VENV)/.ready images/horovod/requirements-cpu.txt images/horovod/build_horovod_wheel.sh
+	$(call venv_over,$(HVD_VENV),$(TF_VENV),images/horovod/requirements-cpu.txt)
 	MAKEFLAGS= HOROVOD_BUILD_PARALLELISM=$$(( $$(nproc) + 1 )) HOROVOD_WITH_TENSORFLOW=1 \
 		bash images/horovod/build_horovod_wheel.sh $(HVD_VENV)/bin/python $(HVD_VENV)/wheels
 	$(HVD_VENV)/bin/$(PIP) install -q --no-deps $(HVD_VENV)/wheels/horovod-*.whl
-	$(HVD_VENV)/bin/$(PIP) install -q --no-deps --no-build-isolation -e .
+	$(HVD_VENV)/bin/$(PIP) check
 	$(HVD_VENV)/bin/horovodrun --check-build
 	touch $@
 
 # Test-only: google-cloud-aiplatform and the Kubeflow training SDK check what `entrypoint job` writes. They are in
-# no image lock; this venv is the PyTorch CPU lock (the round trips run real replicas) plus their own exact lock.
-$(JOBS_VENV)/.ready: images/pytorch/requirements-cpu.txt tests/requirements.txt tests/requirements-jobs.txt pyproject.toml
-	rm -rf $(JOBS_VENV)
-	$(PYTHON) -m venv $(JOBS_VENV)
-	$(JOBS_VENV)/bin/$(PIP) install -q -r images/pytorch/requirements-cpu.txt -r tests/requirements.txt \
-		-r tests/requirements-jobs.txt
-	$(JOBS_VENV)/bin/$(PIP) install -q --no-deps --no-build-isolation -e .
+# no image lock; this venv is the PyTorch venv (the round trips run real replicas) plus their own exact lock.
+$(JOBS_VENV)/.ready: $(TORCH_VENV)/.ready tests/requirements-jobs.txt
+	$(call venv_over,$(JOBS_VENV),$(TORCH_VENV),tests/requirements-jobs.txt)
+	$(JOBS_VENV)/bin/$(PIP) check
 	touch $@
 
 venv-pytorch: $(TORCH_VENV)/.ready
@@ -178,15 +192,11 @@ demo-horovod: venv-horovod
 	$(HVD_VENV)/bin/python -m entrypoint local --workers 2 --output-dir $(DEMO_DIR)-horovod -- \
 		run --framework horovod --module trainers.digits_horovod --hypertune-metric accuracy
 
-# Benchmarks (not part of `make test`; docs/benchmarks.md): .venv/bench = the PyTorch CPU lock + the test tools +
+# Benchmarks (not part of `make test`; docs/benchmarks.md): .venv/bench = the PyTorch venv (venv_over) +
 # bench/requirements.txt (matplotlib, exact pins). `make bench` runs every family side by side (~30 min on 2 cores),
 # the Horovod and TensorFlow ones in their own venvs, and rewrites docs/benchmarks.md; results in bench/results/.
-$(BENCH_VENV)/.ready: images/pytorch/requirements-cpu.txt tests/requirements.txt bench/requirements.txt pyproject.toml
-	rm -rf $(BENCH_VENV)
-	$(PYTHON) -m venv $(BENCH_VENV)
-	$(BENCH_VENV)/bin/$(PIP) install -q -r images/pytorch/requirements-cpu.txt -r tests/requirements.txt \
-		-r bench/requirements.txt
-	$(BENCH_VENV)/bin/$(PIP) install -q --no-deps --no-build-isolation -e .
+$(BENCH_VENV)/.ready: $(TORCH_VENV)/.ready bench/requirements.txt
+	$(call venv_over,$(BENCH_VENV),$(TORCH_VENV),bench/requirements.txt)
 	$(BENCH_VENV)/bin/$(PIP) check
 	touch $@
 
