@@ -26,9 +26,7 @@ bytecode = $(1)/bin/python tests/bytecode.py
 # pytest-xdist workers inside each tier (0: none, the tests run in pytest's own process). Tests go to a worker one at
 # a time as it frees up (--maxschedchunk 1): xdist's default hands each worker a quarter of its share at once, and
 # the multi-process tests, collected first, all went to the first worker, one after another (docs/testing.md).
-XDIST_PYTORCH ?= 5
-XDIST_TENSORFLOW ?= 2
-XDIST_HOROVOD ?= 2
+# Each image's tier: XDIST_<IMAGE> (XDIST_PYTORCH ?= 5, ...), from its images/<name>/image.toml.
 XDIST_CONTAINERS ?= 2
 xdist = $(if $(filter-out 0,$(1)),-n $(1) --maxschedchunk 1)
 # make test: at most this many multi-process tests (markers slow, containers) at once across all tiers and workers
@@ -44,8 +42,18 @@ TEST_MIN_FREE_GIB ?= 20
 TEST_CPU_TOP ?= 15
 
 .DEFAULT_GOAL := help
-.PHONY: help venv venv-pytorch venv-tensorflow venv-horovod venv-jobs lint lint-python test test-tiers test-lint test-timed test-load \
-	test-pytorch test-tensorflow test-horovod test-jobs demo demo-horovod venv-bench bench bench-quick test-bench clean
+
+# Every image is one folder (images/<name>/: its Dockerfile, locks and image.toml; images/catalog.py). The catalog's
+# variables (IMAGE_NAMES, IMG_<name>_*) are written to $(IMAGES_MK) whenever an image.toml changes, and the templates
+# below and in images/images.mk make each image's targets from them (venv-, test-, image-, build-<name>, the
+# container tiers): an image is added by adding its folder.
+IMAGES_MK := .build/images.mk
+$(IMAGES_MK): images/catalog.py $(wildcard images/*/image.toml images/*/Dockerfile)
+	@mkdir -p $(@D) && $(PYTHON) images/catalog.py make > $@.tmp && mv $@.tmp $@
+include $(IMAGES_MK)
+
+.PHONY: help venv $(addprefix venv-,$(IMAGE_NAMES)) venv-jobs lint lint-python test test-tiers test-lint test-timed test-load \
+	$(addprefix test-,$(IMAGE_NAMES)) test-jobs demo demo-horovod venv-bench bench bench-quick test-bench clean
 
 help:
 	@echo "make demo   - 2-replica emulated Vertex AI cluster training the PyTorch digits example"
@@ -80,32 +88,17 @@ define venv_over
 	$(1)/bin/$(PIP) install -q --no-compile -r $(3)
 endef
 
-$(TORCH_VENV)/.ready: images/pytorch/requirements-cpu.txt tests/requirements.txt pyproject.toml
-	$(call lock_venv,$(TORCH_VENV),images/pytorch/requirements-cpu.txt)
-	$(TORCH_VENV)/bin/$(PIP) install -q --no-deps --no-build-isolation -e .
-	touch $@
-
-$(TF_VENV)/.ready: images/tensorflow/requirements-cpu.txt tests/requirements.txt pyproject.toml
-	$(call lock_venv,$(TF_VENV),images/tensorflow/requirements-cpu.txt)
-	$(TF_VENV)/bin/$(PIP) install -q --no-deps --no-build-isolation -e .
-	touch $@
-
-# Horovod is built from its sdist with the C++17 fix (images/horovod/build_horovod_wheel.sh), with
-# PyTorch and TensorFlow ops as in the Horovod CPU image; the wheel is cached under
-# ~/.cache/trainer-images/wheels, so only a fresh machine pays the build (~4 minutes on 2 cores, a Release build: no debug info); the
-# Horovod image build of `make image-test` waits for this venv and takes the same wheel instead of compiling.
-# Its compile runs nproc + 1 jobs of its own, not on `make test`'s job slots: those are held by the test tiers for
-# their whole run, and a fresh machine's compile, the critical path of `make test`, got one slot (one compiler).
-# The Horovod lock is the TensorFlow lock plus PyTorch and a few more, at the same pins: this venv sits over the
-# TensorFlow venv (venv_over) and installs only the rest.
-$(HVD_VENV)/.ready: $(TF_VENV)/.ready images/horovod/requirements-cpu.txt images/horovod/build_horovod_wheel.sh
-	$(call venv_over,$(HVD_VENV),$(TF_VENV),images/horovod/requirements-cpu.txt)
-	MAKEFLAGS= HOROVOD_BUILD_PARALLELISM=$$(( $$(nproc) + 1 )) HOROVOD_WITH_TENSORFLOW=1 \
-		bash images/horovod/build_horovod_wheel.sh $(HVD_VENV)/bin/python $(HVD_VENV)/wheels
-	$(HVD_VENV)/bin/$(PIP) install -q --no-deps $(HVD_VENV)/wheels/horovod-*.whl
-	$(HVD_VENV)/bin/$(PIP) check
-	$(HVD_VENV)/bin/horovodrun --check-build
-	touch $@
+# $(call image_venv,NAME): .venv/NAME from the image's CPU lock + tests/requirements.txt + this package (editable), or
+# over another image's venv ([venv] over) with only what its lock adds; then its own step ([venv] after), if any.
+define image_venv
+$(VENV_DIR)/$(1)/.ready: images/$(1)/requirements-cpu.txt $(if $(IMG_$(1)_OVER),$(VENV_DIR)/$(IMG_$(1)_OVER)/.ready,tests/requirements.txt pyproject.toml) $(IMG_$(1)_AFTER) $(if $(IMG_$(1)_AFTER),$(wildcard images/$(1)/*.sh))
+	$(if $(IMG_$(1)_OVER),$$(call venv_over,$(VENV_DIR)/$(1),$(VENV_DIR)/$(IMG_$(1)_OVER),images/$(1)/requirements-cpu.txt),$$(call lock_venv,$(VENV_DIR)/$(1),images/$(1)/requirements-cpu.txt))
+	$(if $(IMG_$(1)_OVER),,$(VENV_DIR)/$(1)/bin/$$(PIP) install -q --no-deps --no-build-isolation -e .)
+	$(if $(IMG_$(1)_AFTER),bash $(IMG_$(1)_AFTER) $(VENV_DIR)/$(1))
+	touch $$@
+venv-$(1): $(VENV_DIR)/$(1)/.ready
+endef
+$(foreach i,$(IMAGE_NAMES),$(eval $(call image_venv,$(i))))
 
 # Test-only: google-cloud-aiplatform and the Kubeflow training SDK check what `entrypoint job` writes. They are in
 # no image lock; this venv is the PyTorch venv (the round trips run real replicas) plus their own exact lock.
@@ -114,11 +107,8 @@ $(JOBS_VENV)/.ready: $(TORCH_VENV)/.ready tests/requirements-jobs.txt
 	$(JOBS_VENV)/bin/$(PIP) check
 	touch $@
 
-venv-pytorch: $(TORCH_VENV)/.ready
-venv-tensorflow: $(TF_VENV)/.ready
-venv-horovod: $(HVD_VENV)/.ready
 venv-jobs: $(JOBS_VENV)/.ready
-venv: venv-pytorch venv-tensorflow venv-horovod venv-jobs
+venv: $(addprefix venv-,$(IMAGE_NAMES)) venv-jobs
 
 lint-python: venv-pytorch
 	$(TOOLS_BIN)/ruff check entrypoint trainers tests bench images/*.py
@@ -129,19 +119,17 @@ lint-python: venv-pytorch
 lint-docker: venv-pytorch
 lint: lint-python lint-docker
 
-# Each image's CPU lock gets the part of the suite that concerns it (unit and image tests run in the
-# PyTorch venv; the --compile test keeps Inductor's cache in the venv it was built for, so that a warm run does not
-# compile the same kernels again), with pytest-xdist workers; pytest exits 5 when a marker selects nothing, which
-# counts as a failure here. The container tests run after the image builds, in test-images (images/images.mk).
-test-pytorch: venv-pytorch
-	@$(call bytecode,$(TORCH_VENV)) && TEST_INDUCTOR_CACHE_DIR=$(abspath $(TORCH_VENV))/inductor-cache $(TIER) pytorch -- $(TORCH_VENV)/bin/python -m pytest -m "not tensorflow and not horovod and not jobs and not containers" \
-		$(call xdist,$(XDIST_PYTORCH)) $(PYTEST_ARGS)
-
-test-tensorflow: venv-tensorflow
-	@$(call bytecode,$(TF_VENV)) && $(TIER) tensorflow -- $(TF_VENV)/bin/python -m pytest -m tensorflow $(call xdist,$(XDIST_TENSORFLOW)) $(PYTEST_ARGS)
-
-test-horovod: venv-horovod
-	@$(call bytecode,$(HVD_VENV)) && $(TIER) horovod -- $(HVD_VENV)/bin/python -m pytest -m horovod $(call xdist,$(XDIST_HOROVOD)) $(PYTEST_ARGS)
+# Each image's CPU lock gets the part of the suite that concerns it (-m its marker, [tests] in its image.toml; the
+# catch-all tier, PyTorch's, also runs every test no other tier claims: unit, image-static, bench smoke), with
+# pytest-xdist workers; pytest exits 5 when a marker selects nothing, which counts as a failure here. The PyTorch tier
+# keeps Inductor's cache in the venv it was built for ([tests] env), so that a warm run does not compile the same
+# kernels again. The container tests run after the image builds, in test-images (images/images.mk).
+define image_tier
+test-$(1): venv-$(1)
+	@$$(call bytecode,$(VENV_DIR)/$(1)) && $(IMG_$(1)_ENV) $$(TIER) $(1) -- $(VENV_DIR)/$(1)/bin/python -m pytest \
+		-m "$(IMG_$(1)_MARKER)$(if $(IMG_$(1)_CATCH_ALL), and not jobs and not containers)" $$(call xdist,$$($(IMG_$(1)_XDIST))) $$(PYTEST_ARGS)
+endef
+$(foreach i,$(IMAGE_NAMES),$(eval $(call image_tier,$(i))))
 
 # Specs from `entrypoint job`, checked by google-cloud-aiplatform's and Kubeflow's own types, and run by local --spec.
 test-jobs: venv-jobs
@@ -161,7 +149,7 @@ test:
 	echo "make test: $$([ $$status -eq 0 ] && echo passed || echo FAILED) (logs in $(LOG_DIR)/):"; \
 	$(PYTHON) tests/tiers.py table --log-dir $(LOG_DIR) --since $$since --cpu $(TEST_CPU_TOP); exit $$status
 
-test-tiers: test-pytorch test-horovod test-tensorflow test-images test-jobs test-lint
+test-tiers: $(addprefix test-,$(IMAGE_NAMES)) test-images test-jobs test-lint
 
 test-lint: venv-pytorch
 	@$(TIER) lint -- $(MAKE) --no-print-directory lint
@@ -217,6 +205,6 @@ test-bench: venv-bench
 	$(BENCH_VENV)/bin/python -m pytest tests/bench $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV_DIR) $(DEMO_DIR) $(LOG_DIR) outputs .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV_DIR) $(DEMO_DIR) $(LOG_DIR) .build outputs .pytest_cache .mypy_cache .ruff_cache
 
 -include images/images.mk

@@ -1,14 +1,13 @@
-"""The size of each locally built image, its largest layers, and its budget (images/size-budget.json)."""
+"""The size of each locally built image, its largest layers, and its budget (images/<name>/image.toml)."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
 
+import catalog
 from build_common import ROOT, Failure, image_ref
 from container_engine import Engine
-
-BUDGET_FILE = ROOT / "images" / "size-budget.json"
 
 
 def image_size(engine: Engine, ref: str) -> int:
@@ -27,23 +26,21 @@ def largest_layers(engine: Engine, ref: str, count: int = 5) -> list[tuple[int, 
     return sorted(((size, " ".join(created_by.split())) for size, created_by in rows), reverse=True)[:count]
 
 
-BUDGET_KEYS = {"cpu": "bytes", "gpu": "gpu_bytes"}  # the budget file's map for each variant
-
-
 def load_budget(variant: str = "cpu") -> tuple[float, dict[str, int]]:
-    data = json.loads(BUDGET_FILE.read_text())
-    return float(data["margin"]), {name: int(size) for name, size in data[BUDGET_KEYS[variant]].items()}
+    """The margin and each image's budget for ``variant`` (bytes), from the images' folders."""
+    return catalog.SIZE_MARGIN, {image.name: image.size_budget[variant] for image in catalog.images()}
 
 
 def budget_problem(image: str, size: int, variant: str = "cpu") -> str | None:
     """Why ``size`` breaks the budget of the image's variant, or None."""
     margin, budget = load_budget(variant)
+    spec = (ROOT / "images" / image / catalog.SPEC).relative_to(ROOT)
     if image not in budget:
-        return f"{image} has no entry in {BUDGET_FILE.relative_to(ROOT)}'s {BUDGET_KEYS[variant]}"
+        return f"{image} has no image folder with a {catalog.SPEC} (images/{image}/)"
     limit = budget[image] * (1 + margin)
     if size > limit:
         return (f"{image_ref(image, variant)} is {_gb(size)}, over its budget {_gb(budget[image])} + {margin:.0%} "
-                f"({BUDGET_FILE.relative_to(ROOT)}): find what grew in its largest layers, cut it, or raise the "
+                f"({spec} [size_budget] {variant}): find what grew in its largest layers, cut it, or raise the "
                 f"budget in the same change")
     return None
 

@@ -1,5 +1,6 @@
 # Trainer images: local builds mirroring cloudbuild.yaml. Included by the top-level Makefile, which
-# defines PYTHON, VENV_DIR, TORCH_VENV and TOOLS_BIN (where hadolint is installed). Needs a Docker
+# defines PYTHON, VENV_DIR, TORCH_VENV, TOOLS_BIN (where hadolint is installed) and includes the catalog's variables
+# (IMAGE_NAMES, IMG_<name>_*, CONTAINER_GROUPS: images/catalog.py reads every images/<name>/image.toml). Needs a Docker
 # engine, except lint-docker and the image tests. docs/images.md explains the images and how to run them.
 #
 #   make build-pytorch-cpu                       # one image (GPU: build-pytorch)
@@ -37,8 +38,8 @@ image_build = DOCKER_BUILDKIT=1 $(DOCKER) build --file images/$(1)/Dockerfile \
 	$(DOCKER_BUILD_ARGS) --tag $(REGISTRY)/$(3):$(TAG) .
 
 .PHONY: build $(BUILD_TARGETS) push cloudbuild lint-docker image-test test-images image-clean \
-	image-engine image-base image-pytorch image-tensorflow image-horovod test-containers test-containers-main \
-	test-containers-horovod image-test-gpu
+	image-engine image-base $(addprefix image-,$(IMAGE_NAMES)) test-containers \
+	$(addprefix test-containers-,$(CONTAINER_GROUPS)) image-test-gpu
 
 build: $(BUILD_TARGETS)
 
@@ -67,7 +68,7 @@ lint-docker:
 # images/local_build.py makes a Debian bookworm base once (mmdebstrap), builds localhost/trainer-<image>:cpu
 # with cloudbuild.yaml's CPU build arguments plus the local base, its Python and the wheel sources (torch's
 # +cpu wheel; the Horovod wheel `make venv-horovod` cached: Horovod compiles once, so the Horovod image waits
-# for that venv), and reports sizes against images/size-budget.json; tests/containers/ then runs the images:
+# for that venv), and reports sizes against each image's budget (image.toml); tests/containers/ then runs the images:
 # those of the PyTorch and TensorFlow images as soon as these are built, the Horovod ones after its image. Layers
 # and the base stay cached in the engine's storage: only a cold machine pays the full build. Each step is a make
 # target, so `make test` (-j) builds the images beside the test tiers.
@@ -87,23 +88,24 @@ image-engine:
 image-base: image-engine
 	@$(HAVE_ENGINE) || exit 0; $(PYTHON) images/local_build.py base
 
-image-pytorch: image-base
-	@$(HAVE_ENGINE) || exit 0; $(TIER) image-pytorch -- $(PYTHON) images/local_build.py build pytorch
+# image-<name> for every image (the catalog's IMAGE_NAMES, included by the Makefile): after the base, and after its
+# venv where the build takes what that venv made ([venv] build_needs_venv: Horovod's wheel).
+define image_rule
+image-$(1): image-base $(if $(IMG_$(1)_BUILD_NEEDS_VENV),venv-$(1))
+	@$$(HAVE_ENGINE) || exit 0; $$(TIER) image-$(1) -- $$(PYTHON) images/local_build.py build $(1)
+endef
+$(foreach i,$(IMAGE_NAMES),$(eval $(call image_rule,$(i))))
 
-image-tensorflow: image-base
-	@$(HAVE_ENGINE) || exit 0; $(TIER) image-tensorflow -- $(PYTHON) images/local_build.py build tensorflow
+# test-containers-<group>: the container tests of a group's images ([tests] containers in their image.toml), after
+# those images: the default group's tier (`containers`) runs every container test that names no other group's image.
+define container_tier
+test-containers-$(1): venv-pytorch $(addprefix image-,$(CONTAINER_$(1)_IMAGES))
+	@$$(HAVE_ENGINE) || { echo "no container engine: the container tests are skipped"; exit 0; }; \
+	$$(TIER) $(CONTAINER_$(1)_TIER) -- $$(CONTAINER_TESTS) $(if $(CONTAINER_$(1)_SELECT),-k "$(CONTAINER_$(1)_SELECT)")
+endef
+$(foreach g,$(CONTAINER_GROUPS),$(eval $(call container_tier,$(g))))
 
-image-horovod: image-base venv-horovod
-	@$(HAVE_ENGINE) || exit 0; $(TIER) image-horovod -- $(PYTHON) images/local_build.py build horovod
-
-test-containers-main: venv-pytorch image-pytorch image-tensorflow
-	@$(HAVE_ENGINE) || { echo "no container engine: the container tests are skipped"; exit 0; }; \
-	$(TIER) containers -- $(CONTAINER_TESTS) -k "not horovod"
-
-test-containers-horovod: venv-pytorch image-horovod
-	@$(HAVE_ENGINE) || exit 0; $(TIER) containers-horovod -- $(CONTAINER_TESTS) -k horovod
-
-test-containers: test-containers-main test-containers-horovod
+test-containers: $(addprefix test-containers-,$(CONTAINER_GROUPS))
 image-test: test-containers
 test-images: image-test  # the part of `make test`
 
@@ -111,7 +113,7 @@ test-images: image-test  # the part of `make test`
 # local Debian base with the GPU locks (proving they resolve), Horovod compiled with NCCL operations on a CUDA
 # devel base made from PyPI's CUDA 13.0 wheels (images/cuda_base.py). Each build's smoke check, then a container
 # per image, report torch's CUDA version, torchvision's ops, Horovod's NCCL ops and TensorFlow's CUDA build; the
-# sizes are checked against the GPU budget in images/size-budget.json.
+# sizes are checked against the GPU budget in each images/<name>/image.toml.
 image-test-gpu: image-base
 	@$(HAVE_ENGINE) || { echo "no container engine: $@ needs podman or Docker" >&2; exit 1; }
 	$(PYTHON) images/local_build.py build --gpu

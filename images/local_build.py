@@ -26,7 +26,8 @@ same settings. This file is the command line and the builds; the rest sits besid
     debian_base.py        the local base localhost/debian:bookworm (mmdebstrap), its label and age
     cuda_base.py          the GPU builds' CUDA devel base, from PyPI's CUDA 13.0 wheels (Horovod's compile only)
     wheel_sources.py      torch's +cpu wheel and Horovod's wheel cache, served on 127.0.0.1
-    image_sizes.py        each image's size, largest layers and budget (size-budget.json)
+    catalog.py            every images/<name>/image.toml: budgets, GPU facts, test tiers, Cloud Build steps
+    image_sizes.py        each image's size, largest layers and budget (image.toml)
     build_inputs.py       a build's inputs as one digest: an image built from the inputs at hand is not built again
 
 They import one another by plain name: run as a script, images/ is on sys.path (sys.path[0]).
@@ -45,6 +46,7 @@ import urllib.request
 from collections.abc import Sequence
 
 import build_inputs
+import catalog
 from build_common import IMAGES, INSTALL, ROOT, VARIANTS, Failure, image_ref, is_ci, log
 from container_engine import Engine, require_engine
 from cuda_base import CUDA_DEVEL_REF, ensure_cuda_devel
@@ -115,9 +117,15 @@ def diagnose(image: str, code: int, variant: str = "cpu") -> Failure:
                    f"fix it, then rerun `make {target}`")
 
 
+def needs_cuda_devel(image: str) -> bool:
+    """Whether the image's GPU build compiles on the CUDA devel base (its Dockerfile takes ARG CUDA_DEVEL_IMAGE)."""
+    return "ARG CUDA_DEVEL_IMAGE" in (ROOT / "images" / image / "Dockerfile").read_text()
+
+
 def build(engine: Engine, images: Sequence[str], variant: str = "cpu") -> None:
     ensure_base(engine)
-    if variant == "gpu" and "horovod" in images:
+    devel = variant == "gpu" and any(needs_cuda_devel(image) for image in images)
+    if devel:
         ensure_cuda_devel(engine)
     wheel, horovod_cache = local_torch_wheel() if variant == "cpu" else None, horovod_wheel_cache()
     if variant == "cpu":
@@ -125,7 +133,7 @@ def build(engine: Engine, images: Sequence[str], variant: str = "cpu") -> None:
     cached = sorted(p.parent.name for p in horovod_cache.glob("horovod-*/key.txt"))
     log(f"Horovod wheel cache {horovod_cache}: {', '.join(cached) or 'empty'} (a wheel of the image's key is "
         "used instead of compiling)")
-    bases = [BASE_REF, *([CUDA_DEVEL_REF] if variant == "gpu" and "horovod" in images else [])]
+    bases = [BASE_REF, *([CUDA_DEVEL_REF] if devel else [])]
     ids = [engine.image_id(base) for base in bases]
     started, base_id = time.monotonic(), None if None in ids else " ".join(str(i) for i in ids)
     for image in images:
@@ -151,34 +159,19 @@ def build(engine: Engine, images: Sequence[str], variant: str = "cpu") -> None:
     log(f"{', '.join(images)} ({variant}) ready in {_minutes(time.monotonic() - started)}")
 
 
-# What a GPU image must report with no GPU at hand (the builds' smoke checks assert the same): torch's CUDA build and
-# torchvision's C++ ops, Horovod's NCCL operations, TensorFlow's CUDA build; printed as one JSON line per image.
-GPU_FACTS = {
-    "pytorch": "import json, torch, torchvision; torchvision.ops.nms(torch.zeros(0, 4), torch.zeros(0), 0.5); "
-               "print(json.dumps({'torch': torch.__version__, 'cuda': torch.version.cuda, "
-               "'cudnn': torch.backends.cudnn.version(), 'torchvision': torchvision.__version__, 'nms': True}))",
-    "horovod": "import json, torch, torchvision, horovod, horovod.torch as hvd; "
-               "torchvision.ops.nms(torch.zeros(0, 4), torch.zeros(0), 0.5); "
-               "print(json.dumps({'torch': torch.__version__, 'cuda': torch.version.cuda, "
-               "'horovod': horovod.__version__, 'nccl_ops': bool(hvd.nccl_built()), "
-               "'cuda_ops': bool(hvd.cuda_built()), 'gloo': bool(hvd.gloo_built()), 'nms': True}))",
-    "tensorflow": "import json, tensorflow as tf; info = tf.sysconfig.get_build_info(); "
-                  "print(json.dumps({'tensorflow': tf.__version__, 'built_with_cuda': tf.test.is_built_with_cuda(), "
-                  "'cuda': info.get('cuda_version'), 'cudnn': info.get('cudnn_version')}))",
-}
-
-
 def gpu_facts(engine: Engine, image: str) -> dict[str, object]:
     """Run the GPU image once (no GPU needed) and read what it reports; a Failure if it lacks its CUDA build."""
-    ref = image_ref(image, "gpu")
-    out = engine.output("run", "--rm", *engine.run_flags(), "--entrypoint", "python", ref, "-c", GPU_FACTS[image],
+    ref, spec = image_ref(image, "gpu"), catalog.read(ROOT / "images" / image)
+    if not spec.gpu_facts:
+        log(f"{ref}: images/{image}/{catalog.SPEC} has no [gpu_facts] script: nothing to check")
+        return {}
+    out = engine.output("run", "--rm", *engine.run_flags(), "--entrypoint", "python", ref, "-c", spec.gpu_facts,
                         timeout=600)
     facts: dict[str, object] = json.loads(out.strip().splitlines()[-1])
     log(f"{ref}: {json.dumps(facts)}")
-    wrong = {"pytorch": not facts.get("cuda"), "horovod": not (facts.get("cuda") and facts.get("nccl_ops")),
-             "tensorflow": not facts.get("built_with_cuda")}[image]
-    if wrong:
-        raise Failure(f"{ref} is not a CUDA build: {json.dumps(facts)}")
+    if not all(facts.get(key) for key in spec.gpu_must):
+        raise Failure(f"{ref} is not a CUDA build: {json.dumps(facts)} (each of {', '.join(spec.gpu_must)} must be "
+                      f"true: images/{image}/{catalog.SPEC} [gpu_facts])")
     return facts
 
 

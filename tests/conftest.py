@@ -80,6 +80,21 @@ def run_order(items: list[pytest.Item], seconds: dict[str, float]) -> list[pytes
     return sorted(items, key=key)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Each image's test marker (images/<name>/image.toml [tests] marker: its tier, make test-<name>), registered
+    here from the image folders, so that a new image's folder brings its marker (pytest runs --strict-markers)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("images_catalog", ROOT / "images" / "catalog.py")
+    assert spec is not None and spec.loader is not None
+    catalog = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("images_catalog", catalog)  # dataclasses look their module up while the class is made
+    spec.loader.exec_module(catalog)
+    for image in catalog.images():
+        config.addinivalue_line("markers", f"{image.marker}: a test of the {image.name} image's tier, run in its venv "
+                                           f"(.venv/{image.name}; images/{image.name}/image.toml)")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The run order (``run_order``) by each test's wall time in a recorded run (tests/durations.json, written by
     `python3 tests/tiers.py durations`). With pytest-xdist handing out one test at a time (`make test` passes

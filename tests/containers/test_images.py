@@ -1,5 +1,5 @@
 """Each locally built CPU image (make image-test): its smoke check, `describe`, the user and writable
-directories, and its size against images/size-budget.json. Real containers, real ENTRYPOINT."""
+directories, and its size against its budget (images/<name>/image.toml). Real containers, real ENTRYPOINT."""
 
 from __future__ import annotations
 
@@ -11,25 +11,13 @@ import pytest
 
 from entrypoint.lifecycle.supervisor import free_ports
 from tests.conftest import ROOT
-from tests.containers.engine import OUT, UID, Container, common, run, sizes, vertex_spec, wheels, writable_dir
+from tests.containers.engine import OUT, UID, Container, catalog, common, run, sizes, vertex_spec, wheels, writable_dir
 
 pytestmark = pytest.mark.containers
 IMAGES = common.IMAGES
-# What each image must import, with the versions of its lock (the build-time smoke check, and more).
-SMOKE = {
-    "pytorch": "import json, torch, sklearn, hypertune, tensorboardX; "
-               "print(json.dumps({'torch': torch.__version__, 'cuda': torch.version.cuda, "
-               "'tensorboardX': tensorboardX.__version__}))",
-    "tensorflow": "import json, tensorflow as tf, tf_keras, hypertune; "
-                  "print(json.dumps({'tensorflow': tf.__version__, 'keras': tf.keras.__name__}))",
-    "horovod": "import json, torch, horovod, horovod.torch as hvd, horovod.tensorflow.keras, hypertune, tensorboardX; "
-               "print(json.dumps({'torch': torch.__version__, 'horovod': horovod.__version__, "
-               "'gloo': bool(hvd.gloo_built()), 'nccl': bool(hvd.nccl_built()), "
-               "'tensorboardX': tensorboardX.__version__}))",
-}
-EXAMPLE = {"pytorch": "trainers.digits_torch", "tensorflow": "trainers.flowers_keras",
-           "horovod": "trainers.digits_horovod"}
-STRATEGY = {"pytorch": "ddp", "tensorflow": "MultiWorkerMirroredStrategy", "horovod": "horovod"}
+# What each image must import, with the versions of its lock (the build-time smoke check, and more), the example it
+# describes and the strategy planned for it: images/<name>/image.toml ([cpu_facts], smoke_module, [tests] strategy).
+SPECS = {image: catalog.read(ROOT / "images" / image) for image in IMAGES}
 
 
 def lock(image: str, package: str) -> str:
@@ -40,7 +28,7 @@ def lock(image: str, package: str) -> str:
 
 @pytest.mark.parametrize("image", IMAGES)
 def test_smoke_check_imports_the_locked_frameworks(engine: Any, built: Any, image: str) -> None:
-    proc = run(Container(engine, built(image), ["-c", SMOKE[image]], entrypoint="python"))
+    proc = run(Container(engine, built(image), ["-c", SPECS[image].cpu_facts], entrypoint="python"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     found = json.loads(proc.stdout.strip().splitlines()[-1])
     if image in ("pytorch", "horovod"):
@@ -60,7 +48,7 @@ def test_smoke_check_imports_the_locked_frameworks(engine: Any, built: Any, imag
 @pytest.mark.parametrize("image", IMAGES)
 def test_describe_plans_a_vertex_worker(engine: Any, built: Any, image: str) -> None:
     env = {"CLUSTER_SPEC": vertex_spec([2222, 2223], "workerpool1")}
-    proc = run(Container(engine, built(image), ["-m", "entrypoint", "describe", "--module", EXAMPLE[image]],
+    proc = run(Container(engine, built(image), ["-m", "entrypoint", "describe", "--module", SPECS[image].smoke_module],
                          env=env, entrypoint="python"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     described = json.loads(proc.stdout)
@@ -68,7 +56,7 @@ def test_describe_plans_a_vertex_worker(engine: Any, built: Any, image: str) -> 
     assert (topology["source"], topology["role"], topology["node_rank"], topology["num_nodes"]) == \
         ("vertex", "worker", 1, 2)
     assert topology["chief_address"] == "127.0.0.1:2222"
-    assert (plan["framework"], plan["strategy"], plan["world_size"]) == (image, STRATEGY[image], 2)
+    assert (plan["framework"], plan["strategy"], plan["world_size"]) == (image, SPECS[image].strategy, 2)
     tf_config = json.loads(described["env"]["TF_CONFIG"])
     assert tf_config["cluster"] == {"chief": ["127.0.0.1:2222"], "worker": ["127.0.0.1:2223"]}
     if image == "horovod":

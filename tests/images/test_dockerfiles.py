@@ -28,13 +28,9 @@ VARIANTS = ("gpu", "cpu")
 SHELL = ["/bin/bash", "-euo", "pipefail", "-c"]
 ENTRYPOINT = ["/usr/bin/tini", "-g", "--", "python", "-m", "entrypoint", "run"]
 PINNED_REF = re.compile(r"[a-z0-9][a-z0-9./_-]*:[\w.-]+@sha256:[0-9a-f]{64}")
-# The smoke check of each image: the planner runs, and the framework imports (Horovod: and is built right).
-SMOKE = {
-    "pytorch": ("entrypoint describe", "import sys, torch", "torchvision.ops.nms", "tensorboardX"),
-    "tensorflow": ("entrypoint describe", "tensorflow as tf"),
-    "horovod": ("entrypoint describe", "horovod.torch as hvd", "horovodrun --check-build", "torchvision.ops.nms",
-                "horovod.tensorflow.keras.callbacks", "tensorboardX"),
-}
+# The smoke check of each image: the planner runs, and the framework imports (Horovod: and is built right); each
+# image's list is its image.toml's build_checks.
+SMOKE = {image: common.catalog_image(image).build_checks for image in IMAGES}
 
 
 # The CUDA base of a GPU build: ARG CUDA_IMAGE / CUDA_DEVEL_IMAGE=nvidia/cuda:<major>.<minor>.<patch>-...
@@ -45,6 +41,8 @@ def test_every_image_is_a_registered_frameworks() -> None:
     """images/<name>/Dockerfile and the frameworks' records (``Framework.image``) name the same images."""
     declared = {registry.get(name).image for name in registry.names()} - {None}
     assert declared == set(IMAGES) and IMAGES
+    for image in IMAGES:  # and each folder's image.toml names the framework whose record names the image
+        assert registry.get(common.catalog_image(image).framework).image == image
 
 
 @pytest.mark.parametrize("name", [n for n in registry.names() if registry.get(n).image])

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The Horovod venv's own step (images/horovod/image.toml [venv] after), run by `make venv-horovod` once the lock is in:
+# Horovod built from its sdist with the C++17 fix (build_horovod_wheel.sh), with PyTorch and TensorFlow ops as in the
+# Horovod CPU image. The wheel is cached under ~/.cache/trainer-images/wheels, so only a fresh machine pays the build
+# (~4 minutes on 2 cores, a Release build: no debug info); the Horovod image build of `make image-test` waits for this
+# venv and takes the same wheel instead of compiling.
+# Its compile runs nproc + 1 jobs of its own, not on `make test`'s job slots: those are held by the test tiers for
+# their whole run, and a fresh machine's compile, the critical path of `make test`, got one slot (one compiler).
+#
+#   usage: images/horovod/venv.sh VENV
+set -euo pipefail
+venv=${1:?usage: venv.sh VENV}
+pip=("$venv/bin/pip" --disable-pip-version-check)
+MAKEFLAGS= HOROVOD_BUILD_PARALLELISM=$(( $(nproc) + 1 )) HOROVOD_WITH_TENSORFLOW=1 \
+    bash "$(dirname "$0")/build_horovod_wheel.sh" "$venv/bin/python" "$venv/wheels"
+"${pip[@]}" install -q --no-deps "$venv"/wheels/horovod-*.whl
+"${pip[@]}" check
+"$venv/bin/horovodrun" --check-build
