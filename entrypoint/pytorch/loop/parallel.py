@@ -156,7 +156,7 @@ def same_weights_everywhere(model: nn.Module, comm: Any) -> None:
 class Replicated:
     """Every rank holds the whole model (DDP over torch.distributed, or Horovod); gradients are averaged."""
 
-    sharded = False
+    evaluates_in_lockstep = False  # each rank evaluates its own share of the batches
     survives_lost_peer = True  # every other rank holds what a lost one held: survivors may keep training
     every_rank_exports = False  # the chief exports its whole copy
     load_with = LOAD_REPLICATED
@@ -191,7 +191,7 @@ class Replicated:
 class Sharded:
     """FSDP2 (``fully_shard``) over every rank, or HSDP: sharded within a node, replicated across nodes."""
 
-    sharded = True  # the evaluation's forward pass is a collective: every rank runs as many batches (lockstep)
+    evaluates_in_lockstep = True  # the evaluation's forward pass is a collective: every rank runs as many batches
     survives_lost_peer = False  # a lost rank takes its shards with it: the job restarts from its checkpoint
     every_rank_exports = True  # every rank gives its shards, tensor by tensor
     load_with = LOAD_SHARDED

@@ -250,7 +250,7 @@ class Trainer:
         with guard.phase("evaluation"):
             state.metrics = evaluate(state.model, eval_set, self._eval_step(), ctx,
                                      self.comm, self.batch_size, self._workers(), self._autocast,
-                                     lockstep=self.parallel is not None and self.parallel.sharded)
+                                     lockstep=self.parallel is not None and self.parallel.evaluates_in_lockstep)
         for key, value in state.metrics.items():
             state.history.setdefault(key, []).append(value)
         self.resilience.record.metrics = dict(state.metrics)
