@@ -43,7 +43,7 @@ def built_tags() -> set[str]:
 
 def test_the_file_is_what_the_image_folders_generate() -> None:
     """cloudbuild.yaml is generated from every images/<name>/image.toml: a new or changed image folder is in it."""
-    assert TEXT == catalog.cloudbuild(catalog.images()), \
+    assert catalog.cloudbuild(catalog.images()) == TEXT, \
         "cloudbuild.yaml is not current: python3 images/catalog.py cloudbuild > cloudbuild.yaml"
 
 
