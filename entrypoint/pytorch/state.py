@@ -65,3 +65,7 @@ class TrainState:
     recoveries: list[dict[str, Any]] = field(default_factory=list)  # what each resume after a failure cost
     metrics: dict[str, float] = field(default_factory=dict)
     history: dict[str, list[float]] = field(default_factory=dict)
+
+    def advance(self, samples: int) -> None:
+        """One step done: ``samples`` more of the epoch consumed by the whole job."""
+        self.step, self.batch, self.sample = self.step + 1, self.batch + 1, self.sample + samples

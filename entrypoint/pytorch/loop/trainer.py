@@ -204,40 +204,58 @@ class Trainer:
         self.digests.setdefault("start", self.comm.gather_object(self.parallel.digest(state.model)))
 
     def _train_epoch(self, state: TrainState, batches: TrainBatches, epoch: int, progress: Progress) -> None:
-        opts, guard = self.options, self.resilience
+        """An epoch's steps. A step is ten things, as nanoGPT's: batches, guard (``Resilience``), state, precision (and
+        random streams), loss, optimizer, backward, the agreed update, the progress report, the checkpoint schedule."""
+        guard = self.resilience
         for batch in batches.epoch(epoch, state.sample):
             guard.before_step()
             loss, applied = self._step(state, batch)
-            state.step, state.batch, state.sample = state.step + 1, state.batch + 1, \
-                state.sample + batches.samples_per_step
-            if self.ctx.is_chief and state.step % opts.log_every == 0:
-                value = float(loss.detach())
-                log.info(progress.line(epoch + 1, self.epochs, state.step, value))
-                self._scalars("train", {"loss": value}, state.step)
+            state.advance(batches.samples_per_step)
+            self._report(state, loss, epoch, progress)
             guard.after_step(state, loss if applied is None else None)
-            if opts.checkpoint_every and state.step % opts.checkpoint_every == 0 and batches.steps_left(state.sample):
+            if self._checkpoint_due(state, batches):
                 guard.checkpoint(state)
 
     def _step(self, state: TrainState, batch: Any) -> tuple[torch.Tensor, bool | None]:
         """One optimizer step; the loss, and whether the update was applied (None: checked by the vote later)."""
-        wrapped = state.wrapped
-        assert wrapped is not None
-        reseed(self.options.seed, self.ctx.rank, state.step + 1)
-        with self._autocast():
-            loss = getattr(self.module, "compute_loss", default_loss)(wrapped, to_device(batch, self.ctx.device),
-                                                                      self.ctx)
+        with self._precision(state.step + 1):
+            loss = self._loss(state, batch)
         state.optimizer.zero_grad()  # set_to_none is the default (Horovod's optimizer takes no argument)
         loss.backward()
-        return loss, self._apply(state, loss, wrapped)
+        return loss, self._apply(state, loss)
 
-    def _apply(self, state: TrainState, loss: torch.Tensor, wrapped: nn.Module) -> bool | None:
+    def _precision(self, step: int) -> Any:
+        """The step's random streams (reseeded from the seed, the rank and the step: ``state.reseed``) and autocast."""
+        reseed(self.options.seed, self.ctx.rank, step)
+        return self._autocast()
+
+    def _loss(self, state: TrainState, batch: Any) -> torch.Tensor:
+        """The module's ``compute_loss`` (else classification's) on the batch, moved to this rank's device."""
+        assert state.wrapped is not None
+        compute = getattr(self.module, "compute_loss", default_loss)
+        return compute(state.wrapped, to_device(batch, self.ctx.device), self.ctx)
+
+    def _report(self, state: TrainState, loss: torch.Tensor, epoch: int, progress: Progress) -> None:
+        """Every ``--log-every`` steps the chief logs the progress line and the loss (also to TensorBoard)."""
+        if self.ctx.is_chief and state.step % self.options.log_every == 0:
+            value = float(loss.detach())
+            log.info(progress.line(epoch + 1, self.epochs, state.step, value))
+            self._scalars("train", {"loss": value}, state.step)
+
+    def _checkpoint_due(self, state: TrainState, batches: TrainBatches) -> bool:
+        """A ``--checkpoint-every`` step inside the epoch (its end checkpoints anyway)."""
+        every = self.options.checkpoint_every
+        return bool(every) and state.step % every == 0 and batches.steps_left(state.sample) > 0
+
+    def _apply(self, state: TrainState, loss: torch.Tensor) -> bool | None:
         """The optimizer step, unless every rank agreed to skip it (``Resilience.agree_finite``). Returns None when
         the loss is checked later by the step vote (``fail``), else whether the update was applied (``skip``)."""
         agreed = self.resilience.agree_finite(state, loss)
         if agreed is False:
             return False
         if self.options.clip_grad_norm:
-            torch.nn.utils.clip_grad_norm_(wrapped.parameters(), self.options.clip_grad_norm)
+            assert state.wrapped is not None
+            torch.nn.utils.clip_grad_norm_(state.wrapped.parameters(), self.options.clip_grad_norm)
         state.optimizer.step()
         return agreed
 
