@@ -10,8 +10,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import catalog
-
 ROOT = Path(__file__).resolve().parents[1]
 # Every image is a folder with a Dockerfile and an image.toml (images/<name>/; catalog.py reads them): the one list of
 # images, which images.mk, cloudbuild.yaml and the image tests derive the same way.
@@ -35,11 +33,6 @@ def is_ci() -> bool:
 def cache_dir() -> Path:
     """The local builds' own cache on this machine (XDG_CACHE_HOME, else ~/.cache): Horovod's wheels, build records."""
     return Path(os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")) / "trainer-images"
-
-
-def catalog_image(image: str) -> catalog.Image:
-    """What images/<image>/image.toml says about the image."""
-    return catalog.read(ROOT / "images" / image)
 
 
 def image_ref(image: str, variant: str = "cpu") -> str:

@@ -65,10 +65,6 @@ class Image:
     build_needs_venv: bool = False  # its image build takes what that script made (Horovod's wheel: compiled once)
 
     @property
-    def folder(self) -> Path:
-        return FOLDERS / self.name
-
-    @property
     def xdist_variable(self) -> str:
         return f"XDIST_{self.name.upper()}"
 
@@ -129,6 +125,11 @@ def read(folder: Path) -> Image:
     if image.build_needs_venv and not image.after:
         raise CatalogError(f"{where} [venv] build_needs_venv needs an `after` script that makes what the build takes")
     return image
+
+
+def image(name: str) -> Image:
+    """What images/<name>/image.toml says about that image."""
+    return read(FOLDERS / name)
 
 
 def images(root: Path = FOLDERS) -> tuple[Image, ...]:

@@ -161,7 +161,7 @@ def build(engine: Engine, images: Sequence[str], variant: str = "cpu") -> None:
 
 def gpu_facts(engine: Engine, image: str) -> dict[str, object]:
     """Run the GPU image once (no GPU needed) and read what it reports; a Failure if it lacks its CUDA build."""
-    ref, spec = image_ref(image, "gpu"), catalog.read(ROOT / "images" / image)
+    ref, spec = image_ref(image, "gpu"), catalog.image(image)
     if not spec.gpu_facts:
         log(f"{ref}: images/{image}/{catalog.SPEC} has no [gpu_facts] script: nothing to check")
         return {}

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.containers
 IMAGES = common.IMAGES
 # What each image must import, with the versions of its lock (the build-time smoke check, and more), the example it
 # describes and the strategy planned for it: images/<name>/image.toml ([cpu_facts], smoke_module, [tests] strategy).
-SPECS = {image: catalog.read(ROOT / "images" / image) for image in IMAGES}
+SPECS = {image: catalog.image(image) for image in IMAGES}
 
 
 def lock(image: str, package: str) -> str:

@@ -18,7 +18,7 @@ import pytest
 from dockerfile_parse import DockerfileParser
 
 from entrypoint.planning import registry
-from tests.containers.engine import common
+from tests.containers.engine import catalog, common
 
 pytestmark = pytest.mark.images
 
@@ -30,7 +30,7 @@ ENTRYPOINT = ["/usr/bin/tini", "-g", "--", "python", "-m", "entrypoint", "run"]
 PINNED_REF = re.compile(r"[a-z0-9][a-z0-9./_-]*:[\w.-]+@sha256:[0-9a-f]{64}")
 # The smoke check of each image: the planner runs, and the framework imports (Horovod: and is built right); each
 # image's list is its image.toml's build_checks.
-SMOKE = {image: common.catalog_image(image).build_checks for image in IMAGES}
+SMOKE = {image: catalog.image(image).build_checks for image in IMAGES}
 
 
 # The CUDA base of a GPU build: ARG CUDA_IMAGE / CUDA_DEVEL_IMAGE=nvidia/cuda:<major>.<minor>.<patch>-...
@@ -42,7 +42,7 @@ def test_every_image_is_a_registered_frameworks() -> None:
     declared = {registry.get(name).image for name in registry.names()} - {None}
     assert declared == set(IMAGES) and IMAGES
     for image in IMAGES:  # and each folder's image.toml names the framework whose record names the image
-        assert registry.get(common.catalog_image(image).framework).image == image
+        assert registry.get(catalog.image(image).framework).image == image
 
 
 @pytest.mark.parametrize("name", [n for n in registry.names() if registry.get(n).image])
