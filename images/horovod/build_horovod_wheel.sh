@@ -98,7 +98,7 @@ EOF
 ) || die "cannot import torch with $PY (install the image lock into that venv first)"
 [[ -n ${TORCH_VERSION:-} ]] || die "could not read the torch version from $PY"
 PATCH_REV="cxx17-v1+release-v1"
-[[ $TF_VERSION == none ]] || PATCH_REV="$PATCH_REV+tfxla-v1+tfkeras-v1"
+[[ $TF_VERSION == none ]] || PATCH_REV="$PATCH_REV+tfxla-v2+tfkeras-v1"
 FLAGS=$(env | grep -E '^HOROVOD_(WITH|WITHOUT|GPU|CPU_OPERATIONS|CUDA_HOME|NCCL_|ROCM|DEBUG|BUILD_CUDA_CC_LIST|BUILD_ARCH_FLAGS)' \
         | grep -vE '^HOROVOD_(WITH_TENSORFLOW|WITHOUT_TENSORFLOW)=' | LC_ALL=C sort | paste -sd' ' || true)
 KEY_MATERIAL="horovod=$HOROVOD_VERSION patch=$PATCH_REV torch=$TORCH_VERSION python=$PYTAG arch=$(uname -m) tensorflow=$TF_VERSION $FLAGS"
@@ -248,6 +248,10 @@ if [[ -n ${HOROVOD_WITH_TENSORFLOW:-} ]]; then
     f=horovod/tensorflow/xla_mpi_ops.cc
     sed -i 's#"tensorflow/compiler/xla/client/xla_builder.h"#"xla/hlo/builder/xla_builder.h"#; s/::xla::StatusOr</::absl::StatusOr</g' "$SRC/$f"
     grep -q 'xla/hlo/builder/xla_builder.h' "$SRC/$f" || die "$f: include patch did not apply"
+    # Its code is all under HAVE_GPU, its XLA and TF headers are not: a CPU build parsed them for an empty object
+    # (about 25 s of a compile's CPU). The headers now sit under the same condition as the code.
+    sed -i '0,/^#if TENSORFLOW_VERSION >= 2006000000$/s//#if TENSORFLOW_VERSION >= 2006000000 \&\& HAVE_GPU/' "$SRC/$f"
+    grep -q '^#if TENSORFLOW_VERSION >= 2006000000 && HAVE_GPU$' "$SRC/$f" || die "$f: HAVE_GPU patch did not apply"
     "$PY" - "$SRC/horovod/tensorflow/CMakeLists.txt" <<'PYEOF' || die "horovod/tensorflow/CMakeLists.txt: anchor not found"
 import sys
 path = sys.argv[1]
@@ -263,7 +267,7 @@ endforeach()
 """
 open(path, "w").write(text.replace(anchor, anchor + extra))
 PYEOF
-    log "patched horovod/tensorflow for TF >= 2.18 headers (xla_builder.h path, absl::StatusOr, external includes)"
+    log "patched horovod/tensorflow for TF >= 2.18 headers (xla_builder.h path, absl::StatusOr, external includes; the XLA ops' headers only with HAVE_GPU)"
     # horovod.tensorflow.keras takes its backend from a bare `import keras`, which is Keras 3 since TF 2.16
     # even when tf.keras is tf-keras (TF_USE_LEGACY_KERAS=1): Keras 3's backend has no constant/get_value/
     # set_value, so the learning-rate callbacks fail in the first batch and MetricAverageCallback at the end of
