@@ -66,13 +66,14 @@ help:
 	@echo "make image-test-gpu - build the three GPU images here from the GPU locks (not part of make test)"
 
 # One venv per image CPU lock, each with the test tools and this package (editable) on top.
-# $(call lock_venv,VENV,LOCK): create VENV from the exact LOCK plus tests/requirements.txt. Not byte-compiled at
-# install (--no-compile): that is about 25 s of CPU per lock on 2 cores, most of it for modules no test imports;
-# Python compiles a module when it is first imported and keeps the .pyc (the venv is writable).
+# $(call lock_venv,VENV,LOCK): create VENV from the exact LOCK plus tests/requirements.txt, byte-compiled at install
+# (pip's default; about 25 s of CPU per lock on 2 cores). Not compiling it costs far more where PYTHONDONTWRITEBYTECODE
+# is set (CI's machine): no import ever writes a .pyc, so every process compiled what it imported from source again
+# (`import torch` 2.4 s of CPU instead of 1.1 s, in each of the suite's thousands of processes).
 define lock_venv
 	rm -rf $(1)
 	$(PYTHON) -m venv $(1)
-	$(1)/bin/$(PIP) install -q --no-compile -r $(2) -r tests/requirements.txt
+	$(1)/bin/$(PIP) install -q -r $(2) -r tests/requirements.txt
 endef
 
 # $(call venv_over,VENV,BASE,REQUIREMENTS): VENV sees everything installed in the venv BASE (a .pth file adds BASE's
@@ -85,7 +86,7 @@ define venv_over
 	$(1)/bin/$(PIP) uninstall -q -y setuptools  # the one venv bundles would hide BASE's exact pin
 	echo "import site; site.addsitedir('$$($(2)/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')')" \
 		> "$$($(1)/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/_over_$(notdir $(2)).pth"
-	$(1)/bin/$(PIP) install -q --no-compile -r $(3)
+	$(1)/bin/$(PIP) install -q -r $(3)
 endef
 
 # $(call image_venv,NAME): .venv/NAME from the image's CPU lock + tests/requirements.txt + this package (editable), or

@@ -112,7 +112,7 @@ def test_make_gets_the_toys_venv_tier_image_build_and_container_tier(toy_checkou
     assert f"-m venv {venvs}/toy" in out
     pip = f"{venvs}/toy/bin/pip --disable-pip-version-check"
     assert "_over_pytorch.pth" in out  # [venv] over: the toy's venv sits over the PyTorch one
-    assert f"{pip} install -q --no-compile -r images/toy/requirements-cpu.txt\n" in out
+    assert f"{pip} install -q -r images/toy/requirements-cpu.txt\n" in out
     assert f'echo toy -- {venvs}/toy/bin/python -m pytest -m "toy" -n 3 --maxschedchunk 1' in out
     assert "echo image-toy -- python3 images/local_build.py build toy" in out
     assert '-k "toy"' in out and "echo containers-toy --" in out  # its own container tier
