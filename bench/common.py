@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -112,10 +111,11 @@ def check(row: Row, op: str, limit: float, against: float | None = None, label: 
 
 
 def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A TCP port free on 127.0.0.1 right now, picked as the entrypoint picks its own (below the ephemeral range, not
+    handed out to another job on this host lately)."""
+    from entrypoint.lifecycle.ports import free_ports
+
+    return free_ports(1)[0]
 
 
 def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:

@@ -8,16 +8,13 @@ runs after the grace period is killed.
 
 from __future__ import annotations
 
-import random
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import IO
 
 from entrypoint.errors import exit_code_of, is_retryable, signal_exit_code
@@ -68,43 +65,6 @@ class Outcome:
     first: Replica | None = None  # the replica whose exit ended the job (None: success or a signal)
     why: str = ""  # why no restart followed (a permanent failure, an exhausted budget, ...)
     counts: Counts = field(default_factory=Counts)
-
-
-# Ports handed out by free_ports: below the kernel's ephemeral range, which bind(0) and connect() draw from. A port
-# is free when picked and taken seconds later by the process it is for; one from the ephemeral range can meanwhile
-# go to any socket bound to port 0 (gloo binds one per peer) or to an outgoing connection: EADDRINUSE.
-PORT_FLOOR = 10000
-_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
-
-
-def _ephemeral_start() -> int:
-    try:
-        return int(_EPHEMERAL_RANGE.read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768  # Linux's default range is 32768-60999
-
-
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct free TCP ports on 127.0.0.1, picked at random below the ephemeral range (see PORT_FLOOR),
-    else anywhere (held open together so they differ)."""
-    socks: list[socket.socket] = []
-    top = _ephemeral_start()
-    candidates = random.sample(range(PORT_FLOOR, top), min(top - PORT_FLOOR, 50 * count)) if top > PORT_FLOOR else []
-    try:
-        for port in [*candidates, *[0] * count]:
-            if len(socks) == count:
-                break
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                s.close()
-                continue
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def _pump(prefix: str, stream: IO[bytes], lock: threading.Lock, secrets: frozenset[str]) -> None:

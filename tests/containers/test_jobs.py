@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from entrypoint.lifecycle.supervisor import free_ports
+from entrypoint.lifecycle.ports import free_ports
 from entrypoint.outputs import checkpoints
 from tests.conftest import ROOT
 from tests.containers.engine import OUT, Container, aip_dirs, files_under, started, vertex_spec, writable_dir
