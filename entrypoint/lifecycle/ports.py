@@ -20,6 +20,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 PORT_FLOOR = 10000
 RECENT_SECONDS = 600.0  # a replica restarted in place binds its port again: the record keeps a port that long
@@ -41,29 +42,47 @@ def record_path() -> Path:
 @contextlib.contextmanager
 def _record() -> Iterator[dict[int, float] | None]:
     """The recent picks (port -> when), locked against every other picker on this host; what the block adds to the
-    dict is written back. None when the record cannot be used."""
+    dict is written back. None when the record cannot be opened, locked or read (the block's own errors pass)."""
     try:
         fd = os.open(record_path(), os.O_RDWR | os.O_CREAT, 0o600)
     except OSError:
         yield None
         return
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        with os.fdopen(os.dup(fd), "r+", encoding="ascii", errors="replace") as f:
-            now, recent = time.time(), {}
-            for line in f.read().splitlines():
-                port, _, when = line.partition(" ")
-                with contextlib.suppress(ValueError):
-                    if now - float(when) < RECENT_SECONDS:
-                        recent[int(port)] = float(when)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            f = os.fdopen(os.dup(fd), "r+", encoding="ascii", errors="replace")
+        except OSError:
+            f = None
+        if f is None:
+            yield None
+            return
+        with f:
+            recent = _read(f)
             yield recent
-            f.seek(0)
-            f.truncate()
-            f.write("".join(f"{port} {when:.1f}\n" for port, when in recent.items()))
-    except OSError:
-        yield None
+            if recent is not None:
+                with contextlib.suppress(OSError):
+                    f.seek(0)
+                    f.truncate()
+                    f.write("".join(f"{port} {when:.1f}\n" for port, when in recent.items()))
+                    f.flush()
     finally:
         os.close(fd)
+
+
+def _read(f: IO[str]) -> dict[int, float] | None:
+    """The picks of the last ``RECENT_SECONDS``; a torn line is skipped. None when the file cannot be read."""
+    try:
+        lines = f.read().splitlines()
+    except OSError:
+        return None
+    now, recent = time.time(), {}
+    for line in lines:
+        port, _, when = line.partition(" ")
+        with contextlib.suppress(ValueError):
+            if now - float(when) < RECENT_SECONDS:
+                recent[int(port)] = float(when)
+    return recent
 
 
 def free_ports(count: int) -> list[int]:

@@ -88,3 +88,12 @@ def test_without_a_usable_record_ports_are_still_handed_out(narrow: int, monkeyp
 def test_a_torn_record_is_read_around(narrow: int) -> None:
     ports.record_path().write_text(f"{narrow} {time.time():.1f}\ngarbage\n{narrow + 1} not-a-time\n\n")
     assert narrow not in ports.free_ports(2)
+
+
+def test_an_error_of_the_pick_itself_is_raised_as_it_is(narrow: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_sockets(*args: object) -> None:
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(ports.socket, "socket", no_sockets)
+    with pytest.raises(OSError, match="Too many open files"):
+        ports.free_ports(1)
