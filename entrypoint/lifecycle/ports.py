@@ -5,7 +5,8 @@ framework is imported). Ports come from below the kernel's ephemeral range, whic
 one from that range can meanwhile go to any socket bound to port 0 (gloo binds one per peer) or to an outgoing
 connection. And two launchers on one host (several ``local`` jobs, a test suite's parallel jobs) could pick the
 same free port within each other's wait and both fail, one with EADDRINUSE: every pick is recorded in a file of
-this host's temp directory, and a port picked by anyone in the last ``RECENT_SECONDS`` is not handed out again.
+this host's temp directory (one per user), and a port any of the user's processes picked in the last
+``RECENT_SECONDS`` is not handed out again.
 The record is best effort: where it cannot be read or written, ports are picked without it.
 """
 
