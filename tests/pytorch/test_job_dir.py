@@ -27,7 +27,7 @@ DIFFERS = re.compile(r"differ|different|changed|mismatch|not the same", re.IGNOR
 
 def run_args(job_dir: Path, *extra: str) -> list[str]:
     """``run`` of one process with short timeouts."""
-    return ["run", "--framework", "pytorch", "--timeout", "30", "--grace-period", "10", "--job-dir", str(job_dir),
+    return ["run", "--framework", "pytorch", "--timeout", "30", "--job-dir", str(job_dir),
             "--module", "tests.pytorch.faults", "--log-every", "2", *extra]
 
 

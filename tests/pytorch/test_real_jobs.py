@@ -23,13 +23,13 @@ LOADER = ["--data-workers", "2", "--", "--step-sleep", "0.05"]
 
 
 def run_args(job_dir: Path, *extra: str) -> list[str]:
-    return ["run", "--framework", "pytorch", "--timeout", "30", "--grace-period", "10", "--job-dir", str(job_dir),
+    return ["run", "--framework", "pytorch", "--timeout", "30", "--job-dir", str(job_dir),
             *FAULTS, *extra]
 
 
 def local_args(output: Path, *extra: str) -> list[str]:
     return ["local", "--workers", "2", "--output-dir", str(output), "--restart-policy", "never", "--", "run",
-            "--framework", "pytorch", "--timeout", "30", "--grace-period", "10", *FAULTS, *extra]
+            "--framework", "pytorch", "--timeout", "30", *FAULTS, *extra]
 
 
 def error_line(job: Job) -> str:
