@@ -88,7 +88,8 @@ def test_a_frozen_peer_is_lost_within_the_timeout(tmp_path: Path) -> None:
         os.kill(nodes[1].proc.pid, signal.SIGSTOP)
         frozen = time.monotonic()
         assert nodes[0].wait(60) == 129, nodes[0].output()[-3000:]
-        assert time.monotonic() - frozen < 10 + 10
+        # --timeout 10 s and the survivor's exit, with room for a loaded machine (gloo's own wait would be 30 min)
+        assert time.monotonic() - frozen < 10 + 30
         # The heartbeats name the frozen peer, not the address and port gloo gives.
         line = last_line(nodes[0])
         assert line.startswith("entrypoint: error: peer_lost on workerpool1-0, rank 1"), line
