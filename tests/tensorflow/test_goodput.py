@@ -15,8 +15,9 @@ from tests.tensorflow.runs import SLOW
 
 pytest.importorskip("tensorflow")
 pytestmark = [pytest.mark.tensorflow, pytest.mark.slow]
-# The platform's grace period (the default): the save on SIGTERM must land on a loaded machine too, where a job
-# stopped after 5 s lost its chief's end to the SIGKILL (a "killed" attempt, not a preemption).
+# The platform's grace period (the default): the save on SIGTERM must land on a loaded machine too. With 5 s, CI's
+# ledger had the chief's attempt without an end, `killed` and not `preempted`: `local` SIGKILLs 5 s + its margin
+# (10 s) after the signal, and that loaded machine's save had not ended by then.
 RUN = ["run", "--framework", "tensorflow", "--module", SLOW, "--log-every", "2", "--timeout", "60",
        "--hang-timeout", "30", "--checkpoint-every", "8"]
 
