@@ -137,9 +137,10 @@ test-jobs: venv-jobs
 	@$(call bytecode,$(JOBS_VENV)) && $(TIER) jobs -- $(JOBS_VENV)/bin/python -m pytest -m jobs $(PYTEST_ARGS)
 
 # Everything side by side (TEST_JOBS at once, and on past a failure: every tier reports), then the table of what
-# ran when. The graph: the venvs build at once; lint and each tier start when their venv is ready; the PyTorch and
-# TensorFlow images when podman and the base are; the Horovod image after venv-horovod, whose wheel it takes; the
-# container tests after their images. Nothing is built twice.
+# ran when. The graph: the venvs build at once (the Horovod one once the TensorFlow one, which it sits over, is ready);
+# lint and each tier start when their venv is ready; the PyTorch and TensorFlow images when podman and the base are;
+# the Horovod image after venv-horovod, whose wheel it takes; the container tests after their images. Nothing is built
+# twice.
 test:
 	@mkdir -p $(LOG_DIR); since=$$(date +%s); status=0; free=$$(df --output=avail -BG . | tail -1 | tr -dc 0-9); \
 	[ "$$free" -ge $(TEST_MIN_FREE_GIB) ] || echo "make test: only $$free GiB free on disk (under $(TEST_MIN_FREE_GIB)): a disk \
