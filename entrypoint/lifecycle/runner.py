@@ -191,7 +191,7 @@ def holding_job_dir(plan: Plan, ctx: failures.FailureContext) -> Iterator[jobrec
     os.environ[ev.TRAINER_JOB_LEASE] = held.me.token  # the node's training processes fence their commits with it
     try:
         with checkpoints.fence(held.check):  # and so does this process (training in it, one process per node)
-            yield jobrecord.start(plan.outputs.job_dir, plan.options, ctx.secrets)
+            yield jobrecord.start(plan.outputs.job_dir, plan.options, ctx.secrets, plan.framework, plan.code)
         held.check()  # a launcher that ended because a worker's commit was fenced: the takeover is the cause
     except BaseException as exc:
         if held.lost is None:
