@@ -45,7 +45,7 @@ from entrypoint.lifecycle.runner import REFUSED
 from entrypoint.lifecycle.supervisor import Outcome, Replica, Supervisor
 from entrypoint.options import DEFAULT_GRACE_PERIOD
 from entrypoint.outputs import goodput, storage
-from entrypoint.planning.runargs import parse_options, split_user_args
+from entrypoint.planning.runargs import Parser, parse_options, split_user_args
 
 COMMANDS = ("run", "describe")
 GRACE_MARGIN = 5.0
@@ -301,7 +301,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     """``local`` options before ``--``; the replica command (``run ...``) after it, as ``args.command``."""
     argv = list(argv)
     ours, command = split_user_args(argv)
-    parser = argparse.ArgumentParser(prog="python -m entrypoint local", description=__doc__.splitlines()[0])
+    parser = Parser(prog="python -m entrypoint local", description=__doc__.splitlines()[0])
+    parser.stray = "the replica command goes after '--': python -m entrypoint local [options] -- run ..."
     parser.add_argument("--workers", type=int, default=1, help="training replicas: 1 chief + N-1 workers")
     parser.add_argument("--ps", type=int, default=0, help="parameter servers (workerpool2)")
     parser.add_argument("--evaluators", type=int, default=0, help="evaluators (workerpool3)")
