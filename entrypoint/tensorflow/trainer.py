@@ -201,7 +201,7 @@ def _train(plan: Plan, module: ModuleType, args: argparse.Namespace, strategy: A
         restore_backup(Path(ctx.checkpoint_dir) / BACKUP_DIR, staging)  # BackupAndRestore reads the chief's copy
     record.enter("preparation")
     metric = options.hypertune_metric or getattr(module, "HYPERTUNE_METRIC", None)
-    reporter = MetricReporter(ctx.is_chief, ctx.trial)
+    reporter = MetricReporter(ctx.is_chief, ctx.trial, asked=options.hypertune_metric is not None)
     callbacks, progress, commit = make_callbacks(plan, ctx, reporter, metric, request, watchdog, writer, resumed,
                                                  history, staging, record)
     log.info("training %d epoch(s), global batch %d (%d per replica x %d)", ctx.epochs, ctx.global_batch_size,
