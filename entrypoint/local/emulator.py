@@ -283,7 +283,7 @@ def _report(outcome: Outcome, replicas: list[Replica], output_dir: str, ctx: fai
     print(f"[local] job finished with exit code {outcome.code}{restarts}", flush=True)
     print(f"[local] model:       {chief[ev.AIP_MODEL_DIR]}\n[local] checkpoints: {chief[ev.AIP_CHECKPOINT_DIR]}\n"
           f"[local] tensorboard: {chief[ev.AIP_TENSORBOARD_LOG_DIR]}\n"
-          f"[local] hypertune:    {', '.join(map(str, metrics)) or 'none reported'}", flush=True)
+          f"[local] hypertune:   {', '.join(map(str, metrics)) or 'none reported'}", flush=True)
     if ctx.job_dir is not None:
         print(f"[local] {_goodput_line(ctx.job_dir)}", flush=True)
     if outcome.code == ExitCode.OK:

@@ -116,10 +116,12 @@ def make_callbacks(plan: Plan, ctx: TFContext, reporter: MetricReporter, metric:
         ProgressAndSteps,
         PublishTensorBoard,
         ReportTuningMetric,
+        quiet_hook_timing,
     )
     from entrypoint.tensorflow.preemption import BACKUP_DIR, NameAdvanceNotice, SaveBeforePreemption
 
     options, ckpt = plan.options, Path(ctx.checkpoint_dir)
+    quiet_hook_timing()  # every callback of fit is ours: tf-keras' "is slow" warning would time the batch itself
     progress = ProgressAndSteps(ctx.epochs, ctx.global_batch_size, ctx.num_replicas_in_sync, options.log_every,
                                 ctx.is_chief, watchdog, record)
     commit = CommitCheckpoints(writer, plan.strategy, resumed, plan.outputs.job_dir, history)
