@@ -158,9 +158,9 @@ def refusal(job_dir: str, framework: str, code: UserCode | None) -> ConfigError 
     shown = [(f"framework {old_framework}", f"framework {framework}")] if framework_differs else []
     shown += [(str(old_code), str(new_code))] if code_differs else []
     was, now = (", ".join(pair[i] for pair in shown) for i in (0, 1))
-    return ConfigError("--job-dir", f"{job_dir} holds another job: its {RECORD} says {was}, and this run is {now}; "
-                       "it would resume from that job's checkpoints. Give this run a job dir of its own (--job-dir; "
-                       f"local's --output-dir), or remove {job_dir} to start afresh there")
+    return ConfigError("--job-dir", f"{job_dir} holds another job: its {RECORD} says {was}, and this run is {now}, "
+                       "which would resume from that job's checkpoints; give this run a job dir of its own (--job-dir; "
+                       "local: --output-dir), or empty that one to start afresh there")
 
 
 def refusal_of_run(job_dir: str, run_args: Sequence[str], environ: Mapping[str, str]) -> ConfigError | None:
