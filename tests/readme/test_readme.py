@@ -96,14 +96,20 @@ def _model_written(job_dir: Path) -> bool:
 
 
 # What some of the README's jobs are known to reach, beyond a model where the README says: job dir -> a check of the
-# clone's job dir and the command's output. Each was a test of its own in tests/tensorflow/test_examples.py that ran
-# the same command; the README now runs it.
+# clone's job dir and the command's output. The TensorFlow ones were tests of their own in
+# tests/tensorflow/test_examples.py that ran the same commands; the README now runs them.
 STATED_VAL_ACCURACY = 0.95  # trainers/tabular_keras.py's docstring
 
 
 def _tabular_reaches_its_stated_accuracy(job: Path, output: str) -> None:
     history = summary(job / "model")["history"]
     assert len(history["val_accuracy"]) == 20 and history["val_accuracy"][-1] >= STATED_VAL_ACCURACY, history
+    assert "is slow compared to the batch time" not in output  # tf-keras' timing of our own callbacks (issue 57)
+
+
+def _horovod_lines_carry_the_rank_once(job: Path, output: str) -> None:
+    """The Horovod launcher prefixes each worker's lines with its rank (``[rank-0]``): the worker adds none."""
+    assert "[rank-0] " in output and not re.search(r"\[rank-\d+\] .*\[rank \d+/\d+\]", output), output[-3000:]
 
 
 def _keras_3_on_one_node(job: Path, output: str) -> None:
@@ -120,6 +126,7 @@ RESULTS: dict[str, Callable[[Path, str], None]] = {
     "outputs/tabular": _tabular_reaches_its_stated_accuracy,
     "outputs/digits-keras": _keras_3_on_one_node,
     "outputs/digits-tf-keras": _tf_keras_on_two_replicas,
+    "demo-outputs-horovod": _horovod_lines_carry_the_rank_once,
 }
 
 
@@ -173,6 +180,9 @@ def test_every_command_block_names_its_environment_or_why_it_is_not_run() -> Non
             continue
         assert block.environment in images, f"{where}: the first command names no image's .venv/NAME: " \
                                             f"{block.commands[0].text if block.commands else '(empty)'}"
+        if any(c.words[:1] == ["python"] for c in block.commands):  # `python` is the environment's: activated first
+            assert f".venv/{block.environment}/bin/activate" in block.commands[0].words, \
+                f"{where}: its python commands need `. .venv/{block.environment}/bin/activate` first"
 
 
 def test_every_job_has_a_job_dir_of_its_own() -> None:
