@@ -43,6 +43,12 @@ PET_NPROC_PER_NODE = "PET_NPROC_PER_NODE"
 PET_MASTER_ADDR = "PET_MASTER_ADDR"
 PET_MASTER_PORT = "PET_MASTER_PORT"
 
+# --- Kubeflow Trainer's JAX runtime (one process per pod); jax.distributed reads the coordinator's address too --
+JAX_NUM_PROCESSES = "JAX_NUM_PROCESSES"
+JAX_PROCESS_ID = "JAX_PROCESS_ID"
+JAX_COORDINATOR_ADDRESS = "JAX_COORDINATOR_ADDRESS"
+JAX_COORDINATOR_PORT = "JAX_COORDINATOR_PORT"
+
 # --- MPI / Horovod ------------------------------------------------------------------------
 OMPI_COMM_WORLD_RANK = "OMPI_COMM_WORLD_RANK"
 OMPI_COMM_WORLD_SIZE = "OMPI_COMM_WORLD_SIZE"
