@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import shutil
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -172,22 +174,28 @@ def resume(model: Any, plan: Plan, writer: JaxCheckpointIO, staging: Staging, fo
 
 
 def export(model: Any, model_dir: Path, is_chief: bool, strategy: str) -> None:
-    """The chief saves ``model.keras``; a model sharded across processes is gathered first (every process)."""
+    """``model.keras`` by the chief. Every process saves (Keras makes variables while it saves, and under a
+    distribution across processes making one is a collective): the others into a scratch directory removed at
+    once. A model sharded across processes is gathered to host arrays first and saved as an unsharded copy."""
     weights = None
     if strategy == "model_parallel":
         from entrypoint.jax.checkpoint_io import host_copy
 
         weights = [host_copy(v.value) for v in model.weights]  # a collective where a variable is sharded
-    if not is_chief:
-        return
-    model_dir.mkdir(parents=True, exist_ok=True)
-    if weights is None:
-        model.save(model_dir / EXPORT)
-        return
-    with keras.distribution.DataParallel(devices=[keras.distribution.list_devices()[0]]).scope():
-        copy = keras.models.clone_model(model)
-        copy.set_weights(weights)
-    copy.save(model_dir / EXPORT)
+    scratch = None if is_chief else Path(tempfile.mkdtemp(prefix="jax-nonchief-export-"))
+    target = model_dir if scratch is None else scratch
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+        if weights is None:
+            model.save(target / EXPORT)
+            return
+        with keras.distribution.DataParallel(devices=[keras.distribution.list_devices()[0]]).scope():
+            copy = keras.models.clone_model(model)
+            copy.set_weights(weights)
+        copy.save(target / EXPORT)
+    finally:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
 
 
 def summarize(plan: Plan, ctx: JaxContext, at: Position, start_step: int, start_epoch: int, trained: int,
