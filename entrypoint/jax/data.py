@@ -62,10 +62,10 @@ class Share:
         for batch in batches:
             first = next(iter(keras.tree.flatten(batch)))
             rows = self.rows(int(first.shape[0]), full)
-            yield keras.tree.map_structure(lambda a: a[rows], batch, none_is_leaf=False)
+            yield keras.tree.map_structure(lambda a, rows=rows: a[rows], batch, none_is_leaf=False)
 
 
-class ProcessShare(DataAdapter):  # type: ignore[misc]
+class ProcessShare(DataAdapter):
     """Keras' own adapter of NumPy/JAX arrays, each batch cut to this process's share."""
 
     def __init__(self, inner: Any, share: Share) -> None:
@@ -85,19 +85,19 @@ class ProcessShare(DataAdapter):  # type: ignore[misc]
 
     @property
     def num_batches(self) -> int | None:
-        return self.inner.num_batches  # type: ignore[no-any-return]
+        return self.inner.num_batches
 
     @property
     def batch_size(self) -> int | None:
-        return self.inner.batch_size  # type: ignore[no-any-return]
+        return self.inner.batch_size
 
     @property
     def has_partial_batch(self) -> bool | None:
-        return self.inner.has_partial_batch  # type: ignore[no-any-return]
+        return self.inner.has_partial_batch
 
     @property
     def partial_batch_size(self) -> int | None:
-        return self.inner.partial_batch_size  # type: ignore[no-any-return]
+        return self.inner.partial_batch_size
 
     def on_epoch_begin(self) -> None:
         self.inner.on_epoch_begin()

@@ -1,4 +1,4 @@
-"""Hooks mode on JAX: build under Keras' distribution, resume, train (``steps.py``), export and summarize on the chief."""
+"""Hooks mode on JAX: build under Keras' distribution, resume, train (``steps.py``), export and summarize (chief)."""
 
 from __future__ import annotations
 

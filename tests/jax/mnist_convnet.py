@@ -1,11 +1,12 @@
-"""keras-io's "Simple MNIST convnet" (examples/vision/mnist_convnet.py, Keras 3 form: ``import keras``), as a user
-brings it: the model, compile, ``fit(..., validation_split=0.1)`` and ``evaluate`` are the example's; only the data
-load differs, since nothing can be downloaded here: scikit-learn's bundled 8x8 digits, scaled to 24x24 and padded
-to MNIST's 28x28 (256 of them for training, 64 for the test), instead of ``keras.datasets.mnist.load_data()``.
+"""keras-io's "Simple MNIST convnet" (examples/vision/mnist_convnet.py, Keras 3 form: ``import keras``; its
+imports sorted by our lint), as a user brings it: the model, compile, ``fit(..., validation_split=0.1)`` and
+``evaluate`` are the example's; only the data load differs, since nothing can be downloaded here: scikit-learn's
+bundled 8x8 digits, scaled to 24x24 and padded to MNIST's 28x28 (256 of them for training, 64 for the test),
+instead of ``keras.datasets.mnist.load_data()``.
 """
 
-import numpy as np
 import keras
+import numpy as np
 from keras import layers
 
 # Model / data parameters
