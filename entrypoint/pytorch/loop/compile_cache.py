@@ -39,6 +39,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from entrypoint.cluster.environments.settings import triton_cache_dir
 from entrypoint.outputs import checkpoints, storage
 from entrypoint.outputs.locations import local_path
 from entrypoint.outputs.storage import Location, RemotePath
@@ -117,7 +118,7 @@ def cache_dirs() -> dict[str, Path]:
     from torch._inductor.runtime.cache_dir_utils import cache_dir
 
     dirs = {"inductor": Path(cache_dir())}
-    triton = os.environ.get("TRITON_CACHE_DIR")
+    triton = triton_cache_dir()
     if triton and not Path(triton).resolve().is_relative_to(dirs["inductor"].resolve()):
         dirs["triton"] = Path(triton)
     return dirs
