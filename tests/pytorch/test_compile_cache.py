@@ -18,6 +18,7 @@ import re
 import signal
 import sys
 import tarfile
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -71,8 +72,10 @@ def round_trip(folder: Location, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
                caplog: pytest.LogCaptureFixture) -> None:
     """The chief writes at its first step and when the caches grew at a later epoch; a fresh disk loads them."""
     caplog.set_level(logging.INFO, LOG)
-    first = disk(tmp_path / "first", monkeypatch, {**KERNELS, "locks/x.lock": b"", "ab/.cabc.so.tmp": b"torn"})
-    chief = CompileCache(folder, key(), chief=True, speaks=True)
+    first = disk(tmp_path / "first", monkeypatch, {"old/kept-across-jobs.so": b"another job's kernel"})
+    os.utime(first / "old" / "kept-across-jobs.so", (time.time() - 3600, time.time() - 3600))
+    chief = CompileCache(folder, key(), chief=True, speaks=True)  # before the first step compiles
+    disk(tmp_path / "first", monkeypatch, {**KERNELS, "locks/x.lock": b"", "ab/.cabc.so.tmp": b"torn"})
     step(chief, 1, 0)
     assert marker(folder, chief.digest)["step"] == 1 and marker(folder, chief.digest)["key"] == chief.key
     (first / "cd" / "later.so").parent.mkdir()
@@ -90,7 +93,7 @@ def round_trip(folder: Location, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     caplog.clear()
     CompileCache(folder, key(), chief=False, speaks=True).load()
     found = {str(p.relative_to(fresh)): p.read_bytes() for p in fresh.rglob("*") if p.is_file()}
-    assert found == {**KERNELS, "cd/later.so": b"an evaluation's kernel"}  # no lock, no partial file
+    assert found == {**KERNELS, "cd/later.so": b"an evaluation's kernel"}  # no lock, partial file or older file
     (said,) = lines(caplog)
     assert said.startswith(f"compile cache loaded from {folder}/{chief.digest}.tar.gz") and "4 kernel cache" in said
 
@@ -154,8 +157,8 @@ def test_a_damaged_archive_is_one_line_and_never_fatal(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, damage: str) -> None:
     caplog.set_level(logging.INFO, LOG)
     folder = tmp_path / "compile_cache"
-    disk(tmp_path / "first", monkeypatch, KERNELS)
     cache = CompileCache(folder, key(), chief=True, speaks=True)
+    disk(tmp_path / "first", monkeypatch, KERNELS)
     step(cache, 1, 0)
     good = cache.archive.read_bytes()
     own = json.dumps(key(), sort_keys=True).encode()

@@ -5,10 +5,11 @@ On the platform a restarted replica is a new container (``local`` gives it a fre
 again. With ``--compile``, the chief's training process keeps one archive in ``<job dir>/compile_cache/``
 (through the storage seam: a disk, a FUSE mount or ``gs://``), written after its first step and again at the
 first step of a later epoch when the caches grew (an evaluation's graphs): PyTorch's portable cache artifacts
-(``torch.compiler.save_cache_artifacts``: FX graphs, AOTAutograd, autotuning, PGO) and the files of Inductor's
-cache directory (the compiled kernels: the C++ ``.so`` files on CPU, Triton's under ``triton/`` on a GPU; and
-``TRITON_CACHE_DIR``'s where it is set elsewhere). Every rank of every later attempt loads it before its first
-step (``load``): the files into this disk's cache directories, the artifacts with ``load_cache_artifacts``.
+(``torch.compiler.save_cache_artifacts``: FX graphs, AOTAutograd, autotuning, PGO) and the files this process
+wrote to Inductor's cache directory or loaded into it (the compiled kernels: the C++ ``.so`` files on CPU,
+Triton's under ``triton/`` on a GPU; and ``TRITON_CACHE_DIR``'s where it is set elsewhere). Every rank of every
+later attempt loads it before its first step (``load``): the files into this disk's cache directories, the
+artifacts with ``load_cache_artifacts``.
 
 The archive is keyed by what makes it valid (``cache_key``): torch's, Triton's and Python's versions, the device
 (kind, name and compute capability with CUDA's version on a GPU; the architecture and vector ISA on CPU) and a
@@ -124,18 +125,21 @@ def cache_dirs() -> dict[str, Path]:
     return dirs
 
 
-def _files(dirs: dict[str, Path]) -> dict[str, tuple[Path, int]]:
-    """Every cache file (archive name -> path, size), lock files and partial writes left out."""
+def _files(dirs: dict[str, Path], since: float, loaded: frozenset[str]) -> dict[str, tuple[Path, int]]:
+    """The cache files this process wrote (from ``since`` on) or loaded from the job's archive (archive name -> path,
+    size): a cache directory the user keeps across jobs is not copied whole; lock files and partial writes left out."""
     found: dict[str, tuple[Path, int]] = {}
     for root, folder in dirs.items():
         for path in folder.rglob("*") if folder.is_dir() else ():
-            rel = path.relative_to(folder)
-            if path.name.endswith((".lock", ".tmp")) or not path.is_file():  # locks/*.lock; partial writes
+            name = f"{root}/{path.relative_to(folder).as_posix()}"
+            if path.name.endswith((".lock", ".tmp")):  # locks/*.lock; partial writes
                 continue
             try:
-                found[f"{root}/{rel.as_posix()}"] = (path, path.stat().st_size)
+                stat = path.stat()
             except OSError:  # replaced meanwhile
                 continue
+            if path.is_file() and (stat.st_mtime >= since or name in loaded):
+                found[name] = (path, stat.st_size)
     return found
 
 
@@ -147,6 +151,7 @@ class CompileCache:
         self.digest = digest_of(key) if key else ""
         self.kept: tuple[frozenset[str], frozenset[str]] = (frozenset(), frozenset())  # (artifacts, files) held
         self.epoch: int | None = None  # the epoch of the last look at the caches
+        self.since = time.time() - 2.0  # files written from here on are this process's (coarse mtimes allowed for)
 
     @classmethod
     def off(cls) -> CompileCache:
@@ -241,7 +246,7 @@ class CompileCache:
         self.epoch = state.epoch
         saved = torch.compiler.save_cache_artifacts()
         portable, info = saved if saved is not None else (b"", None)
-        files = _files(cache_dirs())
+        files = _files(cache_dirs(), self.since, self.kept[1])
         now = (frozenset(_artifact_names(info)), frozenset(files))
         if now[0] <= self.kept[0] and now[1] <= self.kept[1]:
             return
