@@ -154,8 +154,7 @@ class Trainer:
 
     def _parallel(self, model: nn.Module) -> Parallel:
         """DDP, FSDP or HSDP for this model (``parallel.choose``): the layout, which gives its checkpoint format."""
-        ctx, opts, topo = self.ctx, self.options, self.plan.topology
-        placed = self.plan.placed
+        ctx, opts, topo, placed = self.ctx, self.options, self.plan.topology, self.plan.placed
         choice = parallel.choose(self.plan.strategy, opts.strategy is not None,
                                  sum(p.numel() for p in model.parameters()),
                                  parallel.device_memory(ctx.device, placed.local_world_size), ctx.world_size,
