@@ -4,10 +4,11 @@
 # 1. the digits hooks on CUDA (DDP over nccl, the GPU's loader defaults), 2. the GPT hooks on CUDA with and without
 # --bf16 (one GPU is one rank: FSDP needs two GPUs, nccl refuses two ranks on one device), 3. SIGTERM to a GPU job's
 # whole process group with loader workers (pinned memory): the step is committed and the job exits 143, 4. the restart
-# resumes from it, 5. the suite's GPU tests (marker gpu) and its preemption test with loader workers, on the GPU.
+# resumes from it, 5. the suite's GPU tests (marker gpu) and its preemption test with loader workers, on the GPU,
+# 6. --compile's cache: the same job run again on a fresh disk loads it (the ledger's start-up of both attempts).
 # STEPS="5" (say) runs only those steps.
 set -u
-STEPS=${STEPS:-"1 2 3 4 5"}
+STEPS=${STEPS:-"1 2 3 4 5 6"}
 LOG=${OUT:-/tmp}/gpu_check.log
 J=$(mktemp -d)
 export PYTHONUNBUFFERED=1
@@ -57,5 +58,19 @@ timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests/pytorch 2>&1 |
 timeout 120 python3 -m pytest -q -p no:cacheprovider tests/pytorch/test_reseed.py \
   "tests/pytorch/test_real_jobs.py::test_sigterm_to_the_process_group_with_loader_workers_commits_the_step_and_exits_143" \
   2>&1 | tail -n 6
+fi
+if want 6; then
+step "6. --compile: the first run compiles, a rerun on a fresh disk (TMPDIR, TRITON_HOME) loads the job's cache, a third
+on a fresh disk without it (moved aside) compiles again; the ledger's start-up through the first step of each"
+for epochs in 1 2 3; do
+  disk=$(mktemp -d)
+  [ "$epochs" = 3 ] && mv "$J/cc/compile_cache" "$J/kept"
+  TMPDIR=$disk TRITON_HOME=$disk timeout 170 python3 -m entrypoint run "${GPT[@]}" --compile --bf16 --log-every 100 \
+    --checkpoint-every 100 --epochs "$epochs" --job-dir "$J/cc" -- --width 512 --layers 6 --heads 8 --block 128 \
+    --windows 2048 2>&1 | grep -E "compile cache|Error" | cut -c1-260; echo "run $epochs exit ${PIPESTATUS[0]}"
+done
+python3 -m entrypoint goodput "$J/cc" --json | python3 -c "import json, sys; \
+print([(a['replica'], a['startup_seconds'], a['cause']) for a in json.load(sys.stdin)['attempts']])"
+cat "$J"/kept/*.json
 fi
 step "done"

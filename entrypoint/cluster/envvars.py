@@ -37,6 +37,7 @@ TORCHELASTIC_SIGNALS_TO_HANDLE = "TORCHELASTIC_SIGNALS_TO_HANDLE"
 TORCH_NCCL_ASYNC_ERROR_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
 OMP_NUM_THREADS = "OMP_NUM_THREADS"  # torchrun: 1 per process when a node runs several, unless the user set it
 MALLOC_MMAP_THRESHOLD = "MALLOC_MMAP_THRESHOLD_"  # glibc; the user's value wins over FSDP-on-CPU's mallopt
+TRITON_CACHE_DIR = "TRITON_CACHE_DIR"  # Triton's kernel cache where the user moved it: kept in the job's compile cache
 PET_NNODES = "PET_NNODES"
 PET_NODE_RANK = "PET_NODE_RANK"
 PET_NPROC_PER_NODE = "PET_NPROC_PER_NODE"

@@ -69,7 +69,9 @@ class Report:
             "ml_goodput_names": dict(ML_GOODPUT),
             "job_attempts": self.job_attempts,
             "attempts": [{"attempt": a.id, "replica": a.replica, "chief": a.chief, "start": round(a.start, 3),
-                          "end": round(a.end, 3), "end_recorded": a.ended, "cause": a.cause()} for a in self.attempts],
+                          "end": round(a.end, 3), "end_recorded": a.ended, "cause": a.cause(),
+                          "startup_seconds": None if a.startup is None else round(a.startup, 3)}
+                         for a in self.attempts],
             "disruptions": dict(self.disruptions), "disruption_count": self.disruption_count,
             "mean_time_between_disruptions_seconds": None if mtbd is None else round(mtbd, 1),
             "steps": {"productive": self.steps_productive, "lost": self.steps_lost, "final": self.final_step},
@@ -98,7 +100,8 @@ class Report:
         lines.append(f"attempts: {self.job_attempts} of the chief; every replica's runs:")
         for a in self.attempts:
             lines.append(f"  {a.replica}{' (chief)' if a.chief else ''}: {a.end - a.start:8.1f} s from "
-                         f"+{a.start - self.start:.1f} s, {a.cause()}")
+                         f"+{a.start - self.start:.1f} s, {a.cause()}"
+                         + ("" if a.startup is None else f"; start-up through its first step {a.startup:.1f} s"))
         lines += [f"warning: {w}" for w in self.warnings]
         return "\n".join(lines)
 
