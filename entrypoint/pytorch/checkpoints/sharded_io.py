@@ -81,7 +81,7 @@ class ShardedCheckpointIO(BackgroundWriter):
 
     def _stage(self, shards: dict[str, Any]) -> dict[str, Any]:
         """``shards`` copied into host memory; a stager this torch closed after the copy is replaced for the next."""
-        staged: dict[str, Any] = self.stager.stage(shards)  # type: ignore[assignment]  # synchronous
+        staged: dict[str, Any] = self.stager.stage(shards)  # synchronous (no Future)
         if stager_closed_itself(self.stager):
             self.stager.close()
             self.stager = self._new_stager()
