@@ -37,11 +37,18 @@ TORCHELASTIC_SIGNALS_TO_HANDLE = "TORCHELASTIC_SIGNALS_TO_HANDLE"
 TORCH_NCCL_ASYNC_ERROR_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
 OMP_NUM_THREADS = "OMP_NUM_THREADS"  # torchrun: 1 per process when a node runs several, unless the user set it
 MALLOC_MMAP_THRESHOLD = "MALLOC_MMAP_THRESHOLD_"  # glibc; the user's value wins over FSDP-on-CPU's mallopt
+TRITON_CACHE_DIR = "TRITON_CACHE_DIR"  # Triton's kernel cache where the user moved it: kept in the job's compile cache
 PET_NNODES = "PET_NNODES"
 PET_NODE_RANK = "PET_NODE_RANK"
 PET_NPROC_PER_NODE = "PET_NPROC_PER_NODE"
 PET_MASTER_ADDR = "PET_MASTER_ADDR"
 PET_MASTER_PORT = "PET_MASTER_PORT"
+
+# --- Kubeflow Trainer's JAX runtime (one process per pod); jax.distributed reads the coordinator's address too --
+JAX_NUM_PROCESSES = "JAX_NUM_PROCESSES"
+JAX_PROCESS_ID = "JAX_PROCESS_ID"
+JAX_COORDINATOR_ADDRESS = "JAX_COORDINATOR_ADDRESS"
+JAX_COORDINATOR_PORT = "JAX_COORDINATOR_PORT"
 
 # --- MPI / Horovod ------------------------------------------------------------------------
 OMPI_COMM_WORLD_RANK = "OMPI_COMM_WORLD_RANK"
@@ -99,6 +106,9 @@ TORCHELASTIC_ERROR_FILE = "TORCHELASTIC_ERROR_FILE"  # torch elastic's per-worke
 TORCH_CPP_LOG_LEVEL = "TORCH_CPP_LOG_LEVEL"
 TF_CPP_MIN_LOG_LEVEL = "TF_CPP_MIN_LOG_LEVEL"
 
+# --- JAX and Keras 3 ----------------------------------------------------------------------
+KERAS_BACKEND = "KERAS_BACKEND"  # the JAX framework: jax (a user's other value is refused)
+
 # --- Read by `doctor` and the start-up preflight ------------------------------------------
 CUDA_VERSION = "CUDA_VERSION"  # set by the nvidia/cuda base images: the image's CUDA
 NCCL_SOCKET_IFNAME = "NCCL_SOCKET_IFNAME"  # the user's choice of network interface for NCCL
@@ -135,4 +145,4 @@ KUBEFLOW_TRAINER_SERVER_TOKEN = "KUBEFLOW_TRAINER_SERVER_TOKEN"  # path of the b
 # --- Variables a framework sets a default for, where the user's own value wins -------------
 # (each framework declares its own as ``Framework.user_variables``; ``read_settings`` reads what the user set)
 FRAMEWORK_DEFAULTED = (OMP_NUM_THREADS, TORCH_NCCL_ASYNC_ERROR_HANDLING, *HOROVOD_TUNING, TF_USE_LEGACY_KERAS,
-                       TF_CPP_MIN_LOG_LEVEL)
+                       TF_CPP_MIN_LOG_LEVEL, KERAS_BACKEND)

@@ -11,7 +11,8 @@ Phases (each a ``phase`` record with ``t0``, ``t1``): ``preparation`` (datasets,
 ``checkpoint`` (the training's time blocked by a save), ``evaluation``, ``export``, ``recovery`` (an in-place
 recovery: from the last good step to training again). Training is ``progress`` records: the steps ``first`` to
 ``last`` trained between ``t0`` and ``t1``, the seconds spent waiting for batches (``data_seconds``) and the
-first step of the attempt (``first_step_seconds``: imports and compilation happen there).
+first step of the attempt (``first_step_seconds``: imports and compilation happen there; ``first_step_end``: when
+it ended, so the attempt's start-up through its first step is read against its ``start``).
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ class Recorder:
         self._seg_steps = 0
         self._seg_data = self._seg_step_seconds = 0.0
         self._first_step: float | None = None  # the attempt's first step's seconds, until written
+        self._first_end = 0.0  # when it ended
         self._first_done = False
         self._step_t0 = 0.0
         self._idle_since: float | None = None  # end of the last step or phase: the wait for the next batch
@@ -136,7 +138,7 @@ class Recorder:
         now = time.time()
         seconds = now - self._step_t0
         if not self._first_done:
-            self._first_done, self._first_step = True, seconds
+            self._first_done, self._first_step, self._first_end = True, seconds, now
         if self._seg_first < 0:
             self._seg_first = step
         self._seg_last, self.last_step = step, step
@@ -157,7 +159,7 @@ class Recorder:
                                       "step_seconds": round(self._seg_step_seconds, 4),
                                       "data_seconds": round(max(self._seg_data, 0.0), 4)}
             if self._first_step is not None:
-                fields["first_step_seconds"] = round(self._first_step, 4)
+                fields.update(first_step_seconds=round(self._first_step, 4), first_step_end=round(self._first_end, 3))
                 self._first_step = None
             self.ledger.add("progress", t0=round(self._seg_t0, 3), t1=round(end, 3), t=end, **fields)
             if self.progress is not None:

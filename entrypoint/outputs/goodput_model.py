@@ -41,6 +41,13 @@ class Attempt:
     def disrupted(self) -> bool:
         return not self.running and (not self.ended or self.code != 0)
 
+    @property
+    def startup(self) -> float | None:
+        """Seconds from the attempt's start to the end of its training's first step (imports, the process group,
+        preparation, the restore, compilation); None where its records show no first step."""
+        ends = [float(r["first_step_end"]) for r in self.training if r["kind"] == "progress" and "first_step_end" in r]
+        return min(ends) - self.start if ends else None
+
     def cause(self) -> str:
         if self.running:
             return "running"

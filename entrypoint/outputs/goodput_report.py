@@ -69,7 +69,9 @@ class Report:
             "ml_goodput_names": dict(ML_GOODPUT),
             "job_attempts": self.job_attempts,
             "attempts": [{"attempt": a.id, "replica": a.replica, "chief": a.chief, "start": round(a.start, 3),
-                          "end": round(a.end, 3), "end_recorded": a.ended, "cause": a.cause()} for a in self.attempts],
+                          "end": round(a.end, 3), "end_recorded": a.ended, "cause": a.cause(),
+                          "startup_seconds": None if a.startup is None else round(a.startup, 3)}
+                         for a in self.attempts],
             "disruptions": dict(self.disruptions), "disruption_count": self.disruption_count,
             "mean_time_between_disruptions_seconds": None if mtbd is None else round(mtbd, 1),
             "steps": {"productive": self.steps_productive, "lost": self.steps_lost, "final": self.final_step},
@@ -100,7 +102,8 @@ class Report:
         starts = [f"+{a.start - self.start:.1f}" for a in self.attempts]
         name_width, start_width = max(map(len, names), default=0), max(map(len, starts), default=0)
         for a, name, start in zip(self.attempts, names, starts, strict=True):  # in columns, whatever the names
-            lines.append(f"  {name:<{name_width}} {a.end - a.start:8.1f} s from {start:>{start_width}} s, {a.cause()}")
+            lines.append(f"  {name:<{name_width}} {a.end - a.start:8.1f} s from {start:>{start_width}} s, {a.cause()}"
+                         + ("" if a.startup is None else f"; start-up through its first step {a.startup:.1f} s"))
         lines += [f"warning: {w}" for w in self.warnings]
         return "\n".join(lines)
 

@@ -36,6 +36,7 @@ REGISTRY: dict[str, str] = {
     "pytorch": "entrypoint.pytorch.framework",
     "tensorflow": "entrypoint.tensorflow.framework",
     "horovod": "entrypoint.horovod.framework",
+    "jax": "entrypoint.jax.framework",
 }
 ServerPool = Literal["parameter_servers", "reduction_server", "unused"]
 Role = Literal["chief", "worker", "ps", "evaluator"]

@@ -242,6 +242,27 @@ def test_mean_time_between_disruptions(tmp_path: Path) -> None:
     assert (report.steps_productive, report.steps_lost, report.final_step) == (30, 0, 30)
 
 
+def test_each_chief_attempt_shows_its_start_up_through_its_first_step(tmp_path: Path) -> None:
+    """From the attempt's start to its first step's end (``first_step_end``), the compile cache's measure."""
+    job = Job(tmp_path)
+    job.start("a1", 0)
+    job.start("w1", 1, WORKER, chief=False)
+    job.add("a1", "progress", 14, t0=2, t1=14, first=1, last=3, steps=3, step_seconds=12.0, data_seconds=0.0,
+            first_step_seconds=10.0, first_step_end=T + 12)  # killed at +14
+    job.start("a2", 20)
+    job.add("a2", "restored", 22, step=0)
+    end = job.progress("a2", 22, 1, 3)  # a ledger from before first_step_end: no start-up to show
+    job.start("a3", 40)
+    job.add("a3", "progress", 47, t0=42, t1=47, first=1, last=3, steps=3, step_seconds=5.0, data_seconds=0.0,
+            first_step_seconds=3.0, first_step_end=T + 45)
+    job.end("a3", 48)
+    report = job.report()
+    assert end < 40 and [a.startup for a in report.attempts] == [12.0, None, None, 5.0]
+    assert [a["startup_seconds"] for a in report.to_dict()["attempts"]] == [12.0, None, None, 5.0]
+    shown = [line for line in report.text().splitlines() if "start-up through its first step" in line]
+    assert [line.split("first step ")[1] for line in shown] == ["12.0 s", "5.0 s"] and "(chief)" in shown[0]
+
+
 # ---- the command -------------------------------------------------------------------------------------------------
 def command(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     code = main(["goodput", *argv])

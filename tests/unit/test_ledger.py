@@ -215,6 +215,7 @@ def test_phases_and_aggregated_steps(tmp_path: Path) -> None:
     assert all(a["t1"] <= b["t0"] for a, b in itertools.pairwise(timed))  # one activity at a time
     first, second = (r for r in records if r["kind"] == "progress")
     assert "first_step_seconds" in first and "first_step_seconds" not in second  # the attempt's first step only
+    assert first["t0"] <= first["first_step_end"] <= first["t1"] and "first_step_end" not in second
     assert first["data_seconds"] >= 0 and first["step_seconds"] >= 0
     events = {r["kind"]: (r["step"], r.get("outcome")) for r in records if "step" in r and r["kind"] != "phase"}
     assert events == {"restored": (0, None), "committed": (3, None), "training_end": (5, "finished")}

@@ -172,6 +172,13 @@ def storage_emulator(environ: Mapping[str, str] | None = None) -> str | None:
     return env.get(ev.STORAGE_EMULATOR_HOST) or None
 
 
+def triton_cache_dir(environ: Mapping[str, str] | None = None) -> str | None:
+    """``TRITON_CACHE_DIR``: where Triton keeps its compiled kernels when the user moved them out of Inductor's cache
+    directory (``--compile``'s caches in the job dir keep them too, docs/pytorch.md); None: Inductor's ``triton/``."""
+    env = os.environ if environ is None else environ
+    return env.get(ev.TRITON_CACHE_DIR) or None
+
+
 METADATA_HOST = "metadata.google.internal"  # GCE's metadata server, as Google's libraries name it by default
 
 

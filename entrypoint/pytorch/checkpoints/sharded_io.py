@@ -7,7 +7,9 @@ writes it with ``torch.distributed.checkpoint`` over a gloo process group of its
 never wait on it), hashes this rank's files and gathers every rank's list; the chief writes ``extra.pt`` (the
 position, history, RNG of every rank) and then the ``COMMITTED`` marker, listing every file of every rank with
 its size and SHA-256, last. A rank killed mid-save leaves a checkpoint without a marker: resume skips it, as it
-skips any torn checkpoint. ``--checkpoint-mode sync`` does the same in the training thread.
+skips any torn checkpoint. ``--checkpoint-mode sync`` does the same in the training thread. Some torch releases
+(2.11 among them) close the stager's copier after every stage, and a second stage of a DTensor then fails
+(``KeyError: <class 'type'>``): there, each save gets a fresh stager (no buffers are kept between saves).
 
 On an object store without a FUSE mount (``gs://``), each rank writes into a private local directory and uploads
 its own files; loading downloads the checkpoint once per process. The checkpoint loads into any world size
@@ -46,6 +48,13 @@ def is_sharded_checkpoint(path: Location) -> bool:
     return (path / METADATA_FILE).is_file()
 
 
+def stager_closed_itself(stager: Any) -> bool:
+    """Whether ``DefaultStager.stage`` closed the stager's copier (its dispatch table emptied: the next stage of a
+    state with a class in it, as a DTensor's is, fails with ``KeyError: <class 'type'>``; torch 2.11 does this)."""
+    table = getattr(getattr(stager, "_state_dict_stager", None), "_deepcopy_dispatch", None)
+    return isinstance(table, dict) and not table
+
+
 def _digest(path: Path) -> dict[str, Any]:
     sha = hashlib.sha256()
     with path.open("rb") as f:
@@ -58,14 +67,25 @@ class ShardedCheckpointIO(BackgroundWriter):
     """Every rank saves its shards (in the background by default); the chief commits the marker last."""
 
     def __init__(self, keep: int, rank: int, background: bool, timeout: float, cuda: bool) -> None:
-        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-
         super().__init__(keep)
-        self.rank, self.background = rank, background
+        self.rank, self.background, self.cuda = rank, background, cuda
         self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout))  # every rank, once
         # Kept for the whole run: its staging buffers are reused from one save to the next.
-        self.stager = DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=False,
-                                                   use_async_staging=False, use_non_blocking_copy=cuda))
+        self.stager = self._new_stager()
+
+    def _new_stager(self) -> Any:
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+        return DefaultStager(StagingOptions(use_pinned_memory=self.cuda, use_shared_memory=False,
+                                            use_async_staging=False, use_non_blocking_copy=self.cuda))
+
+    def _stage(self, shards: dict[str, Any]) -> dict[str, Any]:
+        """``shards`` copied into host memory; a stager this torch closed after the copy is replaced for the next."""
+        staged: dict[str, Any] = self.stager.stage(shards)  # synchronous (no Future)
+        if stager_closed_itself(self.stager):
+            self.stager.close()
+            self.stager = self._new_stager()
+        return staged
 
     @property
     def is_chief(self) -> bool:
@@ -76,7 +96,7 @@ class ShardedCheckpointIO(BackgroundWriter):
         """Stage ``state`` (``{"shards": {...}, "extra": {...}}``), then write and commit it (in the background)."""
         self.wait()
         started = time.perf_counter()
-        staged: dict[str, Any] = self.stager.stage(state["shards"])  # type: ignore[assignment]  # synchronous
+        staged = self._stage(state["shards"])
         blocked = time.perf_counter() - started
         self.blocked_seconds += blocked
         if not self.background:

@@ -39,7 +39,7 @@ from entrypoint.pytorch.defaults import HookContext, default_eval_step, default_
 from entrypoint.pytorch.framework import BUCKET_CAP_MB_DEFAULT
 from entrypoint.pytorch.launch.collectives import Collectives, TorchDistributed
 from entrypoint.pytorch.launch.membership import Membership
-from entrypoint.pytorch.loop import hub_export, parallel, pretrained
+from entrypoint.pytorch.loop import compile_cache, hub_export, parallel, pretrained
 from entrypoint.pytorch.loop.data import TrainBatches, to_device
 from entrypoint.pytorch.loop.evaluation import check_evaluation_set, evaluate
 from entrypoint.pytorch.loop.export import export_model
@@ -154,21 +154,20 @@ class Trainer:
 
     def _parallel(self, model: nn.Module) -> Parallel:
         """DDP, FSDP or HSDP for this model (``parallel.choose``): the layout, which gives its checkpoint format."""
-        ctx, opts, topo = self.ctx, self.options, self.plan.topology
-        placed = self.plan.placed
+        ctx, opts, topo, placed = self.ctx, self.options, self.plan.topology, self.plan.placed
         choice = parallel.choose(self.plan.strategy, opts.strategy is not None,
                                  sum(p.numel() for p in model.parameters()),
                                  parallel.device_memory(ctx.device, placed.local_world_size), ctx.world_size,
                                  max(topo.num_nodes, 1), placed.local_world_size, registry.get(self.plan.framework))
         if ctx.is_chief:
             log.info("strategy %s: %s", choice.name, choice.reason)
-        compiled = bool(opts.framework_option("compile", False))
+        self.compiled = compile_cache.load(self.plan, ctx, model, self.module)  # --compile's caches (job dir)
         if not choice.sharded:
             bucket_cap_mb = opts.framework_option("bucket_cap_mb", BUCKET_CAP_MB_DEFAULT)
-            return parallel.Replicated(choice, self.comm, ctx.device, bucket_cap_mb, compiled)
+            return parallel.Replicated(choice, self.comm, ctx.device, bucket_cap_mb, self.compiled.on)
         parallel.same_weights_everywhere(model, self.comm)
         return parallel.Sharded(choice, ctx.device, max(topo.num_nodes, 1), placed.local_world_size, opts.bf16,
-                                compiled)
+                                self.compiled.on)
 
     def _units(self) -> Callable[[nn.Module], list[nn.Module]] | None:
         """The module's ``shard_units(model, ctx)`` hook, checked; None for the default units."""
@@ -213,6 +212,7 @@ class Trainer:
             state.advance(batches.samples_per_step)
             self._report(state, loss, epoch, progress)
             guard.after_step(state, loss if applied is None else None)
+            self.compiled.after_step(state)  # the chief keeps --compile's caches in the job dir once they grew
             if self._checkpoint_due(state, batches):
                 guard.checkpoint(state)
 
