@@ -102,7 +102,7 @@ def _train(plan: Plan, module: ModuleType, args: argparse.Namespace, found: dist
     record.restored(at.step)
     record.enter("preparation")
     metric = options.hypertune_metric or getattr(module, "HYPERTUNE_METRIC", None)
-    reporter = MetricReporter(ctx.is_chief, ctx.trial)
+    reporter = MetricReporter(ctx.is_chief, ctx.trial, asked=options.hypertune_metric is not None)
     steps = Steps(model=model, ctx=ctx, batches=batches, evaluation=evaluation, writer=writer,
                   target=staging.target("checkpoints"), meta={"framework": "jax", "strategy": plan.strategy},
                   request=request, watchdog=watchdog, record=record, reporter=reporter, metric=metric,

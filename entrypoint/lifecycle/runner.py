@@ -191,7 +191,7 @@ def holding_job_dir(plan: Plan, ctx: failures.FailureContext) -> Iterator[jobrec
     os.environ[ev.TRAINER_JOB_LEASE] = held.me.token  # the node's training processes fence their commits with it
     try:
         with checkpoints.fence(held.check):  # and so does this process (training in it, one process per node)
-            yield jobrecord.start(plan.outputs.job_dir, plan.options, ctx.secrets)
+            yield jobrecord.start(plan.outputs.job_dir, plan.options, ctx.secrets, plan.framework, plan.code)
         held.check()  # a launcher that ended because a worker's commit was fenced: the takeover is the cause
     except BaseException as exc:
         if held.lost is None:
@@ -255,7 +255,8 @@ def run_worker(handed: Handoff) -> int:
     def body() -> int:
         plan, launcher = handoff.load(handed)
         signals.die_with_parent(expected_parent=launcher)
-        setup_logging(f"[{plan.placed.label()}] ")
+        # its rank on each line, unless its launcher prints every line of it behind one already (Horovod's "[rank-0]")
+        setup_logging("" if registry.get(plan.framework).prefixed_output else f"[{plan.placed.label()}] ")
         with checkpoints.fence(lambda: _still_held(plan, ctx)):
             try:
                 return run_process(plan, ctx)

@@ -98,9 +98,11 @@ class Report:
         lines.append(f"disruptions: {self.disruption_count} ({by_class})"
                      + (f"; mean time between them {mtbd:.1f} s" if mtbd is not None else ""))
         lines.append(f"attempts: {self.job_attempts} of the chief; every replica's runs:")
-        for a in self.attempts:
-            lines.append(f"  {a.replica}{' (chief)' if a.chief else ''}: {a.end - a.start:8.1f} s from "
-                         f"+{a.start - self.start:.1f} s, {a.cause()}"
+        names = [f"{a.replica}{' (chief)' if a.chief else ''}:" for a in self.attempts]
+        starts = [f"+{a.start - self.start:.1f}" for a in self.attempts]
+        name_width, start_width = max(map(len, names), default=0), max(map(len, starts), default=0)
+        for a, name, start in zip(self.attempts, names, starts, strict=True):  # in columns, whatever the names
+            lines.append(f"  {name:<{name_width}} {a.end - a.start:8.1f} s from {start:>{start_width}} s, {a.cause()}"
                          + ("" if a.startup is None else f"; start-up through its first step {a.startup:.1f} s"))
         lines += [f"warning: {w}" for w in self.warnings]
         return "\n".join(lines)

@@ -7,6 +7,7 @@ with ``for_process`` (``placement.place``). Nothing downstream re-reads the plat
 
 from __future__ import annotations
 
+import sys
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -139,8 +140,13 @@ def choose_framework(requested: str | None, settings: PlatformSettings) -> str:
     installed = [n for n in candidates if registry.get(n).installed()]
     if len(installed) == 1:
         return installed[0]
-    what = f"{' and '.join(installed)} are all installed" if installed else "no framework is installed"
-    raise ConfigError("--framework", f"not given and {what}; pass one of {accepted}")
+    if installed:
+        raise ConfigError("--framework", f"not given and {' and '.join(installed)} are all installed; pass one of "
+                          f"{accepted}")
+    images = [image for name in candidates if (image := registry.get(name).image)]
+    raise ConfigError("--framework", f"not given and no framework is installed in this Python ({sys.executable}): "
+                      f"run in a trainer image ({', '.join(images)}), or on a checkout in a framework's environment: "
+                      ".venv/IMAGE (make venv-IMAGE, then . .venv/IMAGE/bin/activate)")
 
 
 def cpu_share(settings: PlatformSettings, topo: ClusterTopology, nproc: int) -> dict[str, str]:

@@ -158,6 +158,18 @@ def test_replicas_overlapping_the_chief(tmp_path: Path) -> None:
     assert report.job_attempts == 2 and len(report.attempts) == 4
 
 
+def test_the_attempts_are_in_columns_whatever_the_replica_names(tmp_path: Path) -> None:
+    job = Job(tmp_path)
+    job.start("w1", -2, "workerpool1-10", chief=False)
+    job.start("c1", 0)
+    job.progress("c1", 1, 1, 9)
+    job.end("c1", 10)
+    job.end("w1", 120.5, replica="workerpool1-10")
+    lines = job.report().text().split("every replica's runs:\n", 1)[1].splitlines()[:2]
+    assert len(lines) == 2 and len({line.index(" s from ") for line in lines}) == 1, lines
+    assert len({line.index(" s, ") for line in lines}) == 1, lines
+
+
 def test_overlapping_chief_attempts_still_add_up(tmp_path: Path) -> None:
     """A replacement chief that starts while the preempted one still writes its last checkpoint in its grace period
     (a platform that starts the new pod before the old one terminated), or on a host whose clock is behind."""

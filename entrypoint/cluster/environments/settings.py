@@ -30,6 +30,7 @@ class PlatformSettings:
     kubernetes: bool = False  # running in a Kubernetes pod (its termination log applies)
     log_format: str | None = None  # TRAINER_LOG_FORMAT: the default --log-format (checked by the CLI)
     trial: str | None = None  # CLOUD_ML_TRIAL_ID as set (a label on JSON log lines)
+    metric_file: str | None = None  # CLOUD_ML_HP_METRIC_FILE: where the platform (or `local`) reads tuning metrics
     cuda_version: str | None = None  # the base image's CUDA (nvidia/cuda images set CUDA_VERSION)
     nccl_socket_ifname: str | None = None  # the user's NCCL_SOCKET_IFNAME, checked by `doctor`
     gloo_socket_ifname: str | None = None  # the user's GLOO_SOCKET_IFNAME, likewise
@@ -71,6 +72,7 @@ def read_settings(environ: Mapping[str, str] | None = None) -> PlatformSettings:
         kubernetes=bool(get(ev.KUBERNETES_SERVICE_HOST)),
         log_format=get(ev.TRAINER_LOG_FORMAT),
         trial=get(ev.CLOUD_ML_TRIAL_ID),
+        metric_file=get(ev.CLOUD_ML_HP_METRIC_FILE),
         cuda_version=get(ev.CUDA_VERSION),
         nccl_socket_ifname=get(ev.NCCL_SOCKET_IFNAME),
         gloo_socket_ifname=get(ev.GLOO_SOCKET_IFNAME),

@@ -80,7 +80,7 @@ class Trainer:
         self.epochs = int(options.epochs or module_default(self.module, "epochs", DEFAULT_EPOCHS))
         self.batch_size = int(options.batch_size or module_default(self.module, "batch_size", DEFAULT_BATCH_SIZE))
         self.metric_name = options.hypertune_metric or getattr(self.module, "HYPERTUNE_METRIC", None)
-        self.reporter = MetricReporter(self.ctx.is_chief, topo.trial)
+        self.reporter = MetricReporter(self.ctx.is_chief, topo.trial, asked=options.hypertune_metric is not None)
         self.checkpoints = LoopCheckpoints(plan, comm, self.ctx)  # in the layout's format once the model is placed
         self.parallel: Parallel | None = None
         inplace = None
@@ -393,6 +393,6 @@ class Trainer:
                      "compile_seconds": round(parallel.compile_seconds(), 2),
                      **({"skipped_nonfinite_steps": state.skipped} if state.skipped else {})},
         ))
-        tuning = f"'{self.metric_name}' in {self.reporter.path}" if self.reporter.path else "not reported"
+        tuning = self.reporter.described(self.metric_name)
         log.info("model exported to %s; checkpoints in %s; TensorBoard logs in %s; tuning metric %s",
                  ctx.model_dir, ctx.checkpoint_dir, ctx.tensorboard_dir, tuning)
