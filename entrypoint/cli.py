@@ -115,7 +115,7 @@ def _one_line_errors(command: Callable[[Sequence[str]], int], argv: Sequence[str
 
 
 def _run(argv: Sequence[str], ctx: failures.FailureContext) -> int:
-    from entrypoint.lifecycle.runner import describe_failures, run_node
+    from entrypoint.lifecycle.runner import describe_failures, refuse_if_in_use, run_node
 
     options = parse_options("run", argv)
     settings = read_settings()
@@ -130,6 +130,7 @@ def _run(argv: Sequence[str], ctx: failures.FailureContext) -> int:
     setup_logging(fmt=log_format, trial=plan.topology.trial)
     from entrypoint.doctor import preflight
 
+    refuse_if_in_use(plan, ctx)  # "in use by another live job" says more than what that job did to the dir
     return run_node(preflight(plan, settings), ctx)
 
 
