@@ -247,7 +247,6 @@ def run_cluster(pools: Sequence[Pool], output_dir: str, trial: str | None = None
     print(f"[local] starting {len(replicas)} replicas ({names}); outputs under {output}; each replica's own disk "
           f"under {disks.root}; {host_cpus(os.environ)} CPU(s) shared: {ev.TRAINER_CPUS}={cpus} each\n"
           f"[local] {policy.describe()}", flush=True)
-    code: int | None = None
     try:
         try:
             secrets = secret_values() | frozenset(secrets_in_args([a for pool in pools for a in pool.command]))
@@ -255,19 +254,42 @@ def run_cluster(pools: Sequence[Pool], output_dir: str, trial: str | None = None
                                  on_failure=_record_exit(ctx), secrets=secrets).run()
         finally:
             signals.end_adopted(r.proc.pid for r in replicas if r.proc is not None)
-        code = _report(outcome, replicas, output_dir, ctx)
-        return code
+        # The job's end as the platform sees it: its replicas are gone. Recorded before the report, whose goodput
+        # line is then the one `goodput` reads from the same ledger afterwards.
+        platform.ended(outcome.code)
+        return _report(outcome, replicas, output_dir, ctx)
     finally:
         disks.remove()  # after the report: it reads the records the replicas' disks hold
-        platform.ended(code)  # the job's end as the platform sees it: its last moment
+        platform.ended(None)  # a local that failed itself (nothing recorded yet): its end all the same
 
 
 def _goodput_line(job_dir: str) -> str:
-    """The job's goodput from its ledger (``python -m entrypoint goodput JOB_DIR`` tells the rest)."""
+    """The job's goodput from its ledger, as ``python -m entrypoint goodput JOB_DIR`` reads it (which tells the rest):
+    why it is 0 when it is."""
     try:
         return f"{goodput.of_job(job_dir).line()} (python -m entrypoint goodput {job_dir})"
     except Exception as exc:
         return f"goodput unknown: the job ledger could not be read ({type(exc).__name__}: {exc})"
+
+
+def written(directory: str) -> bool:
+    """Whether the output directory ``directory`` holds anything (a local path or a store's URL)."""
+    try:
+        place = storage.path(directory.rstrip("/"))
+        return place.is_dir() and any(True for _ in place.iterdir())
+    except (OSError, storage.StorageError):
+        return False
+
+
+def _outputs(chief: Mapping[str, str], metrics: list[Path]) -> list[str]:
+    """The outputs the job wrote where the platform points (an empty directory is not one); its tuning metrics."""
+    places = (("model", ev.AIP_MODEL_DIR), ("checkpoints", ev.AIP_CHECKPOINT_DIR),
+              ("tensorboard", ev.AIP_TENSORBOARD_LOG_DIR))
+    found = [f"{name + ':':<13}{chief[variable]}" for name, variable in places if written(chief[variable])]
+    if not found:  # a script that saved nothing where the platform's variables point
+        found = [f"{'outputs:':<13}none under {chief[ev.AIP_MODEL_DIR].rstrip('/').rsplit('/', 1)[0]} (no model, "
+                 f"checkpoint or TensorBoard files where {ev.AIP_MODEL_DIR} and the others point)"]
+    return [*found, f"{'hypertune:':<13}{', '.join(map(str, metrics)) or 'none reported'}"]
 
 
 def _report(outcome: Outcome, replicas: list[Replica], output_dir: str, ctx: failures.FailureContext) -> int:
@@ -277,9 +299,7 @@ def _report(outcome: Outcome, replicas: list[Replica], output_dir: str, ctx: fai
     restarts = f" after {outcome.counts.replica_restarts} replica restart(s)" if outcome.counts.replica_restarts else ""
     restarts += f" and {outcome.counts.job} job restart(s)" if outcome.counts.job else ""
     print(f"[local] job finished with exit code {outcome.code}{restarts}", flush=True)
-    print(f"[local] model:       {chief[ev.AIP_MODEL_DIR]}\n[local] checkpoints: {chief[ev.AIP_CHECKPOINT_DIR]}\n"
-          f"[local] tensorboard: {chief[ev.AIP_TENSORBOARD_LOG_DIR]}\n"
-          f"[local] hypertune:    {', '.join(map(str, metrics)) or 'none reported'}", flush=True)
+    print("\n".join(f"[local] {line}" for line in _outputs(chief, metrics)), flush=True)
     if ctx.job_dir is not None:
         print(f"[local] {_goodput_line(ctx.job_dir)}", flush=True)
     if outcome.code == ExitCode.OK:

@@ -197,7 +197,7 @@ def test_every_text_stays_inside_the_picture() -> None:
         w = max(0.6 * text["size"] * len(text["text"]),
                 goodput_plot.bitmap_font.width(text["text"], 2 if text["size"] >= 14 else 1))
         left = text["x"] - {"start": 0, "middle": w / 2, "end": w}[text["anchor"]]
-        assert 0 <= left and left + w <= width, text
+        assert left >= 0 and left + w <= width, text
         assert drawn(png, text), text
     end_mark = next(t for t in svg_texts(svg) if t["text"].startswith("killed"))
     assert end_mark["anchor"] == "end" and end_mark["text"].endswith("was lost)")  # whole, left of its line
