@@ -262,7 +262,9 @@ def _unrecorded(a: Attempt, live: list[Segment], attempts: list[Attempt],
     a segment of no duration, whose steps count as productive or, once a restore rolls them back, as lost."""
     if not a.disrupted:
         return []
-    until = min((b.start for b in attempts if b.chief and b.start > a.start), default=a.end + _SKEW)
+    # until the next chief attempt trains (a survivor may notice the loss after the replacement started)
+    until = min((float(r["t"]) for b in attempts if b.chief and b.start > a.start for r in b.training),
+                default=a.end + _SKEW)
     reached = [int(r["step"]) for r in a.training if r["kind"] in ("committed", "training_end")
                and isinstance(r.get("step"), int)]
     reached += [w.step for w in witnesses if w.step is not None and a.start <= w.t <= until]

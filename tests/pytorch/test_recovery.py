@@ -6,6 +6,7 @@ SIGTERM, no grace. Triggers are lines of the job's own output (or a torn checkpo
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Callable
@@ -119,7 +120,14 @@ def test_a_lost_chief_mid_epoch_recovers(tmp_path: Path) -> None:
         result = assert_recovered(job, out, "workerpool0-0")
     finally:
         job.cleanup()
-    assert result["recoveries"][0]["replica"] == "workerpool0-0"  # type: ignore[index]
+    (lost,) = result["recoveries"]  # type: ignore[misc]
+    assert lost["replica"] == "workerpool0-0" and lost["lost_steps"] is not None
+    # The chief was killed between two progress records: the steps it trained after its last one are known from the
+    # survivor's failure record, as the recovery knew them; its end from local's record of the SIGKILL.
+    report = json.loads(entrypoint("goodput", str(out), "--json").stdout)
+    assert report["steps"]["lost"] == lost["lost_steps"], (report["steps"], lost)
+    chief = report["attempts"][0]
+    assert chief["replica"] == "workerpool0-0" and chief["cause"].startswith("signal (exit 137: stopped by SIGKILL")
 
 
 def test_a_chief_lost_while_writing_a_checkpoint_resumes_from_the_previous_one(tmp_path: Path) -> None:

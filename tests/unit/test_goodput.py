@@ -325,10 +325,11 @@ def chief_killed_before_its_first_record(job: Job) -> None:
     job.end("w2", end + 1, replica=WORKER)
 
 
-def test_steps_trained_before_a_killed_chiefs_first_record_are_counted_lost(tmp_path: Path) -> None:
+@pytest.mark.parametrize("noticed", [9.5, 12.5])  # before its replacement started; after, before it restored
+def test_steps_trained_before_a_killed_chiefs_first_record_are_counted_lost(tmp_path: Path, noticed: float) -> None:
     job = Job(tmp_path)
     chief_killed_before_its_first_record(job)
-    witnesses = (seen(9.2, CHIEF), seen(9.5, WORKER, step=8, cls="peer_lost", code=129, message="lost workerpool0-0"))
+    witnesses = (seen(9.2, CHIEF), seen(noticed, WORKER, 8, "peer_lost", 129, "lost workerpool0-0"))
     report = job.report(witnesses=witnesses)
     assert (report.steps_lost, report.steps_productive, report.final_step) == (8, 20, 20)
     assert report.attempts[0].end == T + 9.2  # when its supervisor saw it go, not its last record (+3)
