@@ -68,6 +68,7 @@ def test_every_second_of_a_disrupted_job_is_accounted_for(tmp_path: Path) -> Non
     assert report["steps"]["lost"] == sum(r["lost_steps"] for r in restarts), (report["steps"], result["recoveries"])
     assert report["steps"]["productive"] == report["steps"]["final"] == result["final_step"]
     assert buckets["wasted_progress"] > 0 and buckets["infrastructure_recovery"] > 0 and buckets["scheduling"] > 0
+    assert buckets["evaluation"] > 0 and buckets["export"] > 0  # an evaluation each epoch, the export at the end
     # The restart's cause is the chief's: the lost peer it noticed, or local's SIGTERM restarting the job if first.
     assert report["disruptions"]["preempted"] >= 1 and report["disruptions"]["peer_lost (recovered in place)"] == 1
     assert report["disruption_count"] == 3 and report["job_attempts"] == 3, report["disruptions"]

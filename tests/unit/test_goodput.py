@@ -454,3 +454,23 @@ def test_the_command_and_local_read_the_jobs_failure_records(tmp_path: Path,
     found = json.loads(out)
     assert code == 0 and found["steps"]["lost"] == 8 and found["attempts"][0]["end"] == round(T + 9.2, 3)
     assert goodput.of_job(str(tmp_path)).steps_lost == 8  # what local's line and the summary read
+
+
+def test_evaluation_and_export_have_buckets_of_their_own(tmp_path: Path) -> None:
+    """An evaluation after each epoch and the export before the end: their seconds in ``evaluation`` and ``export``
+    (ml-goodput-measurement's custom badput events), not in ``other``, in the lanes too."""
+    job = Job(tmp_path)
+    job.start("a1", 0)
+    job.add("a1", "restored", 1, step=0)
+    job.progress("a1", 1, 1, 5)  # to +6
+    job.phase("a1", "evaluation", 6, 8)
+    job.progress("a1", 8, 6, 10)  # to +13
+    job.phase("a1", "evaluation", 13, 14.5)
+    job.phase("a1", "export", 14.5, 17)
+    job.add("a1", "training_end", 17, step=10, outcome="finished")
+    job.end("a1", 17)
+    report = job.report()
+    assert buckets(report) == {"program_startup": 1.0, "productive": 10.0, "evaluation": 3.5, "export": 2.5}
+    assert report.to_dict()["ml_goodput_names"]["evaluation"] == "CUSTOM_BADPUT_EVENTS"
+    spans = [(s["bucket"], s["t1"] - s["t0"]) for s in report.lanes[1]["spans"]]
+    assert ("evaluation", 2.0) in spans and ("export", 2.5) in spans
