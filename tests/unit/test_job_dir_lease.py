@@ -92,7 +92,7 @@ def test_a_dead_holder_of_this_host_leaves_nothing_stuck(tmp_path: Path, monkeyp
     gone.wait()
     holder_of(tmp_path, gone.pid, socket.gethostname())
     monkeypatch.setattr(lease.time, "sleep", no_sleep)  # at once: nothing watched
-    JobLease(str(tmp_path), None).acquire().release()
+    taken_by(tmp_path)
 
 
 def test_the_same_jobs_next_attempt_takes_over_once_the_lease_is_stale(
@@ -112,6 +112,14 @@ def test_the_same_jobs_next_attempt_takes_over_once_the_lease_is_stale(
 
 
 SLEEP = time.sleep
+
+
+def taken_by(job_dir: Path) -> None:
+    """A new job takes the dir: its lease is the one there until it releases it, which leaves none."""
+    held = JobLease(str(job_dir), None).acquire()
+    assert Holder.read(job_dir / LEASE) == held.me
+    held.release()
+    assert not (job_dir / LEASE).exists()
 
 
 def no_sleep(seconds: float) -> None:
@@ -154,7 +162,7 @@ def test_a_lease_last_written_stale_ago_is_taken_at_once(tmp_path: Path, monkeyp
     holder_of(tmp_path, 1, "another-host")
     aged(tmp_path / LEASE, lease.STALE + 1)
     monkeypatch.setattr(lease.time, "sleep", no_sleep)
-    JobLease(str(tmp_path), None).acquire().release()
+    taken_by(tmp_path)
 
 
 def test_a_free_job_dir_is_taken_without_waiting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -305,7 +313,7 @@ def test_a_holder_that_is_a_zombie_is_gone(tmp_path: Path) -> None:
     while lease._stat(zombie.pid)[:1] != ["Z"]:
         time.sleep(0.05)
     holder_of(tmp_path, zombie.pid, socket.gethostname())
-    JobLease(str(tmp_path), None).acquire().release()
+    taken_by(tmp_path)
     zombie.wait()
 
 
