@@ -125,7 +125,7 @@ def _one_line_errors(command: Callable[[Sequence[str]], int], argv: Sequence[str
 
 def _run(options: RunOptions, ctx: failures.FailureContext) -> int:
     from entrypoint.lifecycle import jobrecord
-    from entrypoint.lifecycle.runner import describe_failures, refused_records, run_node
+    from entrypoint.lifecycle.runner import describe_failures, refuse_if_in_use, refused_records, run_node
 
     settings = read_settings()
     ctx.job_dir = resolve_outputs(job_dir=options.job_dir or settings.job_dir,
@@ -148,6 +148,7 @@ def _run(options: RunOptions, ctx: failures.FailureContext) -> int:
     setup_logging(fmt=log_format, trial=plan.topology.trial)
     from entrypoint.doctor import preflight
 
+    refuse_if_in_use(plan, ctx)  # "in use by another live job" says more than what that job did to the dir
     return run_node(preflight(plan, settings), ctx)
 
 

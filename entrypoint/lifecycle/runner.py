@@ -175,6 +175,16 @@ def job_key(plan: Plan) -> str | None:
     return None if topo.chief_address is None else f"{topo.source}:{topo.chief_address}:{topo.trial or '-'}"
 
 
+def refuse_if_in_use(plan: Plan, ctx: failures.FailureContext) -> None:
+    """A chief whose job dir another live job holds is refused before anything else is checked (a job dir that is
+    not writable now, say, because the job that holds it made it so): the same line ``holding_job_dir`` gives."""
+    if plan.topology.is_chief_node and (plan.placement is None or plan.placement.is_chief):
+        refused = lease.in_use(plan.outputs.job_dir)
+        if refused is not None:
+            ctx.job_dir = refused_records()  # the other job's failures/ are its own
+            raise refused
+
+
 @contextlib.contextmanager
 def holding_job_dir(plan: Plan, ctx: failures.FailureContext) -> Iterator[jobrecord.JobRecord | None]:
     """The chief holds the job dir while the node runs (``lease.py``) and compares its arguments with the recorded

@@ -48,12 +48,27 @@ class Report:
         running = self.wall - self.buckets["scheduling"]
         return running / self.disruption_count if self.disruption_count else None
 
+    def why_none(self) -> str | None:
+        """Why no second trained the model, when none did (None otherwise)."""
+        if self.buckets["productive"] > 0:
+            return None
+        if not self.attempts:
+            return "no attempt was recorded"
+        if self.steps_lost and not self.steps_productive:
+            return f"every step trained was lost ({_n(self.steps_lost, 'step')}, none kept by a committed checkpoint)"
+        if not self.steps_productive:
+            return ("no training step was recorded (the hooks loops record theirs; a script reports its own with "
+                    "entrypoint.context.step_done(step))")
+        return "its steps' time is unknown (their records were not written)"
+
     def line(self) -> str:
         """One line: what ``local`` prints at the end and the summary's ``goodput.line``."""
         worst = sorted(((v, k) for k, v in self.buckets.items() if k != "productive" and v > 0), reverse=True)[:3]
         badput = ", ".join(f"{name} {seconds:.1f} s" for seconds, name in worst) or "none"
+        why = self.why_none()
         return (f"goodput {self.goodput:.1f}%{' (provisional: the job is running)' if self.provisional else ''}: "
-                f"{self.buckets['productive']:.1f} s of {self.wall:.1f} s trained the model; "
+                f"{self.buckets['productive']:.1f} s of {self.wall:.1f} s trained the model"
+                f"{f' ({why})' if why else ''}; "
                 f"{_n(self.job_attempts, 'attempt')}, {_n(self.disruption_count, 'disruption')}, "
                 f"{_n(self.steps_lost, 'step')} lost; "
                 f"largest badput: {badput}")

@@ -20,11 +20,14 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import logging
+import os
 import shutil
 import tempfile
 import time
 import warnings
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -53,6 +56,56 @@ def stager_closed_itself(stager: Any) -> bool:
     state with a class in it, as a DTensor's is, fails with ``KeyError: <class 'type'>``; torch 2.11 does this)."""
     table = getattr(getattr(stager, "_state_dict_stager", None), "_deepcopy_dispatch", None)
     return isinstance(table, dict) and not table
+class _KeptError(io.FileIO):
+    """A file that keeps the OSError of a failed write: ``torch.save``, which torch.distributed.checkpoint writes
+    every shard with, turns it into ``unexpected pos`` (a full disk read as the user's error, exit 1)."""
+
+    error: OSError | None = None
+
+    def write(self, data: Any) -> int:
+        try:
+            return super().write(data)
+        except OSError as exc:
+            self.error = exc
+            raise
+
+
+def _writer(target: str) -> Any:
+    """torch.distributed.checkpoint's file system writer for ``target`` (the one ``checkpoint_id`` picks), whose
+    files raise the disk's own error when a write fails (ENOSPC: ``disk_full``, 74), on the failing rank and, through
+    the save's own gather of failures, on every other."""
+    from torch.distributed.checkpoint import FileSystemWriter
+    from torch.distributed.checkpoint.filesystem import FileSystem
+
+    class Files(FileSystem):
+        @contextlib.contextmanager
+        def create_stream(self, path: str | os.PathLike[str], mode: str) -> Iterator[io.IOBase]:
+            if mode != "wb":
+                with super().create_stream(path, mode) as stream:
+                    yield stream
+                return
+            raw = _KeptError(os.fspath(path), "w")
+            with io.BufferedWriter(raw) as stream:
+                try:
+                    yield stream
+                except Exception:
+                    if raw.error is not None:
+                        raise OSError(raw.error.errno, raw.error.strerror, os.fspath(path)) from None
+                    raise
+
+    writer = FileSystemWriter(target)
+    writer.fs = Files()
+    return writer
+
+
+def disk_error(exc: BaseException) -> BaseException | None:
+    """The disk's own error a failed ``dcp.save`` carries (this rank's or another's, from its ``failures``)."""
+    failures = getattr(exc, "failures", None)
+    for wrapped in (failures or {}).values() if isinstance(failures, dict) else ():
+        inner = wrapped[0] if isinstance(wrapped, tuple) else wrapped
+        if isinstance(inner, OSError) and inner.errno is not None:
+            return inner
+    return None
 
 
 def _digest(path: Path) -> dict[str, Any]:
@@ -114,7 +167,7 @@ class ShardedCheckpointIO(BackgroundWriter):
             if self.is_chief and path.exists():  # a rerun reached the same step: replace, never mix two saves
                 storage.rmtree(path)
             target = local or path
-            dcp.save(shards, checkpoint_id=str(target), process_group=self.group)
+            dcp.save(shards, storage_writer=_writer(str(target)), process_group=self.group)
             mine = self._mine(target, local, path)
             everyone: list[Any] = [None] * dist.get_world_size(self.group)
             dist.all_gather_object(everyone, mine, group=self.group)
@@ -127,8 +180,9 @@ class ShardedCheckpointIO(BackgroundWriter):
                 checkpoints.commit(path, meta, files)
                 checkpoints.check_sizes(path)
         except BaseException as exc:  # CheckpointException is a BaseException
-            self._failed(output_error(exc if isinstance(exc, Exception) else RuntimeError(str(exc)), path))
-            log.error("checkpoint %s failed: %s", path.name, " ".join(str(exc).split())[:300])
+            cause = disk_error(exc) or (exc if isinstance(exc, Exception) else RuntimeError(str(exc)))
+            self._failed(output_error(cause, path))
+            log.error("checkpoint %s failed: %s", path.name, " ".join(str(cause).split())[:300])
             self._discard(path)
             return
         finally:
