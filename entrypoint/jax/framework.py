@@ -92,7 +92,7 @@ FRAMEWORK = Framework(
     kubeflow_kinds=("trainjob",),  # Kubeflow Trainer's JAX runtime (jax-distributed), else the torch runtime's
     # a peer gone shows as XLA's runtime error from a collective or the coordination service (its heartbeat, its
     # barriers), raised from jax's own modules
-    peer_errors=("jaxlib.xla_extension.XlaRuntimeError", "jax.errors.JaxRuntimeError"),
+    peer_errors=("jax.errors.JaxRuntimeError",),  # XLA's runtime error: jaxlib defines it, jax.errors names it
     peer_modules=("jax._src.distributed", "jax._src.interpreters.pxla", "jax._src.dispatch",
                   "jax.experimental.multihost_utils", "entrypoint.jax"),
     peer_messages=("coordination service", "heartbeat", "barrier timed out"),

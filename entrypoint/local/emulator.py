@@ -32,7 +32,7 @@ from entrypoint.cluster.environments.settings import host_cpus, secret_values, s
 from entrypoint.errors import ConfigError, ExitCode, is_retryable
 from entrypoint.failures.records import FAILURES_DIR, FALLBACK_DIR, current, read_records, record_names
 from entrypoint.jobs.replicaenv import Pool, cluster_specs, vertex_pools, vertex_tf_config
-from entrypoint.lifecycle import lease, signals
+from entrypoint.lifecycle import jobrecord, lease, signals
 from entrypoint.lifecycle.recorder import PlatformRecorder
 from entrypoint.lifecycle.restart_policy import (
     DEFAULT_BACKOFF_LIMIT,
@@ -45,7 +45,7 @@ from entrypoint.lifecycle.runner import REFUSED
 from entrypoint.lifecycle.supervisor import Outcome, Replica, Supervisor
 from entrypoint.options import DEFAULT_GRACE_PERIOD
 from entrypoint.outputs import goodput, storage
-from entrypoint.planning.runargs import parse_options, split_user_args
+from entrypoint.planning.runargs import Parser, parse_options, split_user_args
 
 COMMANDS = ("run", "describe")
 GRACE_MARGIN = 5.0
@@ -233,7 +233,11 @@ def run_cluster(pools: Sequence[Pool], output_dir: str, trial: str | None = None
     replicas = build_replicas(pools, output_dir, trial, dict(os.environ))
     output = _output_base(output_dir)
     job_dir = f"{output}/{trial}" if trial else output
-    refused = lease.in_use(job_dir)  # a live job's dir: refused before any replica starts, nothing written there
+    # A live job's dir, or another job's (another framework or code): refused before any replica starts, nothing
+    # written there.
+    chief = next((pool for pool in pools if pool.start and pool.command[:1] == ("run",)), None)
+    refused = lease.in_use(job_dir) or (None if chief is None else jobrecord.refusal_of_run(
+        job_dir, chief.command[1:], {**os.environ, **dict(chief.env)}))
     if refused is not None:
         raise refused
     # Records already there are an earlier run's, even one written a moment ago (read_records allows clock skew).
@@ -317,7 +321,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     """``local`` options before ``--``; the replica command (``run ...``) after it, as ``args.command``."""
     argv = list(argv)
     ours, command = split_user_args(argv)
-    parser = argparse.ArgumentParser(prog="python -m entrypoint local", description=__doc__.splitlines()[0])
+    parser = Parser(prog="python -m entrypoint local", description=__doc__.splitlines()[0])
+    parser.stray = "the replica command goes after '--': python -m entrypoint local [options] -- run ..."
     parser.add_argument("--workers", type=int, default=1, help="training replicas: 1 chief + N-1 workers")
     parser.add_argument("--ps", type=int, default=0, help="parameter servers (workerpool2)")
     parser.add_argument("--evaluators", type=int, default=0, help="evaluators (workerpool3)")

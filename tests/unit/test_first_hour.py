@@ -229,6 +229,9 @@ def test_locals_closing_paths_line_up(tmp_path: Path, capsys: pytest.CaptureFixt
 
     env = {"AIP_MODEL_DIR": f"{tmp_path}/model/", "AIP_CHECKPOINT_DIR": f"{tmp_path}/checkpoints/",
            "AIP_TENSORBOARD_LOG_DIR": f"{tmp_path}/logs/"}
+    for name in ("model", "checkpoints", "logs"):  # outputs the job wrote (empty directories are not named)
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "written").touch()
     _report(Outcome(0), [Replica("workerpool0", 0, env)], str(tmp_path), failures.FailureContext(replica="local"))
     lines = [line for line in capsys.readouterr().out.splitlines() if re.match(r"\[local\] \w+:\s", line)]
     assert [line.split(":")[0] for line in lines] == [f"[local] {n}" for n in ("model", "checkpoints", "tensorboard",

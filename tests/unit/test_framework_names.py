@@ -4,7 +4,7 @@ its image pins, so ``failures.classify`` can meet them (docs/EXIT_CODES.md, 129)
 
 A renamed or moved type would otherwise never match: a lost peer read as the user's error (1, permanent). Each
 framework's case runs in its own tier (its marker): the PyTorch one in the catch-all tier, TensorFlow's and
-Horovod's in theirs, whose venvs hold those releases; nothing here is skipped for a missing framework.
+Horovod's and JAX's in theirs, whose venvs hold those releases; nothing here is skipped for a missing framework.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from entrypoint.planning import registry
 
 @pytest.mark.parametrize("name", [pytest.param("pytorch", marks=pytest.mark.pytorch),
                                   pytest.param("tensorflow", marks=pytest.mark.tensorflow),
-                                  pytest.param("horovod", marks=pytest.mark.horovod)])
+                                  pytest.param("horovod", marks=pytest.mark.horovod),
+                                  pytest.param("jax", marks=pytest.mark.jax)])
 def test_a_frameworks_lost_peer_types_and_modules_exist_in_its_pinned_release(name: str) -> None:
     record = registry.get(name)
     assert record.peer_errors and record.peer_modules
