@@ -1,4 +1,5 @@
-"""The command line: ``run``, ``describe``, ``doctor``, ``local`` and ``job``; failures become exit codes once."""
+"""The command line: ``run``, ``describe``, ``doctor``, ``local``, ``job``, ``goodput`` and ``sbom``; failures become
+exit codes once."""
 
 from __future__ import annotations
 
@@ -30,8 +31,8 @@ from entrypoint.planning.runargs import (
     split_user_args,
 )
 
-COMMANDS = ("run", "describe", "doctor", "local", "job", "goodput")
-USAGE = ("usage: python -m entrypoint {run,describe,doctor,local,job,goodput} ...  "
+COMMANDS = ("run", "describe", "doctor", "local", "job", "goodput", "sbom")
+USAGE = ("usage: python -m entrypoint {run,describe,doctor,local,job,goodput,sbom} ...  "
          "(python -m entrypoint COMMAND --help)")
 
 
@@ -99,6 +100,33 @@ def _goodput(argv: Sequence[str]) -> int:
     return ExitCode.OK
 
 
+def _sbom(argv: Sequence[str]) -> int:
+    """``sbom [show [FILE]]`` / ``sbom write OUT``: the image's bill of materials (outputs/sbom.py)."""
+    import argparse
+    from pathlib import Path
+
+    from entrypoint.errors import ConfigError
+    from entrypoint.outputs import sbom
+
+    parser = argparse.ArgumentParser(prog="python -m entrypoint sbom", description="the image's bill of materials "
+                                     "(CycloneDX): its hash and counts, or (in an image build) write it")
+    sub = parser.add_subparsers(dest="action")
+    make = sub.add_parser("write", help="inventory the OS packages and this interpreter's Python packages into OUT")
+    make.add_argument("out", help=f"where to write it (the images: {sbom.SBOM_PATH})")
+    make.add_argument("--variant", default="", help="the image's variant (cpu, gpu), recorded in the document")
+    show = sub.add_parser("show", help="one line: the document's sha256 and what it lists (the default)")
+    show.add_argument("path", nargs="?", help=f"default: ${ev.TRAINER_SBOM}, else {sbom.SBOM_PATH}")
+    args = parser.parse_args(argv)
+    settings = read_settings()
+    try:
+        if args.action == "write":
+            sbom.write(Path(args.out), {"framework": settings.framework or "", "variant": args.variant})
+        print(sbom.summary(Path(args.out if args.action == "write" else getattr(args, "path", None) or settings.sbom)))
+    except ValueError as exc:
+        raise ConfigError("sbom", str(exc)) from None
+    return ExitCode.OK
+
+
 def _one_line_errors(command: Callable[[Sequence[str]], int], argv: Sequence[str]) -> int:
     """Commands that train nothing themselves (describe, doctor, local, job): a failure is classified like any
     other (``failures.classify``) and ends as one line on stderr and its exit code, without a record."""
@@ -151,6 +179,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _one_line_errors(local_main, rest)
     if command == "goodput":
         return _one_line_errors(_goodput, rest)
+    if command == "sbom":
+        return _one_line_errors(_sbom, rest)
     if command == "job":
         from entrypoint.jobs.cli import main as job_main
 
