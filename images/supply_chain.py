@@ -76,7 +76,7 @@ def check(image: str, variant: str, sbom: Path, databases: Sequence[Path] = (), 
         raise Failure(f"vulnerability gate: {exc}") from None
     lines = verdict.lines(str(allowlist.relative_to(ROOT) if allowlist.is_relative_to(ROOT) else allowlist))
     source = (f"{len(databases)} advisory database(s)" if databases else
-              "no advisory database (the allowlist alone; Cloud Build gives osv.dev's)")
+              "no advisory database, the allowlist alone: Cloud Build gives osv.dev's")
     if not verdict.passed:
         for line in lines[:-1]:
             log(f"vulnerability gate: {image_ref(image, variant)}: {line}")
