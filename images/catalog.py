@@ -280,8 +280,8 @@ def cloudbuild(found: tuple[Image, ...]) -> str:
     """cloudbuild.yaml: the advisory database and every image's two builds at once; each variant's self-test and
     bill of materials after its build, the vulnerability gate on it; then the push (with provenance) and the upload
     of the bills of materials and the gate's reports."""
-    out = [CLOUDBUILD_HEAD.rstrip("\n"), "  # ---- the vulnerability gate's advisory database; builds: all start at once",
-           *_osv_step()]
+    out = [CLOUDBUILD_HEAD.rstrip("\n"),
+           "  # ---- the vulnerability gate's advisory database; builds: all start at once", *_osv_step()]
     for image in found:
         for variant in VARIANTS:
             step = f"build-{_repository(image, variant)}"
@@ -301,13 +301,14 @@ def cloudbuild(found: tuple[Image, ...]) -> str:
                     f"docker run --rm {ref} --help"]
             if variant == "gpu" and image.gpu_check:
                 runs.append(f"docker run --rm --entrypoint python {ref} -c '{image.gpu_check}'")
+            repo = _repository(image, variant)
             runs += ["mkdir -p sbom && chmod 1777 sbom  # the gate's step runs as the image's user",
-                     f"docker run --rm --entrypoint cat {ref} {SBOM_PATH} > sbom/{_repository(image, variant)}.cdx.json"]
+                     f"docker run --rm --entrypoint cat {ref} {SBOM_PATH} > sbom/{repo}.cdx.json"]
             out += [f"  - id: test-{_repository(image, variant)}", "    name: gcr.io/cloud-builders/docker",
                     f"    waitFor: [build-{_repository(image, variant)}]", "    entrypoint: bash", "    args:",
                     "      - -euo", "      - pipefail", "      - -c", "      - |", *(f"        {r}" for r in runs)]
-    out += ["  # ---- the vulnerability gate (images/vuln_gate.py): each bill of materials against osv.dev's advisories",
-            f"  #    and {ALLOWLIST}: a fixable high or critical finding it does not name,",
+    out += ["  # ---- the vulnerability gate (images/vuln_gate.py): each bill of materials against osv.dev's",
+            f"  #    advisories and {ALLOWLIST}: a fixable high or critical finding it does not name,",
             "  #    or an expired entry, fails the build before anything is pushed"]
     for image in found:
         for variant in VARIANTS:
