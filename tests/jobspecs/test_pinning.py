@@ -23,10 +23,12 @@ from tests.jobspecs.helpers import (
     TORCH_IMAGE,
     custom_job,
     custom_job_spec,
+    gcloud_command_job_spec,
     job,
     kubeflow_model,
     one_line_error,
     run_python_script,
+    shell_argv,
     trainjob_model,
 )
 
@@ -211,6 +213,15 @@ def test_every_vertex_format_of_a_pinned_job_parses_strictly(capsys: pytest.Capt
     assert code == 0, err
     (made,) = run_python_script(script, monkeypatch, "create_custom_job", "custom_job")
     assert made.job_spec.worker_pool_specs[0].container_spec.image_uri == image
+
+
+def test_a_pinned_gcloud_command_names_the_digest_and_says_what_it_cannot_pass(capsys: pytest.CaptureFixture[str],
+                                                                               tmp_path: Path) -> None:
+    code, out, err = job(capsys, "vertex", "--image", PINNED, "--workers", "2", "--format", "gcloud-command", *RUN)
+    assert code == 0 and "cannot pass TRAINER_IMAGE" in err, err
+    _, spec = gcloud_command_job_spec(shell_argv(out, tmp_path)[1:])
+    custom_job_spec(spec)
+    assert {p["containerSpec"]["imageUri"] for p in spec["workerPoolSpecs"]} == {PINNED}
 
 
 def test_a_pinned_tuning_job_parses_strictly(capsys: pytest.CaptureFixture[str]) -> None:
