@@ -1,4 +1,5 @@
-"""The command line: ``run``, ``describe``, ``doctor``, ``local`` and ``job``; failures become exit codes once."""
+"""The command line: ``run``, ``describe``, ``doctor``, ``local``, ``job``, ``goodput`` and ``sbom``; failures become
+exit codes once."""
 
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ COMMAND_HELP = {
     "local": "emulate a Vertex AI cluster on this machine: real replicas, -- run ... (or --spec FILE)",
     "job": "write a Vertex AI CustomJob or tuning job, or a Kubeflow manifest, for an image (job vertex ...)",
     "goodput": "where a job's hours went, from its job dir's ledger (goodput JOB_DIR)",
+    "sbom": "the image's bill of materials: write it at build, or show it (sbom --help)",
 }
 COMMANDS = tuple(COMMAND_HELP)
 USAGE = f"usage: python -m entrypoint {{{','.join(COMMANDS)}}} ...  (python -m entrypoint COMMAND --help)"
@@ -105,6 +107,33 @@ def _goodput(argv: Sequence[str]) -> int:
 
         write_plot(args.plot, report.timeline())
     print(json.dumps(report.to_dict(), indent=2, sort_keys=True) if args.json else report.text())
+    return ExitCode.OK
+
+
+def _sbom(argv: Sequence[str]) -> int:
+    """``sbom [show [FILE]]`` / ``sbom write OUT``: the image's bill of materials (outputs/sbom.py)."""
+    import argparse
+    from pathlib import Path
+
+    from entrypoint.errors import ConfigError
+    from entrypoint.outputs import sbom
+
+    parser = argparse.ArgumentParser(prog="python -m entrypoint sbom", description="the image's bill of materials "
+                                     "(CycloneDX): its hash and counts, or (in an image build) write it")
+    sub = parser.add_subparsers(dest="action")
+    make = sub.add_parser("write", help="inventory the OS packages and this interpreter's Python packages into OUT")
+    make.add_argument("out", help=f"where to write it (the images: {sbom.SBOM_PATH})")
+    make.add_argument("--variant", default="", help="the image's variant (cpu, gpu), recorded in the document")
+    show = sub.add_parser("show", help="one line: the document's sha256 and what it lists (the default)")
+    show.add_argument("path", nargs="?", help=f"default: ${ev.TRAINER_SBOM}, else {sbom.SBOM_PATH}")
+    args = parser.parse_args(argv)
+    settings = read_settings()
+    try:
+        if args.action == "write":
+            sbom.write(Path(args.out), {"framework": settings.framework or "", "variant": args.variant})
+        print(sbom.summary(Path(args.out if args.action == "write" else getattr(args, "path", None) or settings.sbom)))
+    except ValueError as exc:
+        raise ConfigError("sbom", str(exc)) from None
     return ExitCode.OK
 
 
@@ -188,6 +217,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _one_line_errors(local_main, rest)
     if command == "goodput":
         return _one_line_errors(_goodput, rest)
+    if command == "sbom":
+        return _one_line_errors(_sbom, rest)
     if command == "job":
         from entrypoint.jobs.cli import main as job_main
 

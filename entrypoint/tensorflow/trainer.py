@@ -250,5 +250,5 @@ def summarize(plan: Plan, ctx: TFContext, model: Any, history: dict[str, list[fl
         samples_per_second=round((final_step - progress.start_step) * ctx.global_batch_size / max(seconds, 1e-9), 1),
         checkpoint_blocked_seconds=0.0, checkpoint_write_seconds=0.0, trial=ctx.trial,
         hypertune_file=reporter.path, load_with=LOAD_WITH, ranks=list(range(ctx.world_size)),
-        details={"reason": plan.reason},
+        details={"reason": plan.reason}, image=plan.image.to_dict(),
     )

@@ -263,8 +263,8 @@ def test_every_checkpoint_writers_load_is_reached_from_resume() -> None:
 GROUPS: dict[str, list[tuple[str, ...]]] = {
     "entrypoint.pytorch": [("__init__", "framework", "state", "defaults"), ("launch",), ("checkpoints",),
                            ("recovery",), ("loop",)],
-    "entrypoint.jobs": [("__init__", "args", "images", "machines", "model", "network", "planned", "replicaenv",
-                         "specdoc", "yamltext"), ("vertex",), ("kubeflow",), ("cli",)],
+    "entrypoint.jobs": [("__init__", "args", "images", "machines", "model", "network", "pinning", "planned",
+                         "replicaenv", "specdoc", "yamltext"), ("vertex",), ("kubeflow",), ("cli",)],
 }
 
 

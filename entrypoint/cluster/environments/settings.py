@@ -14,6 +14,7 @@ from entrypoint.errors import ConfigError
 
 _SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSW(OR)?D|CREDENTIAL|PRIVATE|AUTH)", re.IGNORECASE)
 _MIN_SECRET_LENGTH = 4  # shorter values ("1", "yes") would blank out ordinary text
+DEFAULT_SBOM = "/usr/share/trainer/sbom.cdx.json"  # where every image keeps its bill of materials (docs/images.md)
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,8 @@ class PlatformSettings:
     fabric: str | None = None  # TRAINER_FABRIC: the default --fabric (checked by cluster/fabric.py)
     fabric_root: str = "/"  # TRAINER_FABRIC_ROOT (tests only): where the node's tree is for the fabric step
     fabric_applied: bool = False  # TRAINER_FABRIC_APPLIED: the entrypoint started again with the step applied
+    image: str | None = None  # TRAINER_IMAGE: the image reference the job's spec ran (NAME@sha256:... when pinned)
+    sbom: str = DEFAULT_SBOM  # TRAINER_SBOM: where the image's bill of materials is
     # Kubeflow Trainer's progress endpoint (its TrainJobStatus feature; outputs/kubeflow_progress.py posts to it):
     kubeflow_server_url: str | None = None  # KUBEFLOW_TRAINER_SERVER_URL: where the TrainJob's progress is POSTed
     kubeflow_server_ca_cert: str | None = None  # KUBEFLOW_TRAINER_SERVER_CA_CERT: the path of its CA certificate
@@ -81,6 +84,8 @@ def read_settings(environ: Mapping[str, str] | None = None) -> PlatformSettings:
         fabric=get(ev.TRAINER_FABRIC),
         fabric_root=get(ev.TRAINER_FABRIC_ROOT) or "/",
         fabric_applied=bool(get(ev.TRAINER_FABRIC_APPLIED)),
+        image=get(ev.TRAINER_IMAGE),
+        sbom=get(ev.TRAINER_SBOM) or DEFAULT_SBOM,
         kubeflow_server_url=get(ev.KUBEFLOW_TRAINER_SERVER_URL),
         kubeflow_server_ca_cert=get(ev.KUBEFLOW_TRAINER_SERVER_CA_CERT),
         kubeflow_server_token_file=get(ev.KUBEFLOW_TRAINER_SERVER_TOKEN),
@@ -187,6 +192,14 @@ def metadata_host(environ: Mapping[str, str] | None = None) -> str:
     it at a fake server), else GCE's own name (it resolves only where a metadata server is)."""
     env = os.environ if environ is None else environ
     return env.get(ev.GCE_METADATA_HOST, "").strip() or METADATA_HOST
+
+
+def image_cache_dir(environ: Mapping[str, str] | None = None) -> str:
+    """Where images/local_build.py keeps its records of this machine's builds: ``$XDG_CACHE_HOME/trainer-images``,
+    else ``~/.cache/trainer-images`` (``job --pin`` of a local build reads them)."""
+    env = os.environ if environ is None else environ
+    base = env.get(ev.XDG_CACHE_HOME, "").strip() or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "trainer-images")
 
 
 def credentials_file_named(environ: Mapping[str, str] | None = None) -> bool:

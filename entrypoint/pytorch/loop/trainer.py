@@ -386,7 +386,7 @@ class Trainer:
             checkpoint_blocked_seconds=round(self.checkpoints.io.blocked_seconds, 3),
             checkpoint_write_seconds=round(self.checkpoints.io.write_seconds, 3), trial=ctx.trial,
             hypertune_file=self.reporter.path, ranks=ranks, param_digests=digests, recoveries=state.recoveries,
-            goodput=self.resilience.goodput_so_far(),
+            goodput=self.resilience.goodput_so_far(), image=self.plan.image.to_dict(),
             load_with=LOAD_HUB if self.hub else self.parallel.load_with if self.parallel else parallel.LOAD_REPLICATED,
             details={"init_param_digests": self.digests["init"], "start_param_digests": self.digests["start"],
                      "strategy_reason": choice.reason if choice else self.plan.reason,
