@@ -66,7 +66,7 @@ def test_local_without_the_dashes_says_where_the_replica_command_goes(tmp_path: 
 @pytest.mark.parametrize(("typed", "said"), [
     ("rnu", "unknown command 'rnu': did you mean run?"),
     ("--module", "unknown command '--module': the command comes first: python -m entrypoint run --module ..."),
-    ("train", "unknown command 'train': expected one of run, describe, doctor, local, job, goodput"),
+    ("train", "unknown command 'train': expected one of run, describe, doctor, local, job, goodput, sbom"),
 ])
 def test_a_mistyped_command_gets_one_line_naming_what_was_meant(typed: str, said: str) -> None:
     proc = entrypoint(typed, "trainers.digits_torch")
@@ -78,7 +78,7 @@ def test_help_says_what_each_command_does() -> None:
     proc = entrypoint("--help")
     assert proc.returncode == ExitCode.OK and proc.stderr == ""
     listed = dict(re.findall(r"^  (\w+)\s+(.+)$", proc.stdout, flags=re.MULTILINE))
-    assert list(listed) == ["run", "describe", "doctor", "local", "job", "goodput"]
+    assert list(listed) == ["run", "describe", "doctor", "local", "job", "goodput", "sbom"]
     assert all(len(what) > 30 for what in listed.values()), listed
 
 
