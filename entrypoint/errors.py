@@ -78,15 +78,16 @@ PREEMPTED = "preempted"  # the class of a process stopped by SIGTERM (the platfo
 CONSEQUENCES = frozenset({PEER_LOST.name, HANG.name})
 
 
-def signal_class(signum: int) -> FailureClass:
-    """The class of a process ended by (or stopping for) signal ``signum``: 128 + its number."""
+def signal_class(signum: int, committed: bool = True) -> FailureClass:
+    """The class of a process ended by (or stopping for) signal ``signum``: 128 + its number. SIGTERM is
+    ``preempted`` only when the stop ``committed`` what was trained (else ``signal``: nothing could be)."""
     import signal
 
     try:
         name = signal.Signals(signum).name
     except ValueError:
         name = f"signal {signum}"
-    kind = PREEMPTED if signum == signal.SIGTERM else "signal"
+    kind = PREEMPTED if signum == signal.SIGTERM and committed else "signal"
     return FailureClass(kind, signal_exit_code(signum), f"stopped by {name}")
 
 
@@ -139,8 +140,9 @@ class NonFiniteLoss(TrainerError):
 
 
 class StopRequested(TrainerError):
-    """Every rank agreed to stop on a signal; the newest state is committed. Exit 128 + the signal number."""
+    """Every rank agreed to stop on a signal; the newest state is committed (``committed=False``: nothing could be,
+    the message says so, and the class is never ``preempted``). Exit 128 + the signal number."""
 
-    def __init__(self, signum: int, message: str) -> None:
-        self.failure = signal_class(signum)
+    def __init__(self, signum: int, message: str, committed: bool = True) -> None:
+        self.failure = signal_class(signum, committed)
         super().__init__(message)

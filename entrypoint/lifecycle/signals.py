@@ -82,6 +82,12 @@ class StopRequest:
                 self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
+    def reinstall(self) -> None:
+        """Take SIGTERM and SIGINT back after a framework set its own handler (TensorFlow's cluster start does)."""
+        self.install()
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, self._handle)
+
     def uninstall(self) -> None:
         """Give the signals their previous handlers back."""
         for sig, handler in self._previous.items():
