@@ -299,8 +299,8 @@ class AgreedStops(tf.keras.callbacks.Callback):
         where = self.saver.whereabouts()
         if self.saver.commit.is_chief:
             log.info("stopped by %s at step %d%s: checkpoint %s committed%s", agreed.what, step, where, path, after)
-        raise StopRequested(signum, f"stopped by {agreed.what} at step {step}{where}: checkpoint committed; the "
-                            f"restart resumes from {path}")
+        raise StopRequested(signum, f"stopped by {agreed.what} at step {step}{where}: checkpoint committed{after}; "
+                            f"the restart resumes from {path}")
 
 
 def signal_number(name: str) -> int:
