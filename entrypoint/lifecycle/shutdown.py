@@ -9,7 +9,9 @@ and the process aborts ("terminate called without an active exception", SIGABRT)
 finished. ``destroy_process_group`` does not prevent it: DDP keeps the group alive in C++, so its threads are
 only stopped at finalization. A process where such threads are still alive therefore ends the way Python
 would up to finalization (non-daemon threads joined, garbage collected, ``atexit`` handlers run, open files
-and standard streams flushed) and then leaves with ``os._exit``. docs/ARCHITECTURE.md has the evidence.
+and standard streams flushed) and then leaves with ``os._exit``. docs/ARCHITECTURE.md has the evidence. A
+process may ask to leave the same way (``without_finalization``): a TensorFlow replica stopped by a signal, whose
+runtime's teardown only costs time.
 """
 
 from __future__ import annotations
