@@ -160,7 +160,7 @@ def test_a_stop_while_building_the_model_says_nothing_could_be_committed(tmp_pat
     proc.send_signal(signal.SIGTERM)
     sent = time.monotonic()
     out, _ = proc.communicate(timeout=GRACE)
-    assert time.monotonic() - sent < GRACE
+    print(f"figure: one worker, stopped while building the model: exited {time.monotonic() - sent:.1f} s after SIGTERM")
     assert proc.returncode == 143, out[-3000:]
     records = read_records(str(job), 0)
     assert [(r.failure_class, r.exit_code) for r in records] == [("signal", 143)]  # never "preempted"
@@ -186,7 +186,9 @@ def test_a_stop_during_the_export_ends_at_once_and_the_restart_exports(tmp_path:
         if "export: sleeping" in line:  # the last step is committed, the export under way
             break
     proc.send_signal(signal.SIGTERM)
+    sent = time.monotonic()
     out, _ = proc.communicate(timeout=GRACE)
+    print(f"figure: one worker, stopped in the export: exited {time.monotonic() - sent:.1f} s after SIGTERM")
     assert proc.returncode == 143, "".join(lines) + out
     record = read_records(str(job), 0)[-1]
     path = checkpoint_path(job / "checkpoints", 2 * ONE)
