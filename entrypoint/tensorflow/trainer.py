@@ -168,6 +168,8 @@ def train(plan: Plan, module: ModuleType, failure_context: failures.FailureConte
     # --hang-timeout.
     watchdog = HangWatchdog(options.hang_timeout, failure_context, options.startup_timeout)
     watchdog.start()
+    if stop is not None:  # a stop the loop cannot take in time ends at the grace period, saying so
+        stop.guard(options.grace_period, failure_context, lambda: watchdog.phase)
     # ParameterServerStrategy: the chief watches its servers; a lost one is why training failed (retryable).
     servers = plan.topology.training_peers(include_servers=True)[1:] if is_parameter_server(strategy) else ()
     # The chief's job ledger (docs/goodput.md): phases, steps, saves and the restore.
@@ -181,6 +183,8 @@ def train(plan: Plan, module: ModuleType, failure_context: failures.FailureConte
             except BaseException as exc:
                 record.close("stopped" if isinstance(exc, StopRequested) else "failed")
                 if isinstance(exc, StopRequested):  # committed: TensorFlow's teardown would only cost time
+                    if stop is not None:
+                        stop.ending.set()
                     STOPPED.append(exc)  # its frames keep fit's iterators alive (see STOPPED)
                     shutdown.without_finalization("a TensorFlow replica stopped by a signal")
                 if isinstance(exc, Exception):
@@ -320,6 +324,8 @@ def stop_after_fit(stops: Any, commit: Any, phases: Phases) -> None:
                              "restart exports it")
 
     phases.enter("exporting the model")
+    stop.late_committed = True  # the export under MultiWorkerMirroredStrategy, which every worker runs together
+    stop.late = f"the last step ({step}) is committed ({path}), but the export did not end"
     if (pending := stops.pending_stop()) is not None:
         by = pending.what.split(" ", 1)[0]
         raise stopped(signal_number(by), pending.what)

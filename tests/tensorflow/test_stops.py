@@ -147,7 +147,7 @@ def test_one_worker_stopped_in_its_validation_passes_commits_each_epochs_step_an
     assert_same_as(job, uninterrupted_one)
 
 
-def test_a_stop_while_building_the_model_says_nothing_could_be_committed(tmp_path: Path) -> None:
+def test_a_stop_while_building_the_model_ends_at_once_saying_nothing_was_trained(tmp_path: Path) -> None:
     job = tmp_path / "job"
     proc = subprocess.Popen([PYTHON, "-m", "entrypoint", *run_args("--module", SLOW, "--job-dir", str(job), "--",
                                                                    "--build-sleep", "60")],
@@ -163,13 +163,33 @@ def test_a_stop_while_building_the_model_says_nothing_could_be_committed(tmp_pat
     print(f"figure: one worker, stopped while building the model: exited {time.monotonic() - sent:.1f} s after SIGTERM")
     assert proc.returncode == 143, out[-3000:]
     records = read_records(str(job), 0)
-    assert [(r.failure_class, r.exit_code) for r in records] == [("signal", 143)]  # never "preempted"
-    expected = ("stopped by SIGTERM while building the model (build_model), before this attempt trained a step: "
-                "nothing could be committed")
+    assert [(r.failure_class, r.exit_code) for r in records] == [("preempted", 143)]  # nothing trained, nothing lost
+    expected = ("stopped by SIGTERM while building the model (build_model): nothing trained in this attempt, so "
+                "nothing to commit; the restart resumes from the job's newest committed checkpoint")
     assert expected in records[0].message
     last = [line for line in out.splitlines() if line.strip()][-1]
-    assert expected in last and "signal on node-0" in last, last
+    assert expected in last and "preempted on node-0" in last, last
     assert committed(job / "checkpoints") == []
+
+
+def test_a_validation_batch_longer_than_the_grace_period_ends_with_it_saying_what_is_not_committed(
+        tmp_path: Path) -> None:
+    """One validation batch takes 16 s, the grace period 4: the stop cannot be taken at a point in time (the main
+    thread is in TensorFlow's native code, which runs no Python handler before it returns), so the replica ends as
+    the grace period does, less its margin, before the platform's SIGKILL would, and says what it could not commit."""
+    job = tmp_path / "job"
+    command = [PYTHON, "-m", "entrypoint", *run_args("--module", SLOW_EVAL, "--job-dir", str(job), "--grace-period",
+                                                     "4", "--", "--eval-pause", "1")]
+    stopped = stop_in_pass(command, tmp_path, 1, 0.5, grace=10)
+    assert stopped.code == 143, stopped.output[-3000:]
+    assert 3 <= stopped.seconds < 10  # 4 s less the record's margin (0.8 s)
+    print(f"figure: one worker, a validation batch of 16 s: ended {stopped.seconds:.1f} s after SIGTERM "
+          "(--grace-period 4)")
+    records = read_records(str(job), 0)
+    assert [(r.failure_class, r.exit_code) for r in records] == [("preempted_uncommitted", 143)]  # never "preempted"
+    assert ("stopped by SIGTERM: the steps since the newest checkpoint could not be committed within --grace-period "
+            "4 s: this replica was still between steps (validating") in records[0].message
+    assert committed(job / "checkpoints") == []  # the first epoch's validation: nothing was committed before
 
 
 @pytest.mark.slow
