@@ -9,7 +9,9 @@ and the process aborts ("terminate called without an active exception", SIGABRT)
 finished. ``destroy_process_group`` does not prevent it: DDP keeps the group alive in C++, so its threads are
 only stopped at finalization. A process where such threads are still alive therefore ends the way Python
 would up to finalization (non-daemon threads joined, garbage collected, ``atexit`` handlers run, open files
-and standard streams flushed) and then leaves with ``os._exit``. docs/ARCHITECTURE.md has the evidence.
+and standard streams flushed) and then leaves with ``os._exit``. docs/ARCHITECTURE.md has the evidence. A
+process may ask to leave the same way (``without_finalization``): a TensorFlow replica stopped by a signal, whose
+runtime's teardown only costs time.
 """
 
 from __future__ import annotations
@@ -26,6 +28,14 @@ from typing import NoReturn
 
 # Threads of torch's process groups that free works holding Python objects: gloo's workers (torch names them).
 NATIVE_THREADS = ("pt_gloo_runloop",)
+_WITHOUT_FINALIZATION: list[str] = []  # why this process leaves without it, besides torch's threads
+
+
+def without_finalization(why: str) -> None:
+    """Have ``end`` leave as it does while torch's threads live (``atexit``, files flushed, then ``os._exit``), for
+    ``why``: a TensorFlow replica that stopped on a signal, whose runtime's teardown (its cluster's shutdown) takes
+    seconds, under load 15 s and more, past the grace period, after its checkpoint and record are written."""
+    _WITHOUT_FINALIZATION.append(why)
 
 
 def native_threads() -> list[str]:
@@ -40,8 +50,9 @@ def native_threads() -> list[str]:
 
 
 def end(code: int) -> NoReturn:
-    """End this process with ``code``; without the interpreter's finalization while torch's threads live."""
-    if not native_threads():
+    """End this process with ``code``; without the interpreter's finalization while torch's threads live, or when
+    asked to (``without_finalization``)."""
+    if not native_threads() and not _WITHOUT_FINALIZATION:
         sys.exit(code)
     shutdown = getattr(threading, "_shutdown", None)  # what finalization runs first: joins non-daemon threads
     if shutdown is not None:

@@ -13,6 +13,8 @@
   ``StopRequested`` where the main thread stands, so the failure funnel records it and exits 128+N.
 - ``shield_loader_worker``: a data-loader worker ignores SIGTERM/SIGINT (its training process decides when
   to stop, and needs its batches until then) and dies with that process.
+- ``watch_arrivals``: a thread hears SIGTERM/SIGINT arrive while the main thread is blocked in native code (whose
+  Python handler runs only once the call returns): the clock of a grace period starts then.
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from types import FrameType
 
@@ -82,6 +85,12 @@ class StopRequest:
                 self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
+    def reinstall(self) -> None:
+        """Take SIGTERM and SIGINT back after a framework set its own handler (TensorFlow's cluster start does)."""
+        self.install()
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, self._handle)
+
     def uninstall(self) -> None:
         """Give the signals their previous handlers back."""
         for sig, handler in self._previous.items():
@@ -99,6 +108,30 @@ class StopRequest:
     def requested(self) -> bool:
         """Whether a stop signal arrived."""
         return self.signum != 0
+
+
+def watch_arrivals(arrived: Callable[[int], None]) -> bool:
+    """Call ``arrived(signum)`` from a daemon thread as soon as SIGTERM or SIGINT reaches this process, even while
+    the main thread is blocked in native code (a framework's step), where Python runs its handlers only once the
+    call returns: the C handler writes each signal's number to the wakeup fd this thread reads. Main thread only;
+    False (nothing watched) when another wakeup fd is set already (asyncio's)."""
+    read, write = os.pipe()
+    os.set_blocking(write, False)
+    previous = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+    if previous != -1:  # someone else's: give it back
+        signal.set_wakeup_fd(previous)
+        os.close(read)
+        os.close(write)
+        return False
+
+    def watch() -> None:
+        while data := os.read(read, 64):
+            for signum in data:
+                if signum in STOP_SIGNALS:
+                    arrived(signum)
+
+    threading.Thread(target=watch, name="signal-arrivals", daemon=True).start()
+    return True
 
 
 def signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:

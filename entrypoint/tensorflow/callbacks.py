@@ -74,6 +74,7 @@ class CommitCheckpoints(tf.keras.callbacks.Callback):
         self.backup_seconds = 0.0  # mirroring BackupAndRestore's backups to the store (synchronous, like a save)
         self.history: dict[str, list[float]] = {k: list(v) for k, v in (history or {}).items()}
         self.record = Recorder.off()  # the chief's job ledger (``ProgressAndSteps`` shares it)
+        self.last_committed: int | None = None  # the step this run committed last (never committed twice)
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         """What this resume cost, once BackupAndRestore (an earlier callback) has restored: it resumes from its
@@ -91,24 +92,31 @@ class CommitCheckpoints(tf.keras.callbacks.Callback):
             self.recoveries.append(lost.to_dict())
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        """Save, commit (chief), prune (chief)."""
+        """Save, commit (chief), prune (chief); a step an advance notice committed already in its validation pass
+        is not rewritten (its marker says ``validated: false``: a restart from it validates that epoch again)."""
         metrics = {k: to_float(v) for k, v in (logs or {}).items()}
         for key, value in metrics.items():
             self.history.setdefault(key, []).append(value)
-        path = self.commit(epoch + 1, {"metrics": metrics})
+        step = global_step(self.model)
+        again = self.last_committed == step
+        path = self.path(step) if again else self.commit(epoch + 1, {"metrics": metrics})
         if self.is_chief:
             shown = " ".join(f"{k} {v:.4f}" for k, v in metrics.items())
-            log.info("epoch %d: %s; committed %s", epoch + 1, shown, path)
+            log.info("epoch %d: %s; %s %s", epoch + 1, shown, "committed before:" if again else "committed", path)
 
-    def commit(self, epochs_done: int, extra: dict[str, Any]) -> Location:
-        """Every worker saves the current step through the writer; where the chief committed it."""
+    def commit(self, epochs_done: int, extra: dict[str, Any],
+               history: dict[str, list[float]] | None = None) -> Location:
+        """Every worker saves the current step through the writer; where the chief committed it. ``history``: the
+        per-epoch metrics its marker carries (default: the epochs ended so far)."""
         step = global_step(self.model)
         meta = {"epoch": epochs_done, "step": step, "framework": "tensorflow", "strategy": self.strategy,
-                "reached_at": time.time(), "recoveries": self.recoveries, "history": self.history, **extra}
+                "reached_at": time.time(), "recoveries": self.recoveries,
+                "history": self.history if history is None else history, **extra}
         path = self.path(step)
         with self.record.phase("checkpoint", step=step):
             self.writer.save(path, self.model, meta)
         self.record.committed(step)
+        self.last_committed = step
         return path
 
     def path(self, step: int) -> Location:

@@ -15,6 +15,7 @@ from entrypoint.planning.plan import Plan
 from entrypoint.planning.usercode import load_hooks, run_script
 from entrypoint.tensorflow.keras3 import guard_script, spans_workers
 from entrypoint.tensorflow.leave import leave_together
+from entrypoint.tensorflow.stopping import TrainingStop
 
 log = logging.getLogger("entrypoint.tensorflow")
 
@@ -42,11 +43,16 @@ def run(plan: Plan, ctx: FailureContext) -> int:
         from entrypoint.tensorflow.servers import serve
 
         return serve(plan)
-    module = load_hooks(code.target)
     if topo.role == "evaluator":
         from entrypoint.tensorflow.evaluator import evaluate_forever
 
-        return evaluate_forever(plan, module)
-    from entrypoint.tensorflow.trainer import train
+        return evaluate_forever(plan, load_hooks(code.target))
+    if plan.strategy == "ParameterServerStrategy":  # its chief stops at once, once its strategy exists
+        from entrypoint.tensorflow.trainer import train
 
-    return train(plan, module, ctx)
+        return train(plan, load_hooks(code.target), ctx)
+    with TrainingStop().installed() as stop:  # before the module (and TensorFlow) loads: a stop there is named
+        module = load_hooks(code.target)
+        from entrypoint.tensorflow.trainer import train
+
+        return train(plan, module, ctx, stop)

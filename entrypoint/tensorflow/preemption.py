@@ -1,25 +1,22 @@
-"""Save before preemption: TensorFlow's PreemptionCheckpointHandler, driven from tf-keras's BackupAndRestore.
+"""Save before preemption: every worker commits the newest trained step at a point they agreed on, in any phase of fit.
 
-A SIGTERM (or SIGINT) only sets the flag of a ``StopRequest``. TensorFlow's handler polls that flag,
-and the worker that saw it first names a step through the coordination service; every worker saves
-at that same step: the BackupAndRestore state (which resumes mid-epoch) and ``ckpt-<step>`` (the
-chief commits it), then raises ``StopRequested``, which the failure funnel records and ends with
-128 + the signal. Under ParameterServerStrategy, which the handler does not support, the chief
-stops at once (``stop_at_once``) and the restart resumes from the last epoch's backup.
+A SIGTERM (or SIGINT) only sets the flag of the ``TrainingStop`` (``stopping.py``); the platform's advance notice
+(``lifecycle/notice.py``: GCE's metadata server) is heard by a daemon thread. ``AgreedStops``, the last of the loop's
+callbacks, passes a point after every training batch, every validation batch and every epoch end, and proposes what
+this worker heard there; every worker acts on it at the same point (``agreement.py``): for a stop,
+``SaveBeforePreemption`` saves the BackupAndRestore state (which resumes mid-epoch, or at the next epoch when the
+step ended one) and ``ckpt-<step>`` (the chief commits it), then every worker raises ``StopRequested``, which the
+failure funnel records and ends with 128 + the signal. A validation pass is abandoned at its next batch (the weights
+do not change while it runs, so the step it follows is the newest): its checkpoint's marker says ``validated: false``
+and the restart validates that epoch before it trains on. For a notice, the same commit, and training goes on.
+Under ParameterServerStrategy (no agreement: its workers only serve) the chief stops at once (``stop_at_once``) and
+the restart resumes from the last epoch's backup.
 
-tf-keras turns this on only when it detects GCP (``save_before_preemption=True`` does nothing here,
-and TensorFlow's handler does nothing on a GCP CPU machine), so we switch it on ourselves, as tf-keras
-does on GCP. Private names relied on (pinned by tests/tensorflow/test_preemption.py):
-
-- tf-keras: ``BackupAndRestore._training_state`` (a ``WorkerTrainingState``), ``_current_epoch`` and ``_backup``
-  (every backup write goes through it; the chief's copy is in ``<backup_dir>/chief``); the
-  state's ``_enable_save_before_preemption`` (mid-epoch resume counters, a handler check per batch),
-  ``preemption_handler``, ``_ckpt_saved_batch`` and ``back_up``; its ``backup_if_preempted`` calls the
-  handler's ``_run_counter`` and ``_check_preemption_and_maybe_checkpoint``.
-- TensorFlow: the handler's ``_stop_poll_termination_signal_thread`` and
-  ``_stop_cluster_wise_termination_watcher_thread`` (what its ``__del__`` calls; we call them when fit
-  ends), and ``failure_handling_util.detect_platform`` / ``PlatformDevice``, pinned to the non-GCP
-  platform while the handler is built, so it behaves the same everywhere (and skips a metadata probe).
+Private tf-keras names relied on (pinned by tests/tensorflow/test_preemption.py): ``BackupAndRestore``'s
+``_training_state`` (a ``WorkerTrainingState``), ``_current_epoch``, ``_batches_count`` and ``_backup`` (every backup
+write goes through it; the chief's copy is in ``<backup_dir>/chief``); the state's ``_ckpt_saved_batch`` and
+``_enable_save_before_preemption``, which makes ``maybe_load_initial_counters_from_ckpt`` resume mid-epoch (set once
+the state is restored, so that tf-keras's ``restore`` still reads it; its ``backup_if_preempted`` is never called).
 """
 
 from __future__ import annotations
@@ -29,7 +26,7 @@ import logging
 import shutil
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,89 +35,28 @@ import tensorflow as tf
 from entrypoint.cluster.environments.settings import metadata_host
 from entrypoint.errors import StopRequested
 from entrypoint.lifecycle.notice import NoticeWatcher
-from entrypoint.lifecycle.signals import StopRequest, stop_at_once
+from entrypoint.lifecycle.signals import stop_at_once
 from entrypoint.outputs.staging import Staging
 from entrypoint.outputs.storage import Location
-from entrypoint.tensorflow.callbacks import CommitCheckpoints, global_step
-from entrypoint.tensorflow.strategy import is_parameter_server
+from entrypoint.tensorflow.agreement import NOTICE, STOP, Agreed, Agreement, coordination_service
+from entrypoint.tensorflow.callbacks import CommitCheckpoints, global_step, to_float
+from entrypoint.tensorflow.stopping import TrainingStop, signal_name
+from entrypoint.tensorflow.strategy import is_multi_worker, is_parameter_server
 
 log = logging.getLogger("entrypoint.tensorflow")
-# The handler needs a checkpoint manager to restore from at start; ours never holds a checkpoint (the
-# BackupAndRestore state is restored by tf-keras, from the chief's copy, on every worker), so every
-# worker's handler starts counting steps from 0 together.
-UNUSED_DIR = "preemption-handler-unused"
 PS_STOP = ("training under ParameterServerStrategy, which cannot save before preemption; the restart resumes "
            "from the last epoch's backup")
+END_BARRIER = "entrypoint/agreed/fit-end"
 
 
 @contextlib.contextmanager
-def stop_signals(strategy: Any) -> Iterator[StopRequest | None]:
-    """While training: a StopRequest the handler watches, or (ParameterServerStrategy) a stop at once."""
-    if is_parameter_server(strategy):
-        with stop_at_once(PS_STOP):
-            yield None
-        return
-    request = StopRequest().install()
-    try:
-        yield request
-    finally:
-        request.uninstall()
-
-
-@contextlib.contextmanager
-def _platform_not_gcp() -> Iterator[None]:
-    """Make the handler see a non-GCP host: on a GCP CPU machine it would otherwise do nothing."""
-    from tensorflow.python.distribute.failure_handling import failure_handling_util as util
-
-    device = util.PlatformDevice
-    platform = device.INTERNAL_GPU if tf.config.list_logical_devices("GPU") else device.INTERNAL_CPU
-    original = util.detect_platform
-    util.detect_platform = lambda: platform
-    try:
+def ps_stop(strategy: Any) -> Iterator[None]:
+    """ParameterServerStrategy's chief: a stop ends it at once (after the strategy: its cluster start takes SIGTERM)."""
+    if not is_parameter_server(strategy):
         yield
-    finally:
-        util.detect_platform = original
-
-
-def make_handler(strategy: Any, requested: Callable[[], bool], save: Callable[[], None],
-                 stop: Callable[[], None], unused_dir: str) -> Any:
-    """TensorFlow's handler: polls ``requested``, agrees on a step, calls ``save`` then ``stop`` there."""
-    config = tf.distribute.experimental.TerminationConfig(
-        termination_watcher_fn=requested, exit_fn=stop, grace_period=0, save_fn=save)
-    manager = tf.train.CheckpointManager(tf.train.Checkpoint(), directory=unused_dir, max_to_keep=1)
-    with _platform_not_gcp():
-        return tf.distribute.experimental.PreemptionCheckpointHandler(
-            getattr(strategy, "cluster_resolver", None), manager, termination_config=config)
-
-
-class NameAdvanceNotice(tf.keras.callbacks.Callback):
-    """The platform's advance notice (``lifecycle/notice.py``: GCE's metadata server) is logged when a batch ends.
-
-    Only logged: an early save on it would have every worker agree on a step first (TensorFlow's handler agrees on
-    one only to stop), so Keras saves at the signal itself, as it does without a notice.
-    """
-
-    def __init__(self, replica: str) -> None:
-        super().__init__()
-        self.replica = replica
-        self.watcher = NoticeWatcher(metadata_host())
-        # it reads no logs: Keras need not fetch them for it, and ParameterServerStrategy, which refuses batch-level
-        # callbacks that would, accepts it
-        self._supports_tf_logs = True
-
-    def _implements_train_batch_hooks(self) -> bool:
-        return True
-
-    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
-        self.watcher.start()
-
-    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        if (heard := self.watcher.take()) is not None:
-            log.warning("advance notice from the platform: %s on %s: the TensorFlow loop commits no checkpoint early "
-                        "on it; it saves at the signal, within --grace-period", heard, self.replica)
-
-    def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
-        self.watcher.stop()
+        return
+    with stop_at_once(PS_STOP):
+        yield
 
 
 BACKUP_DIR = "backup"  # below the checkpoint dir
@@ -146,21 +82,23 @@ def restore_backup(backup_dir: str | Path, staging: Staging | None) -> list[str]
 
 
 class SaveBeforePreemption(tf.keras.callbacks.BackupAndRestore):
-    """BackupAndRestore that also saves (and commits ``ckpt-<step>``) at the step every worker agreed to stop at.
+    """BackupAndRestore that also saves (and commits ``ckpt-<step>``) at a point every worker agreed on
+    (``AgreedStops`` calls ``save_now``), wherever fit stands: mid-epoch, in the validation pass, at the epoch's end.
 
     With ``staging`` (gs:// checkpoints without the mount) the chief mirrors its backup copy to the store after
     each write (TensorFlow's ``checkpoint`` index file last, stale files deleted after it), and deletes it there
     when fit ends as tf-keras deletes the local one.
     """
 
-    def __init__(self, backup_dir: str, save_freq: int | str, request: StopRequest | None,
-                 commit: CommitCheckpoints, staging: Staging | None = None) -> None:
+    def __init__(self, backup_dir: str, save_freq: int | str, commit: CommitCheckpoints,
+                 staging: Staging | None = None, validates: bool = False) -> None:
         super().__init__(backup_dir, save_freq=save_freq)  # save_before_preemption stays off: it probes for GCP
-        self.request, self.commit = request, commit
+        self.commit, self.staging, self.validates = commit, staging, validates
         self.mirror = backup_mirror(backup_dir, staging) if commit.is_chief else None
-        self.staging = staging
-        self.handler: Any = None
-        self.stopped_at: int | None = None
+        self.batch_level = False  # the backup resumes mid-epoch and saves at agreed points (not under PS)
+        self.where = "training"  # or "validating" (the epoch's validation pass), "epoch end" (its callbacks)
+        self.trained_metrics: dict[str, float] = {}  # the epoch's training metrics, read before its validation
+        self.test_batches = 0  # validation batches done in this pass
 
     def _backup(self, epoch: int, batch: int = 0) -> None:
         """tf-keras' backup write, then (chief, staged) its mirror on the store."""
@@ -172,64 +110,202 @@ class SaveBeforePreemption(tf.keras.callbacks.BackupAndRestore):
         self.commit.backup_seconds += time.monotonic() - started  # training waited for it, as for a save
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
-        """Restore (tf-keras, on every worker from the chief's copy), then switch the handler on."""
+        """Restore (tf-keras, on every worker from the chief's copy), then resume and back up at batch level."""
         super().on_train_begin(logs)
-        if self.request is None or is_parameter_server(self.model.distribute_strategy):
+        if is_parameter_server(self.model.distribute_strategy):
             return
         if getattr(self, "_training_state", None) is None:  # not tf-keras (TF_USE_LEGACY_KERAS=0): Keras 3
-            log.warning("save before preemption needs tf-keras: a stop signal ends training at the next step")
+            log.warning("save before preemption needs tf-keras: a stop signal ends training without saving")
             return
-        request = self.request
-        self.handler = make_handler(self.model.distribute_strategy, lambda: request.requested, self._save,
-                                    self._stop, f"{self.backup_dir}/{UNUSED_DIR}")
-        state = self._training_state
-        state.preemption_handler = self.handler
-        state._enable_save_before_preemption = True  # resume mid-epoch; check the handler after each batch
+        self._training_state._enable_save_before_preemption = True  # read only to resume mid-epoch, once restored
+        self.batch_level = True
 
     def _implements_train_batch_hooks(self) -> bool:
         return True
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        """Record the last step done (a backup resumes after it), then let the handler check for a stop."""
-        if self.handler is not None:
-            self._training_state._ckpt_saved_batch.assign(batch)
-        elif self.request is not None and self.request.requested:
-            raise StopRequested(self.request.signum, f"stopped by {self._signal_name()} without saving; the "
-                                "restart resumes from the last backup")
-        super().on_train_batch_end(batch, logs)
+        """Record the last step done (a backup resumes after it); back up every ``save_freq`` batches."""
+        if not self.batch_level:
+            super().on_train_batch_end(batch, logs)
+            return
+        self._training_state._ckpt_saved_batch.assign(batch)
+        if self.save_freq != "epoch":  # tf-keras's own count (its on_train_batch_end would call the handler)
+            self._batches_count: int = self._batches_count + 1
+            if self._batches_count >= int(self.save_freq):
+                self._batches_count = 0
+                self._backup(epoch=self._current_epoch, batch=batch)
+
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        super().on_epoch_begin(epoch, logs)
+        self.where = "training"
+
+    def on_test_begin(self, logs: dict[str, Any] | None = None) -> None:
+        """The epoch's validation starts: keep its training metrics (read on every worker: a collective), so a stop
+        in the pass commits them."""
+        if self.batch_level and self.validates:
+            self.where, self.test_batches = "validating", 0
+            self.trained_metrics = metrics_now(self.model)
+
+    def on_test_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        self.test_batches += 1
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        super().on_epoch_end(epoch, logs)
+        self.where = "epoch end"
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
-        """Delete the backup (tf-keras) and stop the handler's watcher threads."""
+        """Delete the backup (tf-keras), on the store too."""
         super().on_train_end(logs)
         if self.mirror is not None and self.staging is not None:
             self.staging.discard(self.mirror[1].parent)
-        if self.handler is not None:
-            self.handler._stop_poll_termination_signal_thread()
-            self.handler._stop_cluster_wise_termination_watcher_thread()
-            self.handler = None
 
-    def _save(self) -> None:
-        """Every worker, at the agreed step: the BackupAndRestore state, then ``ckpt-<step>`` (chief commits)."""
+    def save_now(self, why: dict[str, Any]) -> tuple[int, Location]:
+        """Every worker, at an agreed point: the BackupAndRestore state, then ``ckpt-<step>`` (the chief commits it;
+        not again when this run committed that step already); the step and where it is committed."""
         step = global_step(self.model)
         if self.commit.record.last_step < step:  # the step it stops at ends here, before the others hear of it
             self.commit.record.step_end(step)
         batch = int(self._training_state._ckpt_saved_batch.numpy()) + 1
+        per_epoch = (self.params or {}).get("steps") or 0
+        history, extra = None, dict[str, Any]()
+        if self.where == "epoch end":
+            done = self._current_epoch + 1
+        elif self.where == "validating" or (per_epoch and batch >= per_epoch):  # the epoch's training is done
+            trained = self.trained_metrics if self.where == "validating" else metrics_now(self.model)
+            history = {k: list(v) for k, v in self.commit.history.items()}
+            for key, value in trained.items():
+                history.setdefault(key, []).append(value)
+            done = self._current_epoch + 1
+            if self.validates:
+                extra["validated"] = False
+        else:
+            done, extra["batch"] = self._current_epoch, batch
         self._backup(epoch=self._current_epoch, batch=batch)
-        self.commit.commit(self._current_epoch, {"batch": batch, "stopped_by": self._signal_name()})
-        self.stopped_at = step
+        if self.commit.last_committed == step:
+            return step, self.commit.path(step)
+        return step, self.commit.commit(done, {**extra, **why}, history)
 
-    def _stop(self) -> None:
-        """Every worker, after the save: end through the failure funnel (128 + the signal)."""
-        step = self.stopped_at if self.stopped_at is not None else global_step(self.model)
-        signum = (self.request.signum if self.request else 0) or signal.SIGTERM
-        path = self.commit.path(step)
-        received = self.request.received_at if self.request else None
+    def whereabouts(self) -> str:
+        """Where fit stood, for the stop's line: ``, validating epoch 3 (abandoned after 2 of its batches; ...)``."""
+        epoch = self._current_epoch + 1
+        if self.where == "validating":
+            return (f", validating epoch {epoch} (abandoned after {self.test_batches} of its batches; the restart "
+                    "validates it again)")
+        return f", at the end of epoch {epoch}" if self.where == "epoch end" else ""
+
+
+def metrics_now(model: Any) -> dict[str, float]:
+    """The model's metrics as Keras ends an epoch with them (a collective under MultiWorkerMirroredStrategy)."""
+    return {k: to_float(v) for k, v in model.get_metrics_result().items()}
+
+
+class AgreedStops(tf.keras.callbacks.Callback):
+    """The loop's points, last among its callbacks: after every training batch, validation batch and epoch end.
+
+    What this worker heard since its last point (a stop signal, the platform's advance notice) is proposed there, and
+    every worker acts on it at the same point (``agreement.py``): a stop commits the newest trained step and ends the
+    process (``StopRequested``); a notice commits it and training goes on. Under ParameterServerStrategy (no
+    batch-level saves) a notice is only logged.
+    """
+
+    def __init__(self, saver: SaveBeforePreemption, stop: TrainingStop | None, replica: str, rank: int,
+                 workers: int, timeout: float) -> None:
+        super().__init__()
+        self.saver, self.stop, self.replica = saver, stop, replica
+        self.rank, self.workers, self.timeout = rank, workers, timeout
+        self.watcher = NoticeWatcher(metadata_host())
+        self.agreement: Agreement | None = None
+        self.multi = False
+        self.proposed_stop = False
+        self._supports_tf_logs = True  # reads no logs: ParameterServerStrategy accepts its batch hooks then
+
+    def _implements_train_batch_hooks(self) -> bool:
+        return True
+
+    def _implements_test_batch_hooks(self) -> bool:
+        return True
+
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        self.watcher.start()
+        if self.stop is None or not self.saver.batch_level:
+            return
+        self.multi = is_multi_worker(self.model.distribute_strategy) and self.workers > 1
+        self.agreement = Agreement(self.workers if self.multi else 1, self.rank, self.timeout,
+                                   coordination_service() if self.multi else None).start()
+
+    def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        if self.stop is not None:
+            self.stop.interrupt = None  # a step starts: from here a stop commits it
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        self.point()
+
+    def on_test_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        self.point()
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        self.point()
+
+    def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
+        """Every worker at a barrier (a stop agreed at the last point is then known to all), then stop watching."""
+        self.watcher.stop()
+        if self.agreement is None:
+            return
+        if self.multi:
+            try:
+                coordination_service().wait_at_barrier(END_BARRIER, int(self.timeout * 1000))
+            except tf.errors.OpError as exc:  # a worker gone: its collectives failed, or will
+                log.warning("the other workers did not all end fit within --timeout (%s)", type(exc).__name__)
+        self.agreement.close()
+
+    def pending_stop(self) -> Agreed | None:
+        """A stop agreed at a point fit ended before reaching (every worker knows it), if any."""
+        return self.agreement.pending(STOP) if self.agreement is not None else None
+
+    def point(self) -> None:
+        """Propose what this worker heard; act on what every worker agreed on for this point."""
+        heard = []
+        if self.stop is not None and self.stop.requested and not self.proposed_stop:
+            self.proposed_stop = True
+            heard.append((STOP, f"{signal_name(self.stop.signum)} on {self.replica}"))
+        if (notice := self.watcher.take()) is not None:
+            if self.agreement is None:
+                log.warning("advance notice from the platform: %s on %s: the TensorFlow loop under "
+                            "ParameterServerStrategy commits no checkpoint early on it", notice, self.replica)
+            else:
+                log.warning("advance notice from the platform: %s on %s: every worker commits the newest trained "
+                            "step at the next batch, and training goes on until the signal", notice, self.replica)
+                heard.append((NOTICE, f"{notice} on {self.replica}"))
+        if self.agreement is None:
+            if heard and heard[0][0] == STOP and self.stop is not None:  # tf-keras only: Keras 3 has no backup state
+                raise StopRequested(self.stop.signum, f"stopped by {heard[0][1]} without saving (not a tf-keras "
+                                    "model); the restart resumes from the newest committed checkpoint", False)
+            return
+        for agreed in self.agreement.point(heard):
+            if agreed.kind == NOTICE:
+                step, path = self.saver.save_now({"notice": agreed.what})
+                if self.saver.commit.is_chief:
+                    log.warning("advance notice from the platform: %s: checkpoint of step %d committed (%s); "
+                                "training goes on until the signal", agreed.what, step, path)
+            elif agreed.kind == STOP:
+                self.stop_here(agreed)
+
+    def stop_here(self, agreed: Agreed) -> None:
+        """Every worker at the agreed point: commit the newest trained step, then end (128 + the signal)."""
+        step, path = self.saver.save_now({"stopped_by": agreed.what})
+        signum = signal_number(agreed.what.split(" ", 1)[0])
+        received = self.stop.received_at if self.stop is not None else None
         after = f" ({time.monotonic() - received:.1f} s after the signal)" if received is not None else ""
-        if self.commit.is_chief:
-            log.info("stopped by %s at step %d: checkpoint %s committed%s", self._signal_name(), step, path, after)
-        raise StopRequested(signum, f"stopped by {self._signal_name()} at step {step}; the restart resumes from "
-                            f"{path}")
+        where = self.saver.whereabouts()
+        if self.saver.commit.is_chief:
+            log.info("stopped by %s at step %d%s: checkpoint %s committed%s", agreed.what, step, where, path, after)
+        raise StopRequested(signum, f"stopped by {agreed.what} at step {step}{where}: checkpoint committed{after}; "
+                            f"the restart resumes from {path}")
 
-    def _signal_name(self) -> str:
-        own = self.request.signum if self.request else 0
-        return signal.Signals(own).name if own else "SIGTERM (on a peer)"
+
+def signal_number(name: str) -> int:
+    """15 for ``SIGTERM`` (SIGTERM for a name that is none)."""
+    try:
+        return int(signal.Signals[name])
+    except KeyError:
+        return int(signal.SIGTERM)

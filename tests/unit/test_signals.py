@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 
@@ -160,3 +161,24 @@ def test_terminate_ends_what_a_child_leaves_in_its_group() -> None:
     assert 0.9 < time.monotonic() - started < 30  # the grandchild sleeps 60 s: killed after the grace period
     assert signals._in_group(proc.pid) == [], f"grandchild {grandchild} outlived terminate"
     proc.stdout.close()
+
+
+def test_a_thread_hears_a_stop_signal_arrive_and_another_wakeup_fd_is_left_alone() -> None:
+    """``watch_arrivals``: the C handler's wakeup fd hands each stop signal to a thread of its own (which hears it
+    even while the main thread is in native code: tests/tensorflow/test_stops.py); another owner's fd is kept."""
+    heard: list[tuple[int, str]] = []
+    signal.signal(signal.SIGTERM, lambda *_: None)  # Python's handler: the C one writes the wakeup fd first
+    read, write = os.pipe()
+    os.set_blocking(write, False)
+    try:
+        signal.set_wakeup_fd(write)
+        assert not signals.watch_arrivals(lambda signum: heard.append((signum, "")))
+        assert signal.set_wakeup_fd(-1) == write  # the other owner's, untouched
+        assert signals.watch_arrivals(lambda signum: heard.append((signum, threading.current_thread().name)))
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert wait_for(lambda: bool(heard), 5.0)
+        assert heard == [(signal.SIGTERM, "signal-arrivals")]
+    finally:
+        signal.set_wakeup_fd(-1)
+        os.close(read)
+        os.close(write)
