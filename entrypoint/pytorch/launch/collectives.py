@@ -69,6 +69,9 @@ class Collectives(Protocol):
     def heartbeat_store(self) -> KeyValue | None:
         """A client of the job's key-value store of its own (for heartbeats), None for a single process."""
 
+    def leave(self) -> None:
+        """Leave the group for good (a stopping process): a peer blocked in a collective on it fails at once."""
+
 
 class TorchDistributed:
     """torch.distributed (DDP over nccl or gloo); a single process while no group is formed.
@@ -126,6 +129,10 @@ class TorchDistributed:
             dist.destroy_process_group()
         except Exception as exc:  # a broken group may not even close cleanly: it is gone either way
             log.warning("the broken process group did not close cleanly (%s)", type(exc).__name__)
+
+    def leave(self) -> None:
+        """Leave the group for good: its connections shut down, so a peer blocked on this process sees it at once."""
+        self.drop_group()
 
     def send_object(self, value: Any, dst: int) -> None:
         """Send ``value`` to rank ``dst`` (pickled)."""

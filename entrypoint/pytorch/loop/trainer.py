@@ -207,7 +207,7 @@ class Trainer:
         """An epoch's steps. A step is ten things, as nanoGPT's: batches, guard (``Resilience``), state, precision (and
         random streams), loss, optimizer, backward, the agreed update, the progress report, the checkpoint schedule."""
         guard = self.resilience
-        for batch in batches.epoch(epoch, state.sample):
+        for batch in guard.fetching(batches.epoch(epoch, state.sample), state):  # a slow batch does not hold a stop
             guard.before_step()
             loss, applied = self._step(state, batch)
             state.advance(batches.samples_per_step)
@@ -262,13 +262,13 @@ class Trainer:
     def _end_epoch(self, state: TrainState, eval_set: Dataset[Any], epoch: int) -> None:
         ctx, guard = self.ctx, self.resilience
         guard.settle(state)
-        if state.scheduler is not None:
-            state.scheduler.step()
         guard.doing("evaluating")
-        with guard.phase("evaluation"):
-            state.metrics = evaluate(state.model, eval_set, self._eval_step(), ctx,
-                                     self.comm, self.batch_size, self._workers(), self._autocast,
-                                     lockstep=self.parallel is not None and self.parallel.evaluates_in_lockstep)
+        with guard.phase("evaluation"):  # a stop in it commits the epoch's training, the restart evaluates again
+            state.metrics = evaluate(state.model, eval_set, self._eval_step(), ctx, self.comm, self.batch_size,
+                                     self._workers(), self._autocast, self.parallel is not None and
+                                     self.parallel.evaluates_in_lockstep, guard.evaluation(state))
+        if state.scheduler is not None:  # after the evaluation, whose stop commits the epoch's trained state
+            state.scheduler.step()
         for key, value in state.metrics.items():
             state.history.setdefault(key, []).append(value)
         self.resilience.record.metrics = dict(state.metrics)
