@@ -74,19 +74,23 @@ STORAGE_UNAVAILABLE = FailureClass("storage_unavailable", ExitCode.STORAGE_UNAVA
 START_DEADLINE = FailureClass("peer_lost", ExitCode.START_DEADLINE,
                               "the framework's cluster start outlived --timeout (a start it cannot interrupt)")
 PREEMPTED = "preempted"  # the class of a process stopped by SIGTERM (the platform's preemption or stop)
+# SIGTERM, and steps this process trained could not be committed (its grace period ran out, or a sharded model's
+# ranks could not meet): a job is never reported ``preempted`` with a step it did not commit.
+PREEMPTED_UNCOMMITTED = "preempted_uncommitted"
 # Classes a failure of another replica can cause: the root cause is looked for elsewhere first.
 CONSEQUENCES = frozenset({PEER_LOST.name, HANG.name})
 
 
-def signal_class(signum: int) -> FailureClass:
-    """The class of a process ended by (or stopping for) signal ``signum``: 128 + its number."""
+def signal_class(signum: int, committed: bool = True) -> FailureClass:
+    """The class of a process ended by (or stopping for) signal ``signum``: 128 + its number (``committed``: the
+    steps it trained are committed; else a SIGTERM is ``preempted_uncommitted``)."""
     import signal
 
     try:
         name = signal.Signals(signum).name
     except ValueError:
         name = f"signal {signum}"
-    kind = PREEMPTED if signum == signal.SIGTERM else "signal"
+    kind = (PREEMPTED if committed else PREEMPTED_UNCOMMITTED) if signum == signal.SIGTERM else "signal"
     return FailureClass(kind, signal_exit_code(signum), f"stopped by {name}")
 
 
@@ -139,8 +143,21 @@ class NonFiniteLoss(TrainerError):
 
 
 class StopRequested(TrainerError):
-    """Every rank agreed to stop on a signal; the newest state is committed. Exit 128 + the signal number."""
+    """A stop on a signal, the newest state committed (``committed`` False: it could not be). Exit 128 + the
+    signal number."""
 
-    def __init__(self, signum: int, message: str) -> None:
-        self.failure = signal_class(signum)
+    def __init__(self, signum: int, message: str, committed: bool = True) -> None:
+        self.failure = signal_class(signum, committed)
         super().__init__(message)
+
+
+class Interrupted(BaseException):
+    """A stop signal ended an interruptible region of a training process at once (``lifecycle/signals.py``): a
+    ``BaseException``, as ``KeyboardInterrupt`` is, so that no hook's or library's ``except Exception`` holds it (a
+    checkpoint that "does not load" because the restore was interrupted); the hooks loop turns it into a
+    ``StopRequested`` that says what is committed. ``what``: the region."""
+
+    def __init__(self, signum: int, what: str) -> None:
+        self.signum, self.what = signum, what
+        self.failure = signal_class(signum)
+        super().__init__(f"stopped by {self.failure.meaning.removeprefix('stopped by ')} while {what}")

@@ -33,7 +33,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from types import FrameType
 
-from entrypoint.errors import StopRequested, signal_exit_code
+from entrypoint.errors import Interrupted, StopRequested, signal_exit_code
 
 log = logging.getLogger("entrypoint")
 _PR_SET_PDEATHSIG = 1
@@ -68,14 +68,6 @@ def shield_loader_worker(_worker_id: int) -> None:
 def child_preexec() -> None:
     """``preexec_fn`` for every child we start: it dies with us (its parent is the process that forks it)."""
     die_with_parent(signal.SIGKILL)
-
-
-class Interrupted(StopRequested):
-    """A stop signal ended an ``interruptible`` region at once: ``what`` the main thread was doing."""
-
-    def __init__(self, signum: int, what: str) -> None:
-        self.signum, self.what = signum, what
-        super().__init__(signum, f"stopped by {signal.Signals(signum).name} while {what}")
 
 
 class StopRequest:

@@ -83,7 +83,7 @@ class HangWatchdog:
         self._began = self._last = time.monotonic()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._deadline: tuple[signals.StopRequest, float, Callable[[], str]] | None = None
+        self._deadline: tuple[signals.StopRequest, float, Callable[[], tuple[str, bool]]] | None = None
 
     @property
     def phase(self) -> str:
@@ -94,9 +94,11 @@ class HangWatchdog:
     def phase(self, what: str) -> None:
         self._phase = self.ctx.phase = what
 
-    def stop_deadline(self, request: signals.StopRequest, grace: float, committed: Callable[[], str]) -> None:
+    def stop_deadline(self, request: signals.StopRequest, grace: float,
+                      committed: Callable[[], tuple[str, bool]]) -> None:
         """From ``request``'s stop signal on, end this process ``grace`` seconds (its ``--grace-period``) less
-        ``record_margin`` later, if it has not ended: its record and last line say what ``committed()`` says."""
+        ``record_margin`` later, if it has not ended: its record and last line say what ``committed()`` says (in
+        words, and whether every step it trained is committed: else its class is ``preempted_uncommitted``)."""
         self._deadline = (request, max(grace - record_margin(grace), 0.0), committed)
 
     def start(self) -> HangWatchdog:
@@ -208,13 +210,14 @@ class HangWatchdog:
 
     def _fire_stop(self) -> None:
         """The stop outlived the grace period: say where it stood and what is committed, end as the signal does."""
-        request, limit, committed = self._deadline or (signals.StopRequest(), 0.0, str)
+        request, limit, committed = self._deadline or (signals.StopRequest(), 0.0, lambda: ("", True))
         name = signal.Signals(request.signum).name
         sys.stderr.write(f"entrypoint: still {self.phase} {limit:g} s after {name}: ending before the platform's "
                          "kill; Python stacks of every thread follow\n")
         faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
-        message = f"stopped by {name}: its grace period ran out while {self.phase}; {committed()}"
-        own = failures.write_record(self.ctx, failures.Failure(errors.signal_class(request.signum), message))
+        words, kept = committed()
+        message = f"stopped by {name}: its grace period ran out while {self.phase}; {words}"
+        own = failures.write_record(self.ctx, failures.Failure(errors.signal_class(request.signum, kept), message))
         code = failures.finish(self.ctx, own)
         sys.stderr.flush()
         sys.stdout.flush()

@@ -11,7 +11,8 @@ loaded machine); ``--blob-a/--blob-b`` are echoed back by length.
 
 The slow phases a stop may come in (each says so on stdout when it starts): ``--eval-sleep S`` each evaluation batch
 (``eval_step``); ``--read-sleep S`` each sample and ``--read-block S`` once, read for the batch after
-``--slow-read-at`` steps of this process (a slow remote dataset; the loop reads on CPU in the training process);
+``--slow-read-at`` steps of this process (a slow remote dataset; the loop reads on CPU in the training process;
+on ``--fault-replica`` and ``--fault-rank`` only, if given);
 ``--restore-sleep S`` the restore's read of a checkpoint; ``--save-sleep S`` each checkpoint's write. None changes
 what is trained.
 """
@@ -70,15 +71,16 @@ class SlowReads(Dataset[Any]):
     """The training set, read slowly for the batch after ``--slow-read-at`` steps (``--read-sleep``,
     ``--read-block``)."""
 
-    def __init__(self, dataset: Any, args: argparse.Namespace) -> None:
+    def __init__(self, dataset: Any, args: argparse.Namespace, rank: int) -> None:
         self.dataset, self.args, self.blocked = dataset, args, False
+        self.here = args.fault_replica in ("", os.environ.get("TRAINER_REPLICA")) and args.fault_rank in (-1, rank)
 
     def __len__(self) -> int:
         return len(self.dataset)
 
     def __getitem__(self, index: int) -> Any:
         args = self.args
-        if _state["steps"] == args.slow_read_at:
+        if _state["steps"] == args.slow_read_at and self.here:
             if not self.blocked:
                 self.blocked = True
                 print(f"slow read: the batch after step {args.slow_read_at} of this process", flush=True)
@@ -95,7 +97,7 @@ def build_datasets(args: argparse.Namespace, ctx: Any) -> tuple[Any, Any]:
             time.sleep(3600)
     train, val = digits_torch.build_datasets(args, ctx)
     if args.slow_read_at >= 0:
-        train = SlowReads(train, args)
+        train = SlowReads(train, args, ctx.rank)
     return train, (Subset(val, range(args.eval_samples)) if args.eval_samples else val)
 
 

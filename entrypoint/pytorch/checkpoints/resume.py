@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from entrypoint.errors import ConfigError
+from entrypoint.errors import ConfigError, Interrupted
 from entrypoint.lifecycle import lost_work
 from entrypoint.outputs import checkpoints, storage
 from entrypoint.outputs.storage import Location
@@ -149,7 +149,7 @@ class LoopCheckpoints:
         try:
             self.load(path, state)
         except BaseException as exc:  # torch.distributed.checkpoint's CheckpointException is a BaseException
-            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            if isinstance(exc, (KeyboardInterrupt, SystemExit, Interrupted)):  # a stop is not a bad checkpoint
                 raise
             return _why(exc)
         return None

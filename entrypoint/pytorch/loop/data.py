@@ -99,12 +99,12 @@ class Counted(Dataset[Any]):
         self.read.value += 1
         return item
 
-    def __getitems__(self, indices: list[Any]) -> list[Any]:
+    def __getitems__(self, indices: list[Any]) -> Any:
         """A batch: the dataset's own batched read when it has one (counted as a whole), else sample by sample."""
         own = getattr(self.dataset, "__getitems__", None)
         if not callable(own):
             return [self[i] for i in indices]
-        items = list(own(indices))
+        items = own(indices)
         self.read.value += len(indices)
         return items
 

@@ -91,13 +91,13 @@ class Trainer:
         self.writer: Any = None
         self.digests: dict[str, list[Any]] = {}
         self.hub = False  # exported as a transformers model (from_pretrained)
+        if self.ctx.is_chief:  # before the hang watchdog starts; TensorBoard's own file layer (fsspec) as in the
+            storage.tensorboard_through_fsspec()  # PyTorch image, never TensorFlow's where it is installed (Horovod)
+            from torch.utils import tensorboard  # noqa: F401
 
     # ---- the loop ----------------------------------------------------------------------------
     def fit(self) -> None:
         """Train for the configured epochs, resuming from the newest committed checkpoint that loads."""
-        if self.ctx.is_chief:  # before the hang watchdog starts; TensorBoard's own file layer (fsspec) as in the
-            storage.tensorboard_through_fsspec()  # PyTorch image, never TensorFlow's where it is installed (Horovod)
-            import torch.utils.tensorboard  # noqa: F401
         with self.resilience.running() as guard:
             guard.form_group()
             state, batches, eval_set = self._build()

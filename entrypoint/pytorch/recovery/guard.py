@@ -29,10 +29,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from entrypoint import errors, failures
-from entrypoint.errors import PeerError, StopRequested
+from entrypoint.errors import Interrupted, PeerError, StopRequested
 from entrypoint.lifecycle import peers, recorder
 from entrypoint.lifecycle.peers import KeyValue
-from entrypoint.lifecycle.signals import Interrupted, StopRequest
+from entrypoint.lifecycle.signals import StopRequest
 from entrypoint.lifecycle.waiting import LOG_EVERY, Wait
 from entrypoint.lifecycle.watchdog import HangWatchdog, reads, record_margin
 from entrypoint.outputs import checkpoints, goodput
@@ -56,7 +56,7 @@ class RunGuard:
         self.record = recorder.for_training(plan.outputs.job_dir, plan.topology.replica_name, ctx.rank, ctx.is_chief)
         self.request = StopRequest()
         self.watchdog = HangWatchdog(plan.options.hang_timeout, failure_context, plan.options.startup_timeout)
-        self.watchdog.stop_deadline(self.request, plan.options.grace_period, self.committed)
+        self.watchdog.stop_deadline(self.request, plan.options.grace_period, self.holding)
         self.watchdog.progress = lambda: int(reads().value)  # what the datasets read: a live read is not hung
         self.notice = AdvanceNotice(plan, ctx)  # the platform's advance notice (``notices.py``)
         self.board: peers.PeerBoard | None = None
@@ -78,12 +78,13 @@ class RunGuard:
             yield self
             self.record.close("finished")
         except BaseException as exc:
+            region = self.request.region
             self.request.enter(None)
             # A write still in flight ends (and says how) before the failure's last line, not after it: the
             # process's exit would wait for its thread anyway, and the last line names the root cause.
             with contextlib.suppress(BaseException):
                 self._writes_done()
-            final = self.explain(exc)
+            final = self.explain(exc, region)
             self.record.close("stopped" if isinstance(final, StopRequested) else "failed")
             if final is not exc:
                 raise final from None
@@ -96,18 +97,21 @@ class RunGuard:
             if self.board is not None:
                 self.board.stop()
 
-    def explain(self, exc: BaseException) -> BaseException:
-        """The failure to end with: a stop in a region with what it committed, a lost peer that stopped on a signal
-        as a stop, a lost peer named by the heartbeats; ``exc`` otherwise."""
+    def explain(self, exc: BaseException, region: str | None = None) -> BaseException:
+        """The failure to end with: a stop in a region with what it committed, a lost peer while stopping (or that
+        stopped on a signal) as a stop, a lost peer named by the heartbeats; ``exc`` otherwise (``region``: the one
+        the loop was in)."""
         if isinstance(exc, Interrupted):
+            words, kept = self.holding(exc.what)
             return StopRequested(exc.signum, f"stopped by {signal.Signals(exc.signum).name} while "
-                                              f"{self.watchdog.phase}: {self.committed(exc.what)}")
+                                             f"{self.watchdog.phase}: {words}", kept)
         if isinstance(exc, StopRequested) or not failures.is_peer_lost(exc):
             return exc
         stopped = self.peer_stopped()
         if self.request.requested or stopped is not None:
+            words, kept = self.holding(region)
             return StopRequested(self.request.signum or int(stopped["signum"] if stopped else signal.SIGTERM),
-                                 f"{self.stop_words(stopped)} while {self.watchdog.phase}: {self.committed()}")
+                                 f"{self.stop_words(stopped)} while {self.watchdog.phase}: {words}", kept)
         return self._name_the_lost(exc)
 
     def stop_words(self, stopped: dict[str, Any] | None) -> str:
@@ -117,21 +121,27 @@ class RunGuard:
         return f"stopped with {stopped['who']} ({signal.Signals(int(stopped['signum'])).name})"
 
     def committed(self, region: str | None = None) -> str:
-        """What the job holds now, in words: the newest committed checkpoint against the step this process trained
-        (``region``: the start-up trained nothing; the export comes after the final checkpoint)."""
+        """What the job holds now, in words (``holding``)."""
+        return self.holding(region)[0]
+
+    def holding(self, region: str | None = None) -> tuple[str, bool]:
+        """What the job holds now, in words, and whether every step this process trained is committed: the newest
+        committed checkpoint against its trained step (``region``: the start-up trained nothing; the export comes
+        after the final checkpoint)."""
         trained = self.watchdog.step
         found = checkpoints.committed(self.ctx.checkpoint_dir, warn=False)
         newest = found[-1][0] if found else None
         where = f"the restart resumes from {found[-1][1].name} (step {newest})" if found else \
             "the restart starts from the first step (no checkpoint is committed)"
         if region == START_UP:
-            return f"nothing trained in this attempt, so nothing to commit; {where}"
+            return f"nothing trained in this attempt, so nothing to commit; {where}", True
         if region == EXPORT and newest == trained:
-            return f"the checkpoint of the final step {trained} is committed; the restart exports the model again"
+            return f"the checkpoint of the final step {trained} is committed; the restart exports the model again", True
         if newest is not None and newest >= trained:
-            return f"the checkpoint of step {newest} is committed; {where}"
+            return f"the checkpoint of step {newest} is committed; {where}", True
         lost = trained - (newest or 0)
-        return f"step {trained} was not committed: {where}, losing {lost} trained step{'s' if lost != 1 else ''}"
+        return f"step {trained} was not committed: {where}, losing {lost} trained step{'s' if lost != 1 else ''}", \
+            False
 
     def left(self) -> float:
         """Seconds left of the stop's grace period before this process ends itself (its deadline)."""

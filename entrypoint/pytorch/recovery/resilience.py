@@ -33,8 +33,7 @@ from typing import Any, NoReturn
 import torch
 
 from entrypoint import failures
-from entrypoint.errors import NonFiniteLoss, StopRequested
-from entrypoint.lifecycle.signals import Interrupted
+from entrypoint.errors import Interrupted, NonFiniteLoss, StopRequested
 from entrypoint.outputs import checkpoints
 from entrypoint.planning.plan import Plan
 from entrypoint.pytorch.checkpoints.resume import LoopCheckpoints
@@ -217,11 +216,11 @@ class Resilience:
             self.saver.io.wait()
         self.guard.exporting()
 
-    def _act(self, state: TrainState, verdict: StepVerdict | None) -> None:
+    def _act(self, state: TrainState, verdict: StepVerdict | None, where: str = "") -> None:
         if verdict is not None and verdict.nonfinite:
             self.fail_nonfinite(state, verdict)
         if verdict is not None and verdict.stop:
-            self.stop_agreed(state)
+            self.stop_agreed(state, where)
         if verdict is not None and verdict.notices:
             self._save_on_notice(state, verdict)
 
@@ -238,11 +237,12 @@ class Resilience:
         if self.ctx.is_chief:
             log.info("%s", self.notice.committed(verdict, state.step))
 
-    def stop_agreed(self, state: TrainState) -> NoReturn:
-        """Every rank agreed to stop at this step: commit it (the chief; every rank its shards when sharded), wait
-        for the write, and end 128 + signal, each rank saying what the chief committed."""
+    def stop_agreed(self, state: TrainState, where: str = "") -> NoReturn:
+        """Every rank agreed to stop at this step (``where``: in a phase after it): commit it (the chief; every rank
+        its shards when sharded), wait for the write, and end 128 + signal, each saying what the chief committed."""
         signum = self.request.signum or signal.SIGTERM
         name = signal.Signals(signum).name
+        at = f"at step {state.step}" + (f" while {where}" if where else "")
         self.watchdog.phase = "saving before stopping"
         verdict = self.vote.drain()  # the stop step itself must be finite before it is committed
         if verdict is not None and verdict.nonfinite:
@@ -254,10 +254,11 @@ class Resilience:
         path = checkpoints.checkpoint_path(self.ctx.checkpoint_dir, state.step)
         committed = self.comm.broadcast_object(checkpoints.is_committed(path) if self.ctx.is_chief else None)
         if not committed:
-            raise StopRequested(signum, f"stopped by {name} at step {state.step}: {self.guard.committed()}")
+            words, kept = self.guard.holding()
+            raise StopRequested(signum, f"stopped by {name} {at}: {words}", kept)
         if self.ctx.is_chief:
-            log.info("stopped by %s at step %d: checkpoint %s committed", name, state.step, path)
-        raise StopRequested(signum, f"stopped by {name} at step {state.step}: checkpoint {path} committed; the "
+            log.info("stopped by %s %s: checkpoint %s committed", name, at, path)
+        raise StopRequested(signum, f"stopped by {name} {at}: checkpoint {path} committed; the "
                                     "restart resumes from it")
 
     def _save(self, state: TrainState, wait: bool = False) -> None:
@@ -294,7 +295,7 @@ class Resilience:
         if not failures.is_peer_lost(exc):
             return False
         if self.request.requested or self.guard.peer_stopped() is not None:
-            self.off_step.stop(state, "its peers left the group")
+            self.off_step.stop(state, f"{self.watchdog.phase} (a stopping peer left the group)")
         if self.inplace is None or not self.in_place_allowed:
             return False
         self._recoveries_at.append(state.step)
@@ -349,7 +350,7 @@ class Evaluation:
         r, state = self.r, self.state
         r.request.enter(None)  # the vote is a collective: no stop interrupts it
         r.watchdog.beat(state.step, f"evaluating (batch {batch + 1} of {batches})")
-        r._act(state, r.vote.poll(state.step, None, r.notice.for_vote()))
+        r._act(state, r.vote.poll(state.step, None, r.notice.for_vote()), "evaluating")
         if batch + 1 >= batches:
             r.settle(state)
         else:

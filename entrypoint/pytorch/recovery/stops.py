@@ -101,13 +101,14 @@ class OffStep:
         stopped = None if self.guard.request.requested else self.guard.peer_stopped()
         signum = self.guard.request.signum or int(stopped["signum"] if stopped else signal.SIGTERM)
         words = f"{self.guard.stop_words(stopped)} while {where} after step {state.step}"
+        kept = True
         if committed:
             text = f"checkpoint {self._path(state)} committed; the restart resumes from it"
             if self.r.ctx.is_chief:
                 log.info("%s: checkpoint %s committed", words, self._path(state).name)
         else:
-            text = self.guard.committed()
-        raise StopRequested(signum, f"{words}: {text}")
+            text, kept = self.guard.holding()
+        raise StopRequested(signum, f"{words}: {text}", kept)
 
     def _path(self, state: TrainState) -> Location:
         return checkpoints.checkpoint_path(self.r.ctx.checkpoint_dir, state.step)
