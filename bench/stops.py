@@ -87,7 +87,7 @@ class Stop:
     def ok(self) -> bool:
         """Stopped on its own, 143, within the grace period, nothing trained lost."""
         kept = self.committed >= self.trained or self.trained == 0  # nothing trained: nothing to commit
-        said = 0 < self.seconds < GRACE  # its last line came before the platform's kill
+        said = bool(self.last_line) and self.seconds < GRACE  # its last line came before the platform's kill
         return said and self.code in (143, 137 if self.killed else 143) and kept and self.lost in (0, None)
 
 
@@ -126,10 +126,11 @@ class Watched:
         return max((int(m.group(1)) for line in self.lines if (m := PROGRESS.search(line))), default=0)
 
 
-def command(topology: str, out: Path, extra: list[str]) -> list[str]:
-    """The job on ``topology`` writing under ``out``, with the faults module's ``extra`` options."""
+def command(topology: str, out: Path, extra: list[str], flags: tuple[str, ...] = ()) -> list[str]:
+    """The job on ``topology`` writing under ``out``, with ``run``'s ``flags`` and the faults module's ``extra``
+    options."""
     run = ["--framework", "pytorch", "--module", "tests.pytorch.faults", "--log-every", "1", "--timeout", "120",
-           "--grace-period", f"{GRACE:g}", "--checkpoint-every", "8"]
+           "--grace-period", f"{GRACE:g}", "--checkpoint-every", "8", *flags]
     if topology == "local --workers 2":
         return [*python(), "-m", "entrypoint", "local", "--workers", "2", "--output-dir", str(out), "--restart-policy",
                 "never", "--", "run", *run, "--", *extra]
@@ -137,9 +138,9 @@ def command(topology: str, out: Path, extra: list[str]) -> list[str]:
     return [*python(), "-m", "entrypoint", "run", *run, *nproc, "--job-dir", str(out), "--", *extra]
 
 
-def start(topology: str, out: Path, extra: list[str]) -> Watched:
+def start(topology: str, out: Path, extra: list[str], flags: tuple[str, ...] = ()) -> Watched:
     """The job, in a session of its own (the platform's SIGKILL takes its whole tree)."""
-    proc = subprocess.Popen(command(topology, out, extra), cwd=REPO, env=clean_env({"TRAINER_CPUS": "1"}),
+    proc = subprocess.Popen(command(topology, out, extra, flags), cwd=REPO, env=clean_env({"TRAINER_CPUS": "1"}),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     return Watched(proc)
 
@@ -150,10 +151,11 @@ def newest_committed(out: Path) -> int:
     return max(found, default=-1)
 
 
-def stop_in(topology: str, phase: Phase, out: Path, rng: random.Random, at: int = 5) -> Stop:
-    """One attempt on ``out`` stopped at a random moment of ``phase``; what it committed."""
+def stop_in(topology: str, phase: Phase, out: Path, rng: random.Random, at: int = 5,
+            flags: tuple[str, ...] = ()) -> Stop:
+    """One attempt on ``out`` (``run``'s ``flags``) stopped at a random moment of ``phase``; what it committed."""
     extra = [o.replace("{at}", str(at)) for o in phase.options]
-    job = start(topology, out, extra)
+    job = start(topology, out, extra, flags)
     stop = Stop(topology, phase.name, round(rng.uniform(0.0, phase.seconds), 2))
     try:
         if not job.wait_for(phase.line):

@@ -40,9 +40,11 @@ def assert_committed(chain: list[Stop], seed: int) -> None:
     for stop in chain:
         where = f"seed {seed}: {stop.topology}, {stop.phase} at +{stop.delay} s:\n" + "\n".join(stop.lines[-30:])
         assert stop.ok, where
-        assert "preempted on" in stop.last_line, where
-        if stop.trained:
-            assert "committed" in stop.last_line and "not committed" not in stop.last_line, where
+        assert "preempted on" in stop.last_line and "not committed" not in stop.last_line, where
+        if stop.phase == "export":
+            assert f"the checkpoint of the final step {stop.committed} is committed" in stop.last_line, where
+        elif stop.trained:
+            assert f"ckpt-{stop.committed:08d} committed" in stop.last_line, where
         else:
             assert "nothing trained in this attempt, so nothing to commit" in stop.last_line, where
 
@@ -159,3 +161,13 @@ def test_a_live_evaluation_and_a_slow_read_making_progress_are_not_hangs(tmp_pat
         "takes longer" in last_line(second), last_line(second)
     phases = [json.loads(p.read_text())["phase"] for p in sorted((tmp_path / "hung" / "failures").glob("*.json"))]
     assert phases == ["waiting for the next batch", "waiting for the next batch"]
+
+
+def test_a_sharded_model_whose_ranks_wait_for_a_batch_together_commits_every_shard_when_stopped(tmp_path: Path) -> None:
+    seed, rng = seeded()
+    phase = next(p for p in stops.PHASES if p.name == "loader wait")
+    stop = stops.stop_in("node of 2 processes", phase, tmp_path, rng, at=rng.randint(3, 15), flags=("--strategy",
+                                                                                                     "fsdp"))
+    assert_committed([stop], seed)  # both ranks were interrupted at the same step: they met, every shard is committed
+    marker = checkpoints.read_marker(checkpoints.checkpoint_path(tmp_path / "checkpoints", stop.trained))
+    assert marker["sharded"] and marker["step"] == stop.trained, marker

@@ -131,8 +131,14 @@ class TorchDistributed:
             log.warning("the broken process group did not close cleanly (%s)", type(exc).__name__)
 
     def leave(self) -> None:
-        """Leave the group for good: its connections shut down, so a peer blocked on this process sees it at once."""
-        self.drop_group()
+        """Leave the group for good (a stopping process): its connections shut down (every connection of this process
+        but the store's, for a group ``init_process_group`` formed), so a peer blocked on it sees it at once."""
+        if not self.active:
+            return
+        store_port = _store_port(dist.distributed_c10d._get_default_store())
+        _shut_down(self._links or _sockets(), store_port)
+        with contextlib.suppress(Exception):  # a group whose connections are gone may not close cleanly
+            dist.destroy_process_group()
 
     def send_object(self, value: Any, dst: int) -> None:
         """Send ``value`` to rank ``dst`` (pickled)."""

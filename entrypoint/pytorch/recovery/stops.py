@@ -23,29 +23,51 @@ import logging
 import signal
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, NoReturn
+from typing import NoReturn, Protocol
 
 import torch
 
 from entrypoint.errors import StopRequested
+from entrypoint.lifecycle.recorder import Recorder
+from entrypoint.lifecycle.watchdog import HangWatchdog
 from entrypoint.outputs import checkpoints
 from entrypoint.outputs.storage import Location
+from entrypoint.planning.plan import Plan
+from entrypoint.pytorch.checkpoints.resume import LoopCheckpoints
+from entrypoint.pytorch.defaults import HookContext
+from entrypoint.pytorch.launch.collectives import Collectives
 from entrypoint.pytorch.recovery.guard import RunGuard
-from entrypoint.pytorch.recovery.vote import StepVerdict
+from entrypoint.pytorch.recovery.vote import StepVerdict, StepVote
 from entrypoint.pytorch.state import TrainState
-
-if TYPE_CHECKING:
-    from entrypoint.pytorch.recovery.resilience import Resilience
 
 log = logging.getLogger("entrypoint.pytorch")
 MEET_SECONDS = 5.0  # at most, for every rank of a sharded model to come to a stop outside a step
 
 
+class Loop(Protocol):
+    """What a stop outside a step uses of the loop's guard (``Resilience``)."""
+
+    plan: Plan
+    comm: Collectives
+    ctx: HookContext
+    saver: LoopCheckpoints
+    guard: RunGuard
+    vote: StepVote
+    watchdog: HangWatchdog
+    record: Recorder
+
+    def stop_agreed(self, state: TrainState, where: str = "") -> NoReturn:
+        """Every rank agreed to stop at this step: commit it together, end."""
+
+    def fail_nonfinite(self, state: TrainState, verdict: StepVerdict) -> NoReturn:
+        """Every rank saw the same non-finite step: fail."""
+
+
 class OffStep:
     """The stops that the step vote cannot agree on (``Resilience`` holds one)."""
 
-    def __init__(self, resilience: Resilience) -> None:
-        self.r = resilience
+    def __init__(self, loop: Loop) -> None:
+        self.r = loop
 
     @property
     def guard(self) -> RunGuard:
