@@ -52,7 +52,7 @@ PHASES = (
     Phase("start-up", ("--build-sleep", "8"), "build_model: sleeping", 7.0),
     Phase("loader wait", ("--slow-read-at", "{at}", "--read-block", "30"), "slow read", 6.0),
     Phase("checkpoint in flight", ("--save-sleep", "1", "--step-sleep", "0.02"), "checkpoint write: sleeping", 1.0),
-    Phase("evaluation", ("--eval-sleep", "0.4"), "evaluating slowly", 2.0),
+    Phase("evaluation", ("--eval-sleep", "2"), "evaluating slowly", 3.0),  # 12 s or more: longer than the grace
     Phase("restore", ("--restore-sleep", "8"), "restore: sleeping", 7.0),
     Phase("export", ("--export-delay", "8"), "exporting in", 7.0),
 )
