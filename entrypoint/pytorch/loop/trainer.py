@@ -1,10 +1,10 @@
 """The hooks-mode training loop the entrypoint owns: build, resume, for each epoch and batch a step, finish.
 
 Shared by PyTorch (torch.distributed) and Horovod through ``Collectives``. The loop reads as training; what
-keeps each step safe (stop signals agreed at a step boundary, non-finite losses, hangs, heartbeats, survivors
-that keep training after a lost peer) is ``Resilience`` (``resilience.py``), called before a step, after a
-step with its loss, at a checkpoint and on a failure. Checkpoints go through the checkpoint I/O seam
-(``checkpoint_io.py``, asynchronous by default) and a resumed run sees exactly the batches and random
+keeps each step safe (stop signals in every phase, agreed at a step where they can be, non-finite losses, hangs,
+heartbeats, survivors that keep training after a lost peer) is ``Resilience`` (``resilience.py``), called before a
+step, after it, around a batch's wait and an evaluation, at a checkpoint and on a failure. Checkpoints go through
+the seam (``checkpoint_io.py``, asynchronous by default) and a resumed run sees exactly the batches and random
 streams of an uninterrupted one (``data.py``, ``state.py``).
 """
 
