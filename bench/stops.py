@@ -194,19 +194,20 @@ def lost(lines: list[str]) -> int | None:
 
 
 def chain(topology: str, rng: random.Random, root: Path, say: Callable[[str], None],
-          only: tuple[Phase, ...] | None = None) -> tuple[list[Stop], str]:
-    """Stops of one job, one per phase (``only``: these), then its end: the stops and the final weights' digest."""
+          only: tuple[Phase, ...] | None = None, flags: tuple[str, ...] = ()) -> tuple[list[Stop], str]:
+    """Stops of one job, one per phase (``only``: these; ``flags``: ``run``'s), then its end: the stops and the final
+    weights' digest."""
     out = root / topology.replace(" ", "-")
     stops: list[Stop] = []
     for phase in only or phases(topology):
-        stop = stop_in(topology, phase, out, rng, at=rng.randint(3, 15))
+        stop = stop_in(topology, phase, out, rng, at=rng.randint(3, 15), flags=flags)
         if stops:  # this attempt resumed after the previous stop: its line says what that one lost
             stops[-1].lost = lost(stop.lines)
         stops.append(stop)
         killed = " (the platform's SIGKILL)" if stop.killed else ""
         say(f"{topology}: {phase.name} at +{stop.delay:.2f} s: last line in {stop.seconds:.1f} s, exit {stop.code} in "
             f"{stop.exited:.1f} s{killed}, trained {stop.trained}, committed {stop.committed}")
-    job = start(topology, out, [])
+    job = start(topology, out, [], flags)
     code = job.proc.wait(timeout=600)
     time.sleep(0.3)
     if code != 0:

@@ -10,7 +10,7 @@ It exists before anything is built (``running()`` wraps the whole loop), so no p
   to commit, or that the final step is committed (``stopped``). The loop's other regions (a wait for a batch, a
   survivor's wait for its replacement) commit the last trained step first (``stops.py``).
 - **The stop's deadline.** From the signal on, the process ends within its ``--grace-period`` (less a margin for its
-  record: ``watchdog.record_margin``) whatever holds it, and its record says what is committed (``committed``): a
+  record: ``watchdog.record_margin``) whatever holds it, and its record says what is committed (``holding``): a
   node of one process enforces its grace period as a launcher does for its workers.
 - **Hangs and live phases**: the watchdog's clocks; what the datasets read feeds it (``progress``).
 - **Peers**: every rank's heartbeat, so that a lost peer is named; a peer that stopped on a signal says so in the job's
@@ -119,10 +119,6 @@ class RunGuard:
         if self.request.requested or stopped is None:
             return f"stopped by {signal.Signals(self.request.signum or signal.SIGTERM).name}"
         return f"stopped with {stopped['who']} ({signal.Signals(int(stopped['signum'])).name})"
-
-    def committed(self, region: str | None = None) -> str:
-        """What the job holds now, in words (``holding``)."""
-        return self.holding(region)[0]
 
     def holding(self, region: str | None = None) -> tuple[str, bool]:
         """What the job holds now, in words, and whether every step this process trained is committed: the newest
