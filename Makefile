@@ -61,6 +61,8 @@ help:
 	@echo "make test-timed - make test, then its wall time, CPU use and what ran beside what (docs/testing.md)"
 	@echo "make lint   - ruff, mypy and hadolint"
 	@echo "make demo-horovod - the same training with Horovod (builds Horovod once, ~4 min on 2 cores)"
+	@$(foreach i,$(IMAGE_NAMES),echo "make venv-$(i) - .venv/$(i): the $(i) image's Python, from its exact CPU lock (then . .venv/$(i)/bin/activate)";)
+	@echo "make venv-jobs - .venv/jobs: .venv/pytorch + the job-spec SDKs the jobs tests check against (test-only)"
 	@echo "make build  - build every image (needs a Docker engine); see docs/images.md"
 	@echo "make image-test - build the three CPU images here (podman or Docker) and run them (part of make test)"
 	@echo "make image-test-gpu - build the three GPU images here from the GPU locks (not part of make test)"
@@ -115,7 +117,7 @@ lint-python: venv-pytorch
 	$(TOOLS_BIN)/ruff check entrypoint trainers tests bench images/*.py
 	$(TOOLS_BIN)/mypy
 	$(TOOLS_BIN)/mypy --strict images/*.py  # on its own: images/<name>/ would shadow the frameworks
-	$(TOOLS_BIN)/mypy --strict tests/tiers.py tests/diagnostics.py tests/slots.py tests/bytecode.py tests/cputime.py  # test infrastructure (docs/testing.md)
+	$(TOOLS_BIN)/mypy --strict tests/tiers.py tests/diagnostics.py tests/slots.py tests/bytecode.py tests/cputime.py tests/tier_skips.py  # test infrastructure (docs/testing.md)
 
 lint-docker: venv-pytorch
 lint: lint-python lint-docker
@@ -170,7 +172,8 @@ test-load:
 			--label "under load ($(LOAD_HOGS) busy loop), run $$run of $(LOAD_RUNS)" -- $(MAKE) --no-print-directory test; \
 	done
 
-# A real distributed training: 2 replicas of an emulated Vertex AI cluster (chief + worker, DDP over gloo).
+# A real distributed training: 2 replicas of an emulated Vertex AI cluster (chief + worker, DDP over gloo); the README's
+# PyTorch quick start runs the same command (tests/readme/test_readme.py checks they are the same).
 demo: venv-pytorch
 	rm -rf $(DEMO_DIR)
 	$(TORCH_VENV)/bin/python -m entrypoint local --workers 2 --output-dir $(DEMO_DIR) -- \

@@ -159,7 +159,15 @@ def timed(commands: Sequence[tuple[list[str], dict[str, str]]], timeout: float =
         started = time.perf_counter()
         procs = [subprocess.Popen(cmd, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
                  for (cmd, env), log in zip(commands, logs, strict=True)]
-        codes = [p.wait(timeout=timeout) for p in procs]
+        try:
+            codes = [p.wait(timeout=max(started + timeout - time.perf_counter(), 0.001)) for p in procs]
+        except subprocess.TimeoutExpired:
+            for p in procs:  # none left running (a GPU's memory with it) into the next measurement
+                p.kill()
+                p.wait()
+            logs[0].seek(0)
+            tail = logs[0].read().decode(errors="replace")[-3000:]
+            raise RuntimeError(f"{' '.join(commands[0][0])} did not finish within {timeout:g} s:\n{tail}") from None
         elapsed = time.perf_counter() - started
         for (cmd, _), code, log in zip(commands, codes, logs, strict=True):
             if code != 0:

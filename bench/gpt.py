@@ -31,12 +31,15 @@ class GPTConfig:
 
 # Named sizes: `tiny` runs anywhere in seconds, `cpu` is the CPU comparison, `100m` the sharded-training memory
 # and checkpoint measurements on CPU (110M parameters, GPT-2 small's blocks with a 32k vocabulary and a short
-# context: its 94 MiB token embedding is the largest tensor, 10x the next), `gpu` is a ~124M GPT-2 small.
+# context: its 94 MiB token embedding is the largest tensor, 10x the next), `gpu` is a ~124M GPT-2 small, `700m`
+# the MFU measurement on one big GPU (bench/gpu_checks.sh: GPT-2 small's depth at 2048 wide, 128-wide heads: 707M
+# parameters, as wide as a 1B model while its 12 blocks still compile within a minute).
 CONFIGS = {
     "tiny": GPTConfig(block_size=64, vocab_size=256, n_layer=2, n_head=2, n_embd=64),
     "cpu": GPTConfig(block_size=128, vocab_size=2048, n_layer=4, n_head=4, n_embd=128),
     "100m": GPTConfig(block_size=128, vocab_size=32000, n_layer=12, n_head=12, n_embd=768),
     "gpu": GPTConfig(block_size=1024, vocab_size=50304, n_layer=12, n_head=12, n_embd=768),
+    "700m": GPTConfig(block_size=1024, vocab_size=50304, n_layer=12, n_head=16, n_embd=2048),
 }
 
 

@@ -49,7 +49,8 @@ def thread_env(world: int) -> dict[str, str]:
     return {"OMP_NUM_THREADS": str(max(1, cores // world)), **devices_for(world)}
 
 
-def hand_loop(world: int, size: Size, flags: tuple[str, ...] = (), ddp: bool = False) -> dict[str, Any]:
+def hand_loop(world: int, size: Size, flags: tuple[str, ...] = (), ddp: bool = False,
+              timeout: float = 900) -> dict[str, Any]:
     """The hand-written loop's result: bare for world 1 (DDP with ``ddp``), torchrun for world > 1."""
     with tempfile.TemporaryDirectory() as tmp:
         result = Path(tmp) / "result.json"
@@ -64,12 +65,13 @@ def hand_loop(world: int, size: Size, flags: tuple[str, ...] = (), ddp: bool = F
             if ddp:
                 env.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                            MASTER_PORT=str(free_port()))
-        timed([(cmd, clean_env(env))])
+        timed([(cmd, clean_env(env))], timeout)
         found: dict[str, Any] = json.loads(result.read_text())
         return found
 
 
-def hooks_loop(world: int, size: Size, flags: tuple[str, ...] = (), user_flags: tuple[str, ...] = ()) -> dict[str, Any]:
+def hooks_loop(world: int, size: Size, flags: tuple[str, ...] = (), user_flags: tuple[str, ...] = (),
+               timeout: float = 900) -> dict[str, Any]:
     """The entrypoint's loop over ``bench.gpt_hooks``: what its export hook wrote, and the strategy it ran."""
     with tempfile.TemporaryDirectory() as job:
         cmd = [*python(), "-m", "entrypoint", "run", "--framework", "pytorch", "--module", "bench.gpt_hooks",
@@ -77,7 +79,7 @@ def hooks_loop(world: int, size: Size, flags: tuple[str, ...] = (), user_flags: 
                "--log-every", "1000000", "--clip-grad-norm", "1.0", *flags, "--",
                "--config", size.config, "--steps", str(size.steps), "--warmup", str(size.warmup),
                "--batch", str(size.batch), *user_flags]
-        timed([(cmd, clean_env(thread_env(world)))])
+        timed([(cmd, clean_env(thread_env(world)))], timeout)
         found: dict[str, Any] = json.loads((Path(job) / "model" / "bench_timing.json").read_text())
         summary = json.loads((Path(job) / "model" / "training_summary.json").read_text())
         found.update(strategy=summary["strategy"], strategy_reason=summary["details"].get("strategy_reason", ""),

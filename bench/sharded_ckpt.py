@@ -17,12 +17,19 @@ Then, in rotating order after warm-up rounds, each kind of save is timed as the 
 Blocked: from the state dict's creation until the call returns; written: until the save is complete (committed,
 for ours). Both are the slower rank's (the next collective waits for it). Nothing trains while a save is written
 (as in the single-process rows). Rank 0 writes every run's ``(blocked, written)`` seconds as JSON to ``--result``.
+
+``--device cuda`` (a GPU machine, one GPU per process, one process too): the models and Adam state live on the
+GPUs, the collectives go over nccl (the checkpoints' over gloo, as in training), and our sharded writer stages
+into pinned host buffers, as the hooks loop runs it on a GPU. With ``--verify`` every rank then reads the newest
+committed ``ours sharded async`` checkpoint into a freshly built sharded model and optimizer and compares every
+shard with what was saved (``verified`` in the result: a staging copy read before it completed would differ).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import time
@@ -35,7 +42,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path[0] = str(Path(__file__).resolve().parent.parent)  # the checkout, not bench/: finds bench and entrypoint
 from bench.common import interleave  # noqa: E402
-from bench.gpt import CONFIGS, GPT, configure_optimizer, corpus, window  # noqa: E402
+from bench.gpt import CONFIGS, GPT, GPTConfig, configure_optimizer, corpus, window  # noqa: E402
 from entrypoint.outputs import checkpoints  # noqa: E402
 from entrypoint.pytorch.checkpoints import restore  # noqa: E402
 from entrypoint.pytorch.checkpoints.checkpoint_io import ReplicatedCheckpointIO  # noqa: E402
@@ -51,13 +58,17 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=0)
     parser.add_argument("--dir", required=True, help="where the checkpoints go (a directory on this machine)")
     parser.add_argument("--result", required=True, help="JSON file rank 0 writes the seconds to")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the models live")
+    parser.add_argument("--verify", action="store_true",
+                        help="read the newest 'ours sharded async' checkpoint back and compare it with what was saved")
     return parser.parse_args()
 
 
-def one_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, block_size: int, vocab: int) -> None:
+def one_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, block_size: int, vocab: int,
+             device: torch.device) -> None:
     """A training step on one window (Adam's moments exist afterwards)."""
     x, y = window(corpus(vocab, 4 * block_size), dist.get_rank(), block_size)
-    model(x[None], y[None]).backward()
+    model(x[None].to(device), y[None].to(device)).backward()
     optimizer.step()
     optimizer.zero_grad()
 
@@ -66,12 +77,12 @@ class Saves:
     """Each kind of save, timed on every rank; the slower rank's (blocked, written) seconds, kept by kind."""
 
     def __init__(self, root: Path, sharded: torch.nn.Module, sharded_opt: torch.optim.Optimizer,
-                 ddp: DDP, ddp_opt: torch.optim.Optimizer) -> None:
+                 ddp: DDP, ddp_opt: torch.optim.Optimizer, cuda: bool) -> None:
         self.root, self.rank = root, dist.get_rank()
         self.sharded, self.sharded_opt, self.ddp, self.ddp_opt = sharded, sharded_opt, ddp, ddp_opt
         timeout = 600.0
-        self.ours = {"sync": ShardedCheckpointIO(1, self.rank, False, timeout, False),
-                     "async": ShardedCheckpointIO(1, self.rank, True, timeout, False)}
+        self.ours = {"sync": ShardedCheckpointIO(1, self.rank, False, timeout, cuda),
+                     "async": ShardedCheckpointIO(1, self.rank, True, timeout, cuda)}
         self.replicated = ReplicatedCheckpointIO(1, background=True)
         self.dcp_group = dist.new_group(backend="gloo")
         self.count = 0
@@ -147,32 +158,67 @@ class Saves:
         self.replicated.wait()
 
 
+def sharded_model(cfg: GPTConfig, device: torch.device, seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """The GPT sharded as the entrypoint shards it, with AdamW after one step."""
+    torch.manual_seed(seed)
+    model = parallel.Sharded(parallel.Choice("fsdp", "bench"), device, 1, dist.get_world_size(), False, False) \
+        .shard(GPT(cfg), None)
+    optimizer = configure_optimizer(model)
+    one_step(model, optimizer, cfg.block_size, cfg.vocab_size, device)
+    return model, optimizer
+
+
+def verify(cfg: GPTConfig, device: torch.device, saved: torch.nn.Module, saved_opt: torch.optim.Optimizer,
+           io: ShardedCheckpointIO, checkpoint_dir: Path) -> bool:
+    """Whether the newest committed checkpoint in ``checkpoint_dir``, read into a model built from another seed,
+    holds exactly the shards of ``saved`` and ``saved_opt`` (nothing trained since the save), on every rank."""
+    _, path = checkpoints.committed(checkpoint_dir)[-1]
+    model, optimizer = sharded_model(cfg, device, seed=1)
+    shards = restore.sharded_state(model, optimizer)
+    io.load(path, {"shards": shards, "extra": None})
+    restore.apply_sharded(model, optimizer, shards)
+
+    def local(tensor: Any) -> Any:
+        return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+    same = all(torch.equal(local(a), local(b)) for a, b in zip(model.parameters(), saved.parameters(), strict=True))
+    for a, b in zip(optimizer.state.values(), saved_opt.state.values(), strict=True):
+        same = same and all(torch.equal(local(a[k]), local(b[k])) for k in ("exp_avg", "exp_avg_sq"))
+    everyone = torch.tensor([0.0 if same else 1.0], dtype=torch.float64)
+    dist.all_reduce(everyone, op=dist.ReduceOp.MAX)  # a CPU tensor: over gloo
+    return bool(everyone.item() == 0.0)
+
+
 def main() -> None:
     """Build both models, time every kind of save in rotation, report from rank 0."""
     args = parse_args()
-    dist.init_process_group("gloo")
+    cuda = args.device == "cuda"
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("cuda:nccl,cpu:gloo" if cuda else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     cfg = CONFIGS[args.config]
+    sharded, sharded_opt = sharded_model(cfg, device, seed=0)
     torch.manual_seed(0)
-    sharded = parallel.Sharded(parallel.Choice("fsdp", "bench"), torch.device("cpu"), 1, world, False, False) \
-        .shard(GPT(cfg), None)
-    sharded_opt = configure_optimizer(sharded)
-    one_step(sharded, sharded_opt, cfg.block_size, cfg.vocab_size)
-    torch.manual_seed(0)
-    replica = GPT(cfg)
+    replica = GPT(cfg).to(device)
     params = sum(p.numel() for p in replica.parameters())
-    ddp = DDP(replica)
+    ddp = DDP(replica, device_ids=[device.index] if cuda else None)
     ddp_opt = configure_optimizer(ddp)
-    one_step(ddp, ddp_opt, cfg.block_size, cfg.vocab_size)
-    saves = Saves(Path(args.dir), sharded, sharded_opt, ddp, ddp_opt)
+    one_step(ddp, ddp_opt, cfg.block_size, cfg.vocab_size, device)
+    saves = Saves(Path(args.dir), sharded, sharded_opt, ddp, ddp_opt, cuda)
     interleave({"ours sharded sync (FSDP)": lambda: saves.ours_sharded("sync"),
                 "ours sharded async (FSDP)": lambda: saves.ours_sharded("async"),
                 "ours async (DDP)": saves.ours_replicated,
                 "DCP async_save (FSDP)": saves.dcp_async}, args.repeats, args.warmup)
     saves.close()
+    verified = verify(cfg, device, sharded, sharded_opt, saves.ours["async"], Path(args.dir) / "sharded-async") \
+        if args.verify else None
     if rank == 0:
-        Path(args.result).write_text(json.dumps({"params": params, "world_size": world, "config": args.config,
-                                                 "warmup": args.warmup, "seconds": saves.seconds}))
+        Path(args.result).write_text(json.dumps({
+            "params": params, "world_size": world, "config": args.config, "warmup": args.warmup,
+            "seconds": saves.seconds, "device": str(device), "verified": verified,
+            "device_name": torch.cuda.get_device_name() if cuda else "cpu"}))
     dist.barrier()
 
 

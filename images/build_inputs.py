@@ -91,6 +91,30 @@ def remember(ref: str, image_id: str, inputs: str) -> None:
     tmp.replace(path)
 
 
+def read_record(ref: str) -> dict[str, str]:
+    """The record of ``ref``'s build ({} when there is none or it cannot be read)."""
+    try:
+        record = json.loads(_record(ref).read_text())
+    except (OSError, ValueError):
+        return {}
+    return {str(k): str(v) for k, v in record.items()} if isinstance(record, dict) else {}
+
+
+def record_path(ref: str) -> Path:
+    """Where the record of ``ref``'s build is (``job --pin`` of a local build reads its digest there too)."""
+    return _record(ref)
+
+
+def annotate(ref: str, **fields: str) -> None:
+    """Add what was learned of the built image to its record (its digest, its bill of materials beside it)."""
+    path = _record(ref)
+    record = {**read_record(ref), **fields}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(record, sort_keys=True))
+    tmp.replace(path)
+
+
 def _stat_line(path: Path) -> str:
     info = path.stat()
     return f"{path.name} {info.st_size} {info.st_mtime_ns}\n"

@@ -35,6 +35,13 @@ VARIANTS = ("gpu", "cpu")  # Cloud Build builds and pushes both; make test build
 SIZE_MARGIN = 0.1  # a build more than this fraction above its budget fails (raise a budget in the change that needs it)
 DEFAULT_GROUP = "main"  # the container tests' tier of the images that name no group of their own: `containers`
 NAME = re.compile(r"[a-z][a-z0-9]*")  # an image's name: its folder, Make targets, tags (`<name>`, `<name>-cpu`)
+SBOM_PATH = "/usr/share/trainer/sbom.cdx.json"  # every image's bill of materials (entrypoint/outputs/sbom.py)
+# The one line every Dockerfile's runtime stage has after its last install, before USER (docs/images.md, "Bill of
+# materials"; tests/images/test_dockerfiles.py checks each): the package, installed in the layer before, inventories
+# the OS packages and the venv's; a change of the package rebuilds it.
+SBOM_LINE = f'RUN python -m entrypoint sbom write --variant "${{VARIANT}}" {SBOM_PATH}'
+OSV_EXPORTS = ("PyPI", "Ubuntu")  # osv.dev's exports the gate reads in Cloud Build (the images are Ubuntu's)
+ALLOWLIST = "images/vulnerability-allowlist.toml"
 
 
 class CatalogError(Exception):
@@ -216,7 +223,11 @@ CLOUDBUILD_HEAD = """\
 #   gcloud builds submit --config cloudbuild.yaml --substitutions=_TAG=v0.1.0,_REVISION=$(git rev-parse HEAD) .
 #
 # Pushed as ${_REGION}-docker.pkg.dev/$PROJECT_ID/${_REPOSITORY}/<image>:${_TAG} (GPU) and
-# <image>-cpu:${_TAG} (CPU). images/images.mk offers the same builds locally (make build, make push).
+# <image>-cpu:${_TAG} (CPU), with Cloud Build's SLSA provenance (VERIFIED: no provenance, no build). Each image's bill
+# of materials (/usr/share/trainer/sbom.cdx.json, made in its build) is judged by the vulnerability gate against
+# osv.dev's advisories and images/vulnerability-allowlist.toml, then uploaded with the gate's report to
+# gs://${PROJECT_ID}_cloudbuild/sbom/${_TAG}/ (`make cloudbuild-sbom` attaches them in Artifact Registry).
+# images/images.mk offers the same builds locally (make build, make push). docs/images.md.
 # The Artifact Registry repository must exist:
 #   gcloud artifacts repositories create trainers --repository-format=docker --location=us-central1
 
@@ -231,6 +242,7 @@ substitutions:
 options:
   machineType: E2_HIGHCPU_32  # 32 vCPUs: six parallel builds, one of them compiling Horovod
   diskSizeGb: 300  # six CUDA/CPU images with their layers and build caches
+  requestedVerifyOption: VERIFIED  # SLSA provenance for every image pushed (images:), or the build fails
   env:
     - DOCKER_BUILDKIT=1  # BuildKit skips the stages of the other variant (no CUDA base pulled for CPU builds)
 
@@ -239,15 +251,37 @@ timeout: 7200s
 steps:
 """
 REF = "${_REGION}-docker.pkg.dev/$PROJECT_ID/${_REPOSITORY}/%s:${_TAG}"
+SBOM_BUCKET = "gs://${PROJECT_ID}_cloudbuild/sbom/${_TAG}/"  # the build's default bucket: each SBOM and gate report
 
 
 def _repository(image: Image, variant: str) -> str:
     return image.name if variant == "gpu" else f"{image.name}-cpu"
 
 
+def _osv_step() -> list[str]:
+    """osv.dev's advisory exports, fetched once at the start (the gate's database; nothing else downloads them)."""
+    fetch = [f"gsutil -q cp gs://osv-vulnerabilities/{eco}/all.zip osv/{eco}.zip" for eco in OSV_EXPORTS]
+    return ["  - id: osv-database", "    name: gcr.io/cloud-builders/gsutil", "    waitFor: ['-']",
+            "    entrypoint: bash", "    args:", "      - -euo", "      - pipefail", "      - -c", "      - |",
+            "        mkdir -p osv", *(f"        {f}" for f in fetch)]
+
+
+def _gate_step(image: Image, variant: str) -> list[str]:
+    """The vulnerability gate on one image's bill of materials, run by the image's own Python (stdlib only)."""
+    repo = _repository(image, variant)
+    args = ["images/vuln_gate.py", "--sbom", f"sbom/{repo}.cdx.json",
+            *(a for eco in OSV_EXPORTS for a in ("--osv", f"osv/{eco}.zip")), "--allowlist", ALLOWLIST,
+            "--image", image.name, "--report", f"sbom/{repo}.vulnerabilities.json"]
+    return [f"  - id: gate-{repo}", f"    name: {REF % repo}", f"    waitFor: [test-{repo}, osv-database]",
+            "    entrypoint: python", "    args:", *(f"      - {a}" for a in args)]
+
+
 def cloudbuild(found: tuple[Image, ...]) -> str:
-    """cloudbuild.yaml: every image's two builds at once, each variant's self-test after its build, then the push."""
-    out = [CLOUDBUILD_HEAD.rstrip("\n"), "  # ---- builds: all start at once"]
+    """cloudbuild.yaml: the advisory database and every image's two builds at once; each variant's self-test and
+    bill of materials after its build, the vulnerability gate on it; then the push (with provenance) and the upload
+    of the bills of materials and the gate's reports."""
+    out = [CLOUDBUILD_HEAD.rstrip("\n"),
+           "  # ---- the vulnerability gate's advisory database; builds: all start at once", *_osv_step()]
     for image in found:
         for variant in VARIANTS:
             step = f"build-{_repository(image, variant)}"
@@ -258,7 +292,8 @@ def cloudbuild(found: tuple[Image, ...]) -> str:
                     "      - --build-arg=VERSION=${_VERSION}", "      - --build-arg=REVISION=${_REVISION}",
                     f"      - --tag={REF % _repository(image, variant)}", "      - ."]
     out += ["  # ---- self-tests: the planner runs in the image, and the real ENTRYPOINT (tini -> entrypoint run) "
-            "answers;", "  #    a GPU variant's own check (images/<name>/image.toml gpu_check) where it has one"]
+            "answers;", "  #    a GPU variant's own check (images/<name>/image.toml gpu_check) where it has one; then "
+            "its bill of materials", "  #    is copied out for the gate and the upload"]
     for image in found:
         for variant in VARIANTS:
             ref = REF % _repository(image, variant)
@@ -266,10 +301,21 @@ def cloudbuild(found: tuple[Image, ...]) -> str:
                     f"docker run --rm {ref} --help"]
             if variant == "gpu" and image.gpu_check:
                 runs.append(f"docker run --rm --entrypoint python {ref} -c '{image.gpu_check}'")
+            repo = _repository(image, variant)
+            runs += ["mkdir -p sbom && chmod 1777 sbom  # the gate's step runs as the image's user",
+                     f"docker run --rm --entrypoint cat {ref} {SBOM_PATH} > sbom/{repo}.cdx.json"]
             out += [f"  - id: test-{_repository(image, variant)}", "    name: gcr.io/cloud-builders/docker",
                     f"    waitFor: [build-{_repository(image, variant)}]", "    entrypoint: bash", "    args:",
                     "      - -euo", "      - pipefail", "      - -c", "      - |", *(f"        {r}" for r in runs)]
-    out += ["", "images:", *(f"  - {REF % _repository(i, v)}" for i in found for v in VARIANTS)]
+    out += ["  # ---- the vulnerability gate (images/vuln_gate.py): each bill of materials against osv.dev's",
+            f"  #    advisories and {ALLOWLIST}: a fixable high or critical finding it does not name,",
+            "  #    or an expired entry, fails the build before anything is pushed"]
+    for image in found:
+        for variant in VARIANTS:
+            out += _gate_step(image, variant)
+    out += ["", "images:", *(f"  - {REF % _repository(i, v)}" for i in found for v in VARIANTS),
+            "", "artifacts:", "  objects:", f"    location: {SBOM_BUCKET}", "    paths:",
+            "      - sbom/*.cdx.json", "      - sbom/*.vulnerabilities.json"]
     return "\n".join(out) + "\n"
 
 

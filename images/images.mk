@@ -7,6 +7,7 @@
 #   make build                                   # all six
 #   make push PROJECT_ID=my-project TAG=v0.1.0   # build, then push to Artifact Registry
 #   make cloudbuild PROJECT_ID=my-project        # the same on Cloud Build (cloudbuild.yaml)
+#   make cloudbuild-sbom PROJECT_ID=my-project   # then attach each image's bill of materials in Artifact Registry
 #   make image-test                              # the three CPU images built and run here (podman or Docker)
 #   make image-test-gpu                          # the three GPU images built here (not part of make test)
 #   make image-clean                             # remove them, their local bases and their layer cache
@@ -37,7 +38,7 @@ image_build = DOCKER_BUILDKIT=1 $(DOCKER) build --file images/$(1)/Dockerfile \
 	--build-arg VERSION=$(IMAGE_VERSION) --build-arg REVISION=$(IMAGE_REVISION) \
 	$(DOCKER_BUILD_ARGS) --tag $(REGISTRY)/$(3):$(TAG) .
 
-.PHONY: build $(BUILD_TARGETS) push cloudbuild lint-docker image-test test-images image-clean \
+.PHONY: build $(BUILD_TARGETS) push cloudbuild cloudbuild-sbom lint-docker image-test test-images image-clean \
 	image-engine image-base $(addprefix image-,$(IMAGE_NAMES)) test-containers \
 	$(addprefix test-containers-,$(CONTAINER_GROUPS)) image-test-gpu
 
@@ -59,6 +60,14 @@ push: build
 cloudbuild:
 	gcloud builds submit --project=$(PROJECT_ID) --config=cloudbuild.yaml \
 		--substitutions=_REGION=$(REGION),_REPOSITORY=$(REPOSITORY),_TAG=$(TAG),_VERSION=$(IMAGE_VERSION),_REVISION=$(IMAGE_REVISION),_REDUCTION_SERVER=$(REDUCTION_SERVER) .
+
+# After `make cloudbuild`: attach each pushed image's bill of materials (uploaded by the build to
+# gs://$(PROJECT_ID)_cloudbuild/sbom/$(TAG)/) to the image in Artifact Registry (gcloud artifacts sbom load).
+SBOM_DIR ?= .build/sbom/$(TAG)
+cloudbuild-sbom:
+	mkdir -p $(SBOM_DIR) && gcloud storage cp "gs://$(PROJECT_ID)_cloudbuild/sbom/$(TAG)/*.cdx.json" $(SBOM_DIR)/
+	for ref in $(IMAGE_REFS); do name=$${ref##*/}; \
+		gcloud artifacts sbom load --project=$(PROJECT_ID) --source=$(SBOM_DIR)/$${name%%:*}.cdx.json --uri=$$ref || exit 1; done
 
 lint-docker:
 	@test -x $(HADOLINT) || { echo "no hadolint at $(HADOLINT): run 'make venv' (or set HADOLINT)" >&2; exit 1; }

@@ -12,7 +12,8 @@ builder stage compiles on a local CUDA devel base made from PyPI's CUDA wheels (
 
     python3 images/local_build.py engine [--install]      # which engine would be used (podman is installed if root)
     python3 images/local_build.py base                    # localhost/debian:bookworm, made once, refreshed monthly
-    python3 images/local_build.py build [--gpu] [IMAGE ...]  # localhost/trainer-<image>:cpu|gpu, then the sizes
+    python3 images/local_build.py build [--gpu] [IMAGE ...]  # localhost/trainer-<image>:cpu|gpu, its SBOM, the gate
+    python3 images/local_build.py gate [--gpu] [--osv PATH]... [IMAGE ...]  # the gate on the built images again
     python3 images/local_build.py sizes [--gpu] [IMAGE ...]  # size, 5 largest layers and budget of each image
     python3 images/local_build.py clean                   # the images, the bases and every layer built on them
 
@@ -29,6 +30,8 @@ same settings. This file is the command line and the builds; the rest sits besid
     catalog.py            every images/<name>/image.toml: budgets, GPU facts, test tiers, Cloud Build steps
     image_sizes.py        each image's size, largest layers and budget (image.toml)
     build_inputs.py       a build's inputs as one digest: an image built from the inputs at hand is not built again
+    supply_chain.py       the image's bill of materials copied beside its record, its digest, the vulnerability gate
+    vuln_gate.py          the gate itself: a bill of materials against OSV advisories and the expiring allowlist
 
 They import one another by plain name: run as a script, images/ is on sys.path (sys.path[0]).
 """
@@ -44,9 +47,11 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
+from pathlib import Path
 
 import build_inputs
 import catalog
+import supply_chain
 from build_common import IMAGES, INSTALL, ROOT, VARIANTS, Failure, image_ref, is_ci, log
 from container_engine import Engine, require_engine
 from cuda_base import CUDA_DEVEL_REF, ensure_cuda_devel
@@ -122,7 +127,9 @@ def needs_cuda_devel(image: str) -> bool:
     return "ARG CUDA_DEVEL_IMAGE" in (ROOT / "images" / image / "Dockerfile").read_text()
 
 
-def build(engine: Engine, images: Sequence[str], variant: str = "cpu") -> None:
+def build(engine: Engine, images: Sequence[str], variant: str = "cpu", databases: Sequence[Path] = (),
+          allowlist: Path = supply_chain.ALLOWLIST) -> None:
+    """Build each image unless it is current; then keep its bill of materials beside it and run the gate on it."""
     ensure_base(engine)
     devel = variant == "gpu" and any(needs_cuda_devel(image) for image in images)
     if devel:
@@ -146,6 +153,7 @@ def build(engine: Engine, images: Sequence[str], variant: str = "cpu") -> None:
             if inputs is not None and replaced is not None and build_inputs.is_current(ref, replaced, inputs):
                 log(f"{ref} is current: built from these inputs ({inputs[:12]}: the context, the build arguments, "
                     "the base and the wheels), not built again")
+                gate(engine, [image], variant, databases, allowlist)
                 continue
             log(f"building {ref}: {' '.join(command)}")
             code = subprocess.run(command, cwd=ROOT, check=False).returncode
@@ -156,7 +164,17 @@ def build(engine: Engine, images: Sequence[str], variant: str = "cpu") -> None:
             if inputs is not None and built is not None:
                 build_inputs.remember(ref, built, inputs)
             log(f"built {ref} in {_minutes(time.monotonic() - began)}")
+            gate(engine, [image], variant, databases, allowlist)
     log(f"{', '.join(images)} ({variant}) ready in {_minutes(time.monotonic() - started)}")
+
+
+def gate(engine: Engine, images: Sequence[str], variant: str, databases: Sequence[Path] = (),
+         allowlist: Path = supply_chain.ALLOWLIST) -> None:
+    """Each built image's bill of materials beside it, then the vulnerability gate on it (a Failure fails the build)."""
+    for image in images:
+        if not engine.exists(image_ref(image, variant)):
+            raise Failure(f"{image_ref(image, variant)} is not built: `python3 images/local_build.py build {image}`")
+        supply_chain.check(image, variant, supply_chain.keep_sbom(engine, image, variant), databases, allowlist)
 
 
 def gpu_facts(engine: Engine, image: str) -> dict[str, object]:
@@ -203,6 +221,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     for cmd in (build_cmd, sizes_cmd):
         cmd.add_argument("images", nargs="*", metavar="IMAGE", help=f"some of {', '.join(IMAGES)} (default: all)")
         cmd.add_argument("--gpu", action="store_true", help="the GPU variants (localhost/trainer-<image>:gpu)")
+    gate_cmd = sub.add_parser("gate", help="the vulnerability gate on the built images (their SBOM beside them)")
+    for cmd in (build_cmd, gate_cmd):
+        cmd.add_argument("--osv", type=Path, action="append", default=[], metavar="PATH",
+                         help="OSV advisories: osv.dev's <ecosystem>/all.zip, a directory or a JSON file (repeatable; "
+                         "default none: the allowlist alone is checked)")
+        cmd.add_argument("--allowlist", type=Path, default=supply_chain.ALLOWLIST, help="default %(default)s")
+    gate_cmd.add_argument("images", nargs="*", metavar="IMAGE", help=f"some of {', '.join(IMAGES)} (default: all)")
+    gate_cmd.add_argument("--gpu", action="store_true", help="the GPU variants")
     sub.add_parser("clean", help=f"remove the images, {BASE_REF} and every layer built on it")
     args = parser.parse_args(argv)
     try:
@@ -216,11 +242,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             ensure_base(engine)
         elif args.command == "clean":
             clean(engine)
+        elif args.command == "gate":
+            gate(engine, args.images or IMAGES, "gpu" if args.gpu else "cpu", args.osv, args.allowlist)
         else:
             images = getattr(args, "images", None) or IMAGES
             variant = "gpu" if args.gpu else "cpu"
             if args.command == "build":
-                build(engine, images, variant)
+                build(engine, images, variant, args.osv, args.allowlist)
             if variant == "gpu":
                 for image in images:
                     gpu_facts(engine, image)

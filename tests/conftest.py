@@ -17,6 +17,7 @@ pytest_plugins = [
     "tests.diagnostics",  # a failed test reports its processes' output by replica and its failure records
     "tests.slots",  # TEST_SLOTS: at most that many multi-process tests at once across make test's tiers
     "tests.cputime",  # TEST_CPU_LOG: each test's CPU time, its processes' included
+    "tests.tier_skips",  # a tier's own module skipped at collection fails the tier (its venv lacks a dependency)
 ]
 _PREFIXES = ("OMPI_", "PMI_", "PET_", "HOROVOD_", "AIP_", "CLOUD_ML_", "TORCHELASTIC_", "TRAINER_")
 CLUSTER_VARS = tuple(

@@ -28,6 +28,7 @@ class FakeMetadata:
     def __init__(self, flavor: bool = True) -> None:
         self.values = {"instance/preempted": "FALSE", "instance/maintenance-event": "NONE"}
         self.flavor, self.refused, self.requests = flavor, 0, 0
+        self.hanging: dict[str, int] = {}  # the hanging GETs waiting now, by path (a test waits for them)
         self.closed = threading.Event()
         fake = self
 
@@ -72,8 +73,22 @@ class FakeMetadata:
         """A hanging GET: until ``path``'s value is not the one ``last`` names (without ``last``: until it changes)."""
         last = last or etag(self.values[path])
         deadline = time.monotonic() + min(timeout, 60.0)
-        while time.monotonic() < deadline and etag(self.values[path]) == last and not self.closed.wait(0.05):
-            pass
+        self.hanging[path] = self.hanging.get(path, 0) + 1
+        try:
+            while time.monotonic() < deadline and etag(self.values[path]) == last and not self.closed.wait(0.05):
+                pass
+        finally:
+            self.hanging[path] -= 1
+
+    def waiting(self, timeout: float = 60.0) -> bool:
+        """Until a hanging GET waits on every path (the watcher is listening for a change of each), at most
+        ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while not all(self.hanging.get(path, 0) for path in self.values):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+        return True
 
     def __enter__(self) -> FakeMetadata:
         self._thread.start()

@@ -37,11 +37,18 @@ TORCHELASTIC_SIGNALS_TO_HANDLE = "TORCHELASTIC_SIGNALS_TO_HANDLE"
 TORCH_NCCL_ASYNC_ERROR_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
 OMP_NUM_THREADS = "OMP_NUM_THREADS"  # torchrun: 1 per process when a node runs several, unless the user set it
 MALLOC_MMAP_THRESHOLD = "MALLOC_MMAP_THRESHOLD_"  # glibc; the user's value wins over FSDP-on-CPU's mallopt
+TRITON_CACHE_DIR = "TRITON_CACHE_DIR"  # Triton's kernel cache where the user moved it: kept in the job's compile cache
 PET_NNODES = "PET_NNODES"
 PET_NODE_RANK = "PET_NODE_RANK"
 PET_NPROC_PER_NODE = "PET_NPROC_PER_NODE"
 PET_MASTER_ADDR = "PET_MASTER_ADDR"
 PET_MASTER_PORT = "PET_MASTER_PORT"
+
+# --- Kubeflow Trainer's JAX runtime (one process per pod); jax.distributed reads the coordinator's address too --
+JAX_NUM_PROCESSES = "JAX_NUM_PROCESSES"
+JAX_PROCESS_ID = "JAX_PROCESS_ID"
+JAX_COORDINATOR_ADDRESS = "JAX_COORDINATOR_ADDRESS"
+JAX_COORDINATOR_PORT = "JAX_COORDINATOR_PORT"
 
 # --- MPI / Horovod ------------------------------------------------------------------------
 OMPI_COMM_WORLD_RANK = "OMPI_COMM_WORLD_RANK"
@@ -89,6 +96,9 @@ TRAINER_JOB_LEASE = "TRAINER_JOB_LEASE"  # the chief's job-dir lease token, for 
 TRAINER_ATTEMPT = "TRAINER_ATTEMPT"  # the node's attempt, under which its training processes write the job ledger
 TRAINER_GOODPUT_JOB_NAME = "TRAINER_GOODPUT_JOB_NAME"  # ml-goodput-measurement's job name: the chief prints its entries
 TRAINER_LOG_FORMAT = "TRAINER_LOG_FORMAT"  # default --log-format; the entrypoint sets the resolved one for children
+TRAINER_IMAGE = "TRAINER_IMAGE"  # the image reference the job's spec ran (job vertex/kubeflow write it when pinned)
+TRAINER_SBOM = "TRAINER_SBOM"  # where the image's bill of materials is (default /usr/share/trainer/sbom.cdx.json)
+XDG_CACHE_HOME = "XDG_CACHE_HOME"  # `job --pin` of a local build reads images/local_build.py's records under it
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 PYTHONUNBUFFERED = "PYTHONUNBUFFERED"  # set by the images, and by `local` for each replica (output as it happens)
 TMPDIR = "TMPDIR"  # `local`: a private temporary directory per replica, as each Vertex replica is its own machine
@@ -98,6 +108,9 @@ KUBERNETES_SERVICE_HOST = "KUBERNETES_SERVICE_HOST"  # set in every Kubernetes p
 TORCHELASTIC_ERROR_FILE = "TORCHELASTIC_ERROR_FILE"  # torch elastic's per-worker error file
 TORCH_CPP_LOG_LEVEL = "TORCH_CPP_LOG_LEVEL"
 TF_CPP_MIN_LOG_LEVEL = "TF_CPP_MIN_LOG_LEVEL"
+
+# --- JAX and Keras 3 ----------------------------------------------------------------------
+KERAS_BACKEND = "KERAS_BACKEND"  # the JAX framework: jax (a user's other value is refused)
 
 # --- Read by `doctor` and the start-up preflight ------------------------------------------
 CUDA_VERSION = "CUDA_VERSION"  # set by the nvidia/cuda base images: the image's CUDA
@@ -135,4 +148,4 @@ KUBEFLOW_TRAINER_SERVER_TOKEN = "KUBEFLOW_TRAINER_SERVER_TOKEN"  # path of the b
 # --- Variables a framework sets a default for, where the user's own value wins -------------
 # (each framework declares its own as ``Framework.user_variables``; ``read_settings`` reads what the user set)
 FRAMEWORK_DEFAULTED = (OMP_NUM_THREADS, TORCH_NCCL_ASYNC_ERROR_HANDLING, *HOROVOD_TUNING, TF_USE_LEGACY_KERAS,
-                       TF_CPP_MIN_LOG_LEVEL)
+                       TF_CPP_MIN_LOG_LEVEL, KERAS_BACKEND)

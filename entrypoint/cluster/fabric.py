@@ -34,8 +34,13 @@ _MARK = "trainer-fabric-profile-sourced"
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # What bash itself changes between the two dumps of one shell (not the profile's doing).
 _SHELL_OWN = frozenset({"_", "SHLVL", "PWD", "OLDPWD"})
+# Dumps the environment, sources the profile, dumps it again; where the second dump cannot start (a profile that
+# exports more than a process can be given: E2BIG), says so and the size of each exported variable (bash builtins).
 _SCRIPT = ('env -0; printf "%s\\0" "$2"; source "$1" >/dev/null 2>&1 </dev/null; '
-           'printf "status=%s\\0" "$?"; env -0')
+           'printf "status=%s\\0" "$?"; env -0 || { LC_ALL=C; printf "%s\\0" "$2-too-large"; '
+           'for n in $(compgen -e); do v=${!n}; printf "%s=%s\\0" "$n" "${#v}"; done; }')
+_TOO_LARGE = f"{_MARK}-too-large"
+ARG_STRLEN = 131072  # bytes one variable (NAME=value and its NUL) may hold in an exec (Linux's MAX_ARG_STRLEN)
 
 
 @dataclass(frozen=True)
@@ -269,8 +274,21 @@ def source_profile(layout: Layout, environ: Mapping[str, str], root: str, timeou
         raise ProfileError(f"profile {layout.profile} ended the shell that sourced it (exit {proc.returncode})")
     if status != "status=0":
         raise ProfileError(f"profile {layout.profile} failed ({status.replace('=', ' ', 1)})")
+    if _TOO_LARGE in entries:
+        raise ProfileError(_too_large(layout, _variables(entries[entries.index(_TOO_LARGE) + 1:])))
     before, after = _variables(entries[:at]), _variables(entries[at + 2:])
     return {name: value for name, value in after.items() if before.get(name) != value and name not in _SHELL_OWN}
+
+
+def _too_large(layout: Layout, sizes: dict[str, str]) -> str:
+    """What a profile exports that no process could be started with: its largest variable, or all of them."""
+    lengths = {name: len(name) + 2 + int(size) for name, size in sizes.items() if size.isdigit()}
+    name, largest = max(lengths.items(), key=lambda item: item[1], default=("", 0))
+    if largest > ARG_STRLEN:
+        why = f"{name} is {largest} bytes, a variable holds at most {ARG_STRLEN}"
+    else:
+        why = f"its variables come to {sum(lengths.values())} bytes together, past this system's limit"
+    return f"profile {layout.profile} exports more than a process can be started with ({why})"
 
 
 def _variables(entries: list[str]) -> dict[str, str]:

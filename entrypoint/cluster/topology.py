@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from entrypoint.cluster import envvars as ev
 
-Source = Literal["vertex", "aiplatform", "tf_config", "torch", "torchrun", "kubeflow", "mpi", "local"]
+Source = Literal["vertex", "aiplatform", "tf_config", "torch", "torchrun", "kubeflow", "jax_runtime", "mpi", "local"]
 Role = Literal["chief", "worker", "ps", "evaluator"]
 
 

@@ -79,6 +79,7 @@ def run_checks(plan: Plan, settings: PlatformSettings, cheap: bool) -> tuple[lis
                           need.gloo),
         checks.nofile(node.nofile, need.workers),
         checks.memlock(node.memlock, need.nccl),
+        checks.image(plan.image),
     ]
     outs, chief = plan.outputs, plan.topology.is_chief_node
     places = [("job dir", outs.job_dir)]

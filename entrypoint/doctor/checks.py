@@ -13,6 +13,7 @@ from typing import Any, Literal
 from entrypoint import errors
 from entrypoint.doctor.facts import UNLIMITED, PathFacts, Space
 from entrypoint.errors import FailureClass
+from entrypoint.outputs.sbom import ImageIdentity
 from entrypoint.planning import registry
 
 Status = Literal["ok", "warning", "error", "skipped"]
@@ -288,6 +289,13 @@ def peers(resolved: dict[str, bool | None]) -> Finding:
         return Finding("peers", "warning", f"{what}: {', '.join(bad)}; the start-up barrier waits --timeout "
                        "(exit 196 if a name never resolves)", "check the peers' service / host names and DNS")
     return Finding("peers", "ok", f"{count(len(resolved), 'peer host')} resolve")
+
+
+def image(identity: ImageIdentity) -> Finding:
+    """The image this node runs: the digest its job's spec pinned (TRAINER_IMAGE) and its bill of materials' hash.
+    Never a warning: a job by tag, or an image without a bill of materials, runs; the line says what is known."""
+    known = bool(identity.digest or identity.sbom_sha256)
+    return Finding("image", "ok" if known else "skipped", identity.text())
 
 
 def _older_images(major: int) -> list[tuple[int, str]]:

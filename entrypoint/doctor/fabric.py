@@ -106,15 +106,22 @@ def findings(found: FabricFacts) -> list[Finding]:
         return [Finding("fabric", "warning", f"{step.problem}: the run goes on without the fabric{removed}",
                         "fix or replace the host's profile (the plugin installer's version), or --fabric off")]
     if lay is None:
-        return [Finding("fabric", "ok" if not removed else "warning", f"none found: NCCL's own transports{removed}"
-                        + "".join(f"; {note}" for note in step.idle),
+        return [Finding("fabric", "ok" if not removed else "warning", f"none found: NCCL's own transports; "
+                        f"{nccl_words(step)}{removed}" + "".join(f"; {note}" for note in step.idle),
                         None if not removed else "drop these variables from the image or the job")]
     out = [Finding("fabric", "warning" if removed else "ok", f"{lay.fabric} ({lay.machines}) from {lay.source}; "
-                   f"profile {lay.profile or 'none'}; sets {len(step.set)} variables{removed}",
+                   f"profile {lay.profile or 'none'}; sets {len(step.set)} variables; {nccl_words(step)}{removed}",
                    "drop these variables from the image or the job" if removed else None)]
     out.append(_plugin(found, lay))
     out += _needs(found, lay)
     return out
+
+
+def nccl_words(step: fabric.FabricStep) -> str:
+    """The NCCL core training loads: the plugin directory's (first on the library path), else the image's wheel."""
+    if step.host_nccl and step.layout is not None:
+        return f"NCCL {step.host_nccl} from {step.layout.plugin_dir} (the image's: {step.image_nccl or 'none'})"
+    return f"NCCL {step.image_nccl}" if step.image_nccl else "no NCCL wheel in this image"
 
 
 def _plugin(found: FabricFacts, lay: fabric.Layout) -> Finding:

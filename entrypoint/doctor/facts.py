@@ -15,6 +15,7 @@ import resource
 import shutil
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -127,7 +128,9 @@ def node_facts(settings: PlatformSettings) -> NodeFacts:
 
 
 def path_facts(uri: str) -> PathFacts:
-    """Whether an output location can be written, judged without creating anything."""
+    """Whether an output location can be written, judged without leaving anything behind: where it does not exist
+    yet, by creating (and removing) one empty directory where it would be created, as ``run`` will (a permission
+    check alone passes root, whom ``/proc`` or a mount that takes no directories refuses all the same)."""
     if is_remote(local_path(uri)):
         return PathFacts(uri, None, False, None)  # an object store (gs:// without the FUSE mount): not checked here
     path = Path(local_path(uri))
@@ -136,7 +139,18 @@ def path_facts(uri: str) -> PathFacts:
         probe = probe.parent
     free = space(probe)
     writable = probe.is_dir() and os.access(probe, os.W_OK | os.X_OK)
+    if writable and probe != path.absolute():
+        writable = _can_create_in(probe)
     return PathFacts(uri, str(probe), writable, free.free if free else None)
+
+
+def _can_create_in(directory: Path) -> bool:
+    """Whether a directory can be created in ``directory`` (one is, and removed at once)."""
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".doctor-probe-", dir=directory))
+    except OSError:
+        return False
+    return True
 
 
 def checkpoint_bytes(checkpoint_dir: str) -> int | None:

@@ -40,6 +40,10 @@ _PEER_MESSAGES = (
     "gloo context", "read error", "connection closed",
     "caused pair closure",  # gloo: "Application timeout caused pair closure" (a frozen peer, gloo's own timeout)
 )
+# What NCCL says when it refuses this node's configuration, not a peer's state: ``ncclInvalidUsage`` at the
+# communicator's start (seen on an H200: a stray ``NCCL_NET=gIB`` on a node without gIB, "Failed to initialize any
+# NET plugin"; also two ranks on one GPU). Read, like a lost peer's words, only of an error out of a collective.
+_NCCL_REFUSED = "ncclinvalidusage"
 
 
 @dataclass(frozen=True)
@@ -101,6 +105,8 @@ def classify(exc: BaseException, outputs: Iterable[str] = (), hooks: bool = Fals
     if isinstance(exc, OSError) and (found := _os_failure(exc, outputs)) is not None:
         return found
     text = str(exc)
+    if _NCCL_REFUSED in text.lower() and _from_collective(exc):
+        return Failure(errors.CONFIG, _nccl_refused(text))
     if _is_peer_failure(exc, text):
         return Failure(errors.PEER_LOST, f"a peer is gone or timed out ({name}: {_first_line(text)})")
     if "inline_container" in text and _nearly_full(outputs):
@@ -157,13 +163,35 @@ def _os_failure(exc: OSError, outputs: Iterable[str]) -> Failure | None:
     return None
 
 
+def _nccl_refused(text: str) -> str:
+    """One line: what NCCL refused (its "Last error", else its first line), the NCCL variables set here (names)."""
+    said = " ".join(text.split())
+    reason = said.partition("Last error:")[2].strip() or _first_line(text)
+    names = sorted(name for name in os.environ if name.startswith("NCCL_"))
+    return (f"NCCL refused this node's configuration (ncclInvalidUsage: {reason[:300]}); NCCL variables set here: "
+            f"{', '.join(names) or 'none'}: fix or drop them (run's default --fabric auto removes a stray "
+            "NCCL_NET=gIB on a node without gIB), and start one process per GPU")
+
+
+def _declared_peer_error(exc: BaseException, signs: list[PeerSigns]) -> bool:
+    types = {(name.split(".", 1)[0], name.rsplit(".", 1)[-1]) for s in signs for name in s.errors}
+    return any((c.__module__.split(".", 1)[0], c.__name__) in types for c in type(exc).__mro__)
+
+
+def _from_collective(exc: BaseException) -> bool:
+    """A framework's declared collective error type, or an error raised where a collective or the store runs."""
+    signs = peer_signs()
+    modules = [m for s in signs for m in s.modules]
+    return _declared_peer_error(exc, signs) or _within(type(exc).__module__, modules) or (
+        isinstance(exc, (RuntimeError, OSError)) and _within(raised_in(exc), modules))
+
+
 def _is_peer_failure(exc: BaseException, text: str) -> bool:
     """A framework's own lost-peer type, or a runtime / OS error out of a collective or the store (or an error of
     a type defined there) naming a connection or a timeout (the user's own ``RuntimeError("timed out waiting")``
     is the user's)."""
     signs = peer_signs()
-    types = {(name.split(".", 1)[0], name.rsplit(".", 1)[-1]) for s in signs for name in s.errors}
-    if any((c.__module__.split(".", 1)[0], c.__name__) in types for c in type(exc).__mro__):
+    if _declared_peer_error(exc, signs):
         return True
     modules = [m for s in signs for m in s.modules]
     # the framework's own error types (TensorFlow's ClosureInputError wrapping a refused connection) count as

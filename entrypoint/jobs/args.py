@@ -70,3 +70,15 @@ def infer_framework(explicit: str | None, image_uri: str, from_args: str | None)
     if explicit and from_args and explicit != from_args:
         raise ConfigError("--framework", f"{explicit} here but the run args say --framework {from_args}")
     return explicit or from_args or parse_image(image_uri).framework()
+
+
+def framework_args(run_args: tuple[str, ...], image: str, explicit: str | None,
+                   in_args: str | None) -> tuple[tuple[str, ...], list[str]]:
+    """The run args saying ``--framework`` when ``job`` was given one that neither the args nor the image's name say:
+    the spec then says what it runs. Without it ``local --spec``, which knows the image only by its name, ran a Horovod
+    job on an image named otherwise as PyTorch DDP, and an image whose own TRAINER_FRAMEWORK differs would run that."""
+    if explicit is None or in_args is not None or parse_image(image).framework() == explicit:
+        return run_args, []
+    return with_run_option(run_args, "--framework", explicit), [
+        f"the image's name does not say {explicit}: the args say --framework {explicit} (local --spec and every "
+        "replica read it)"]

@@ -9,13 +9,16 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import NoReturn
 
+from entrypoint.cluster import envvars as ev
 from entrypoint.errors import ConfigError, ExitCode
-from entrypoint.jobs import network, yamltext
-from entrypoint.jobs.args import readable, with_run_option
+from entrypoint.jobs import network, pinning, yamltext
+from entrypoint.jobs.args import framework_args, readable, run_options, with_run_option
+from entrypoint.jobs.images import parse_image
+from entrypoint.jobs.kubeflow import fabricpods, placement, pods, roles
 from entrypoint.jobs.kubeflow import job as kubeflow
-from entrypoint.jobs.kubeflow import placement, pods, roles
 from entrypoint.jobs.kubeflow.job import KINDS, KubeflowRequest
 from entrypoint.jobs.kubeflow.trainjob import build_trainjob
 from entrypoint.jobs.vertex import formats, pyformat, tuning
@@ -45,7 +48,10 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--image", required=True, help="the trainer image URI (ours, or one built on it)")
+    parser.add_argument("--image", required=True, help="the trainer image URI (ours, or one built on it); "
+                        "NAME@sha256:... pins it (never name:tag@sha256:...)")
+    parser.add_argument("--pin", action="store_true", help="write the image by the digest its tag names now (asks "
+                        "the registry; a local build's record for localhost/...)")
     parser.add_argument("--framework", choices=registry.names(),
                         help="default: run's --framework, else the image's name")
     parser.add_argument("--workers", type=int, default=1, help="training replicas, as local --workers: "
@@ -94,12 +100,34 @@ def parser() -> _Parser:
     return top
 
 
-def _request(ns: argparse.Namespace, run_args: tuple[str, ...]) -> tuple[VertexRequest, list[str]]:
+Env = tuple[tuple[str, str], ...]
+
+
+def image_option(ns: argparse.Namespace, env: Env, flag: str) -> tuple[str, list[str], Env]:
+    """--image checked (a digest without a tag) or pinned (--pin); a pinned image's reference in the env of our
+    containers as TRAINER_IMAGE, which doctor and the training summary report (a container cannot learn it)."""
+    pinning.check_reference(ns.image)
+    image, notes = ns.image, []
+    if ns.pin:
+        image, line = pinning.pin(ns.image)
+        notes.append(line)
+    if not parse_image(image).digest:
+        return image, notes, env
+    if any(name == ev.TRAINER_IMAGE for name, _ in env):
+        raise ConfigError(flag, f"{ev.TRAINER_IMAGE} is written by the job from its pinned --image; do not set it")
+    return image, notes, (*env, (ev.TRAINER_IMAGE, image))
+
+
+def _request(ns: argparse.Namespace, run_args: tuple[str, ...]) -> tuple[VertexRequest, list[str], list[str]]:
+    """The request, warnings, and notes (how --pin found the digest)."""
     extras, warnings = vertexpools.pool_extras(ns, ns.region)
+    image, notes, env = image_option(ns, extras.env, "--env")
+    extras = replace(extras, env=env)
+    vertexpools.check_env(list(env), "--env")
     settings = vertexopts.settings(ns, ns.region)
     warnings += vertexpools.cross_check(settings, extras)
     req = VertexRequest(
-        image=ns.image, run_args=run_args, framework=ns.framework, workers=ns.workers,
+        image=image, run_args=run_args, framework=ns.framework, workers=ns.workers,
         machine_type=ns.machine_type, accelerator=ns.accelerator, ps=ns.ps, ps_machine_type=ns.ps_machine_type,
         ps_disk=(ns.ps_boot_disk_type, ns.ps_boot_disk_size),
         evaluators=ns.evaluators, reduction_servers=ns.reduction_servers,
@@ -107,13 +135,14 @@ def _request(ns: argparse.Namespace, run_args: tuple[str, ...]) -> tuple[VertexR
         base_output_dir=ns.base_output_dir, region=ns.region, settings=settings, extras=extras,
         evaluator=vertexpools.evaluator_machines(ns),
     )
-    return req, warnings
+    return req, warnings, notes
 
 
 def _vertex(ns: argparse.Namespace, run_args: tuple[str, ...]) -> tuple[str, list[str], list[str]]:
-    req, warnings = _request(ns, run_args)
+    req, warnings, pinned = _request(ns, run_args)
     job, notes, more = build(req)
     warnings += more
+    notes = [*pinned, *notes]
     if ns.format == "json":
         text = formats.render_json(job.rest_custom_job())
     elif ns.format == "gcloud-config":
@@ -148,9 +177,10 @@ def tuning_run_args(run_args: tuple[str, ...], metric: str) -> tuple[tuple[str, 
 def _vertex_tuning(ns: argparse.Namespace, run_args: tuple[str, ...]) -> tuple[str, list[str], list[str]]:
     study, warnings = tuning.study(ns)
     run_args, notes = tuning_run_args(run_args, study.metric)
-    req, more = _request(ns, run_args)
+    req, more, pinned = _request(ns, run_args)
     job, more_notes, checks = build(req)
     warnings += more + checks
+    more_notes = [*pinned, *more_notes]
     resource = {"displayName": job.display_name, **study.rest_fields(), "trialJobSpec": job.rest_job_spec(),
                 **job.settings.rest_resource_fields()}
     if ns.format == "json":
@@ -163,14 +193,18 @@ def _vertex_tuning(ns: argparse.Namespace, run_args: tuple[str, ...]) -> tuple[s
     return text, notes + more_notes, warnings
 
 
-def _kubeflow(ns: argparse.Namespace, run_args: tuple[str, ...]) -> tuple[str, list[str]]:
+def _kubeflow(ns: argparse.Namespace, run_args: tuple[str, ...]) -> tuple[str, list[str], list[str]]:
     base = pods.from_namespace(ns)
+    image, notes, env = image_option(ns, base.env, "--env")
+    base = replace(base, env=env)
+    run_args, more = framework_args(run_args, image, ns.framework, run_options(run_args, "job kubeflow").framework)
+    notes += more
     labels, annotations, gang, warnings = kubeflow.metadata_options(ns)
     if any(v.kind == "gcs" for v in base.volumes) and base.service_account is None:
         warnings.append("--volume gcs: the pods read the bucket as their Kubernetes service account (Workload "
                         "Identity): give --service-account")
     req = KubeflowRequest(
-        kind=ns.kind, image=ns.image, run_args=run_args, framework=ns.framework, workers=ns.workers,
+        kind=ns.kind, image=image, run_args=run_args, framework=ns.framework, workers=ns.workers,
         ps=ns.ps, evaluators=ns.evaluators, name=ns.name, namespace=ns.namespace,
         backoff_limit=ns.backoff_limit, clean_pod_policy=ns.clean_pod_policy,
         ttl_seconds_after_finished=ns.ttl_seconds_after_finished,
@@ -178,7 +212,22 @@ def _kubeflow(ns: argparse.Namespace, run_args: tuple[str, ...]) -> tuple[str, l
         role_pods=roles.role_options(ns, ns.kind, base), labels=labels, annotations=annotations, gang=gang,
     )
     manifest = build_trainjob(req) if ns.kind == "trainjob" else kubeflow.build_v1(req)
-    return kubeflow.header(req) + yamltext.dump(manifest), warnings
+    if ns.kind != "trainjob":
+        warnings += kubeflow.gang_layout(req)[1]
+    warnings += _fabric_warnings(req)
+    return kubeflow.header(req) + yamltext.dump(manifest), notes, warnings
+
+
+def _fabric_warnings(req: KubeflowRequest) -> list[str]:
+    """GPU pods selecting A3 High/Mega/Ultra or A4 nodes without --node-fabric: NCCL would take the general NIC."""
+    out = []
+    for opts in dict.fromkeys([req.pods, *req.role_pods.values()]):
+        fabric = fabricpods.fabric_for(opts.node_selector)
+        if opts.gpus and opts.fabric is None and fabric is not None:
+            line = (f"--node-selector selects nodes with GPUDirect ({fabric}) but the pods get none of its pieces: "
+                    f"without --node-fabric {fabric} NCCL runs over the general-purpose NIC (docs/fabric.md)")
+            out += [line] if line not in out else []
+    return out
 
 
 def main(argv: Sequence[str]) -> int:
@@ -196,7 +245,7 @@ def main(argv: Sequence[str]) -> int:
     elif ns.target == "vertex-tuning":
         text, notes, warnings = _vertex_tuning(ns, run_args)
     else:
-        text, warnings = _kubeflow(ns, run_args)
+        text, notes, warnings = _kubeflow(ns, run_args)
     for note in notes:
         print(f"entrypoint: note: {note}", file=sys.stderr)
     for warning in warnings:

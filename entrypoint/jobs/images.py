@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 from entrypoint.planning import registry
 
+LOCAL_PREFIX = "trainer-"  # images/local_build.py names its builds localhost/trainer-<image>:<variant>
+
 
 @dataclass(frozen=True)
 class ImageRef:
@@ -26,8 +28,9 @@ class ImageRef:
         return self.name.endswith("-cpu")
 
     def framework(self) -> str | None:
-        """The registered framework whose image this is, by name (``pytorch-cpu`` -> pytorch)."""
-        found = registry.by_image(self.name)
+        """The registered framework whose image this is, by name (``pytorch-cpu`` -> pytorch; a local build's
+        ``trainer-pytorch``, images/local_build.py, too)."""
+        found = registry.by_image(self.name) or registry.by_image(self.name.removeprefix(LOCAL_PREFIX))
         return found.name if found is not None else None
 
 

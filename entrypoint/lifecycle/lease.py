@@ -23,6 +23,9 @@ The refusal is one configuration error naming the job dir and the holder (exit 2
 A holder that finds at a renewal that another job took the lease over (its own renewals did not reach the store
 for ``STALE`` seconds, or a second job with the same identity) is *displaced*: ``on_lost`` is called once (the
 runner stops the job, ``runner.py``), and ``check`` raises from then on (checkpoint commits are fenced with it).
+A lease found emptied or damaged (content that names no holder) was taken by no job: the holder writes it again,
+with a warning. A renewal that fails (a store down, a job dir made read-only) is a warning, once, and the job goes
+on; a second job on this host is still refused (its holder is alive), one of another host may take the dir over.
 """
 
 from __future__ import annotations
@@ -245,29 +248,54 @@ class JobLease:
                            f"its lease {LEASE}): give this job its own --job-dir, or stop the other one first")
 
     def _renew(self) -> None:
+        failing: str | None = None  # why the last renewal failed (said once, and once when renewals work again)
         while not self._stop.wait(RENEW):
-            with contextlib.suppress(OSError, StorageError):  # a store down for a while: renewed when back
-                renewed = replace(self.me, renewals=self.me.renewals + 1)
-                version = conditional.replace_if(self.path, renewed.text(), self._version)
-                if version is not None:
-                    self.me, self._version = renewed, version
-                    continue
-                found = conditional.read_versioned(self.path)
-                current = None if found is None else Holder.parse(found.data)
-                if found is not None and current is not None and current.token == self.me.token:
-                    self._version = found.version  # ours still (its metadata changed): renewed next time
-                    continue
-                if found is None:  # removed under us (by hand): this job holds it again, unless another did first
-                    version = conditional.create_exclusive(self.path, self.me.text())
-                    if version is not None:
-                        self._version = version
-                        continue
-                    current = Holder.read(self.path)
-                self._displaced(current)
-                return
+            try:
+                if not self._renew_once():
+                    return
+            except (OSError, StorageError) as exc:  # a store down, a job dir made read-only: renewed when back
+                if failing is None:
+                    log.warning("job dir %s: its lease %s could not be renewed (%s: %s); training goes on, but "
+                                "another host's job may take the job dir over once the lease is %g s old",
+                                self.job_dir, LEASE, type(exc).__name__, exc, STALE)
+                failing = str(exc)
+                continue
+            if failing is not None:
+                log.info("job dir %s: its lease %s is renewed again", self.job_dir, LEASE)
+                failing = None
 
-    def _displaced(self, holder: Holder | None) -> None:
-        self.lost = holder or replace(self.me, token="?", host="?", pid=0)
+    def _renew_once(self) -> bool:
+        """One renewal; False once this job was displaced (``on_lost`` called)."""
+        renewed = replace(self.me, renewals=self.me.renewals + 1)
+        version = conditional.replace_if(self.path, renewed.text(), self._version)
+        if version is not None:
+            self.me, self._version = renewed, version
+            return True
+        found = conditional.read_versioned(self.path)
+        current = None if found is None else Holder.parse(found.data)
+        if found is not None and current is not None and current.token == self.me.token:
+            self._version = found.version  # ours still (its metadata changed): renewed next time
+            return True
+        if found is not None and current is None:  # emptied or damaged: no job's holder, so no other job took it
+            version = conditional.replace_if(self.path, self.me.text(), found.version)
+            if version is not None:
+                log.warning("job dir %s: its lease %s was emptied or damaged (%d bytes that name no job): written "
+                            "again for this job", self.job_dir, LEASE, len(found.data))
+                self._version = version
+            return True  # or someone wrote it meanwhile: judged at the next renewal
+        if found is None:  # removed under us (by hand): this job holds it again, unless another did first
+            version = conditional.create_exclusive(self.path, self.me.text())
+            if version is not None:
+                self._version = version
+                return True
+            current = Holder.read(self.path)
+        if current is None:
+            return True  # an unreadable lease still: judged at the next renewal
+        self._displaced(current)
+        return False
+
+    def _displaced(self, holder: Holder) -> None:
+        self.lost = holder
         log.warning("job dir %s: another job (%s) took it over (this job's lease went unrenewed for %g s, or a second "
                     "job with this job's identity took it)", self.job_dir, self.lost, STALE)
         if self.on_lost is not None:

@@ -11,7 +11,8 @@ Phases (each a ``phase`` record with ``t0``, ``t1``): ``preparation`` (datasets,
 ``checkpoint`` (the training's time blocked by a save), ``evaluation``, ``export``, ``recovery`` (an in-place
 recovery: from the last good step to training again). Training is ``progress`` records: the steps ``first`` to
 ``last`` trained between ``t0`` and ``t1``, the seconds spent waiting for batches (``data_seconds``) and the
-first step of the attempt (``first_step_seconds``: imports and compilation happen there).
+first step of the attempt (``first_step_seconds``: imports and compilation happen there; ``first_step_end``: when
+it ended, so the attempt's start-up through its first step is read against its ``start``).
 """
 
 from __future__ import annotations
@@ -27,9 +28,11 @@ from typing import TYPE_CHECKING, Any
 
 from entrypoint.cluster.environments.settings import goodput_job_name, ledger_attempt
 from entrypoint.errors import ConfigError
+from entrypoint.failures.records import read_records
 from entrypoint.lifecycle import jobrecord, lease
 from entrypoint.outputs import checkpoints, goodput, ledger, storage
 from entrypoint.outputs.goodput import Report
+from entrypoint.outputs.goodput_model import Witness
 from entrypoint.outputs.ledger import Ledger, attempt_id, process_start_time
 from entrypoint.outputs.storage import Location
 from entrypoint.outputs.summary import SUMMARY_FILE
@@ -58,6 +61,7 @@ class Recorder:
         self._seg_steps = 0
         self._seg_data = self._seg_step_seconds = 0.0
         self._first_step: float | None = None  # the attempt's first step's seconds, until written
+        self._first_end = 0.0  # when it ended
         self._first_done = False
         self._step_t0 = 0.0
         self._idle_since: float | None = None  # end of the last step or phase: the wait for the next batch
@@ -136,14 +140,14 @@ class Recorder:
         now = time.time()
         seconds = now - self._step_t0
         if not self._first_done:
-            self._first_done, self._first_step = True, seconds
+            self._first_done, self._first_step, self._first_end = True, seconds, now
         if self._seg_first < 0:
             self._seg_first = step
         self._seg_last, self.last_step = step, step
         self._seg_steps += 1
         self._seg_step_seconds += seconds
         self._idle_since = self.last_step_end = now
-        if now >= self._flush_at:
+        if now >= self._flush_at or self._first_step is not None:  # the attempt's first step is written at once
             self._close_segment(now)
 
     def _close_segment(self, now: float, at_last_step: bool = False) -> None:
@@ -157,7 +161,7 @@ class Recorder:
                                       "step_seconds": round(self._seg_step_seconds, 4),
                                       "data_seconds": round(max(self._seg_data, 0.0), 4)}
             if self._first_step is not None:
-                fields["first_step_seconds"] = round(self._first_step, 4)
+                fields.update(first_step_seconds=round(self._first_step, 4), first_step_end=round(self._first_end, 3))
                 self._first_step = None
             self.ledger.add("progress", t0=round(self._seg_t0, 3), t1=round(end, 3), t=end, **fields)
             if self.progress is not None:
@@ -243,10 +247,14 @@ class PlatformRecorder:
         started = process_start_time()
         self.ledger = Ledger(job_dir, attempt_id("local", started), "local", None)
         self.ledger.add("submitted", t=started)
+        self.done = False
 
     def ended(self, code: int | None) -> None:
-        self.ledger.add("job_end", code=code)
-        self.ledger.close()
+        """The job ended (its replicas are gone): once."""
+        if not self.done:
+            self.done = True
+            self.ledger.add("job_end", code=code)
+            self.ledger.close()
 
 
 def for_training(job_dir: str | None, replica: str, rank: int | None, chief: bool) -> Recorder:
@@ -273,6 +281,15 @@ def _attempt_started(attempt: str) -> float:
     return process_start_time(int(pid)) if pid.isdigit() else process_start_time()
 
 
+def witnesses(job_dir: str) -> list[Witness]:
+    """The job's failure records, as goodput reads them (``goodput.Witness``)."""
+    return [Witness(r.time, r.replica, r.step, r.failure_class, r.exit_code, r.message.split(";")[0][:120])
+            for r in read_records(job_dir, 0.0)]
+
+
+goodput.add_witness_source(witnesses)  # goodput.of_job (the training summary's goodput, local's line) reads them
+
+
 def report_for(job_dir: str) -> Report | str:
     """The ``goodput`` command's report on ``job_dir``: provisional while a job of ours holds it; a line of what is
     known (summary, checkpoints) for a job dir without a ledger; a ``ConfigError`` for a path that is not a job dir,
@@ -289,7 +306,7 @@ def report_for(job_dir: str) -> Report | str:
                                      "records: its goodput is that job's to report when it ends")
     if not found.files:
         return _without_ledger(job_dir, folder)
-    return goodput.compute(found, job_dir, running=running)
+    return goodput.compute(found, job_dir, running=running, witnesses=witnesses(job_dir))
 
 
 def _without_ledger(job_dir: str, folder: Location) -> str:

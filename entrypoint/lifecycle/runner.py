@@ -175,6 +175,16 @@ def job_key(plan: Plan) -> str | None:
     return None if topo.chief_address is None else f"{topo.source}:{topo.chief_address}:{topo.trial or '-'}"
 
 
+def refuse_if_in_use(plan: Plan, ctx: failures.FailureContext) -> None:
+    """A chief whose job dir another live job holds is refused before anything else is checked (a job dir that is
+    not writable now, say, because the job that holds it made it so): the same line ``holding_job_dir`` gives."""
+    if plan.topology.is_chief_node and (plan.placement is None or plan.placement.is_chief):
+        refused = lease.in_use(plan.outputs.job_dir)
+        if refused is not None:
+            ctx.job_dir = refused_records()  # the other job's failures/ are its own
+            raise refused
+
+
 @contextlib.contextmanager
 def holding_job_dir(plan: Plan, ctx: failures.FailureContext) -> Iterator[jobrecord.JobRecord | None]:
     """The chief holds the job dir while the node runs (``lease.py``) and compares its arguments with the recorded
@@ -191,7 +201,7 @@ def holding_job_dir(plan: Plan, ctx: failures.FailureContext) -> Iterator[jobrec
     os.environ[ev.TRAINER_JOB_LEASE] = held.me.token  # the node's training processes fence their commits with it
     try:
         with checkpoints.fence(held.check):  # and so does this process (training in it, one process per node)
-            yield jobrecord.start(plan.outputs.job_dir, plan.options, ctx.secrets)
+            yield jobrecord.start(plan.outputs.job_dir, plan.options, ctx.secrets, plan.framework, plan.code)
         held.check()  # a launcher that ended because a worker's commit was fenced: the takeover is the cause
     except BaseException as exc:
         if held.lost is None:
@@ -255,7 +265,8 @@ def run_worker(handed: Handoff) -> int:
     def body() -> int:
         plan, launcher = handoff.load(handed)
         signals.die_with_parent(expected_parent=launcher)
-        setup_logging(f"[{plan.placed.label()}] ")
+        # its rank on each line, unless its launcher prints every line of it behind one already (Horovod's "[rank-0]")
+        setup_logging("" if registry.get(plan.framework).prefixed_output else f"[{plan.placed.label()}] ")
         with checkpoints.fence(lambda: _still_held(plan, ctx)):
             try:
                 return run_process(plan, ctx)

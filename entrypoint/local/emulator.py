@@ -32,7 +32,7 @@ from entrypoint.cluster.environments.settings import host_cpus, secret_values, s
 from entrypoint.errors import ConfigError, ExitCode, is_retryable
 from entrypoint.failures.records import FAILURES_DIR, FALLBACK_DIR, current, read_records, record_names
 from entrypoint.jobs.replicaenv import Pool, cluster_specs, vertex_pools, vertex_tf_config
-from entrypoint.lifecycle import lease, signals
+from entrypoint.lifecycle import jobrecord, lease, signals
 from entrypoint.lifecycle.recorder import PlatformRecorder
 from entrypoint.lifecycle.restart_policy import (
     DEFAULT_BACKOFF_LIMIT,
@@ -45,7 +45,7 @@ from entrypoint.lifecycle.runner import REFUSED
 from entrypoint.lifecycle.supervisor import Outcome, Replica, Supervisor
 from entrypoint.options import DEFAULT_GRACE_PERIOD
 from entrypoint.outputs import goodput, storage
-from entrypoint.planning.runargs import parse_options, split_user_args
+from entrypoint.planning.runargs import Parser, parse_options, split_user_args
 
 COMMANDS = ("run", "describe")
 GRACE_MARGIN = 5.0
@@ -233,7 +233,11 @@ def run_cluster(pools: Sequence[Pool], output_dir: str, trial: str | None = None
     replicas = build_replicas(pools, output_dir, trial, dict(os.environ))
     output = _output_base(output_dir)
     job_dir = f"{output}/{trial}" if trial else output
-    refused = lease.in_use(job_dir)  # a live job's dir: refused before any replica starts, nothing written there
+    # A live job's dir, or another job's (another framework or code): refused before any replica starts, nothing
+    # written there.
+    chief = next((pool for pool in pools if pool.start and pool.command[:1] == ("run",)), None)
+    refused = lease.in_use(job_dir) or (None if chief is None else jobrecord.refusal_of_run(
+        job_dir, chief.command[1:], {**os.environ, **dict(chief.env)}))
     if refused is not None:
         raise refused
     # Records already there are an earlier run's, even one written a moment ago (read_records allows clock skew).
@@ -247,7 +251,6 @@ def run_cluster(pools: Sequence[Pool], output_dir: str, trial: str | None = None
     print(f"[local] starting {len(replicas)} replicas ({names}); outputs under {output}; each replica's own disk "
           f"under {disks.root}; {host_cpus(os.environ)} CPU(s) shared: {ev.TRAINER_CPUS}={cpus} each\n"
           f"[local] {policy.describe()}", flush=True)
-    code: int | None = None
     try:
         try:
             secrets = secret_values() | frozenset(secrets_in_args([a for pool in pools for a in pool.command]))
@@ -255,19 +258,42 @@ def run_cluster(pools: Sequence[Pool], output_dir: str, trial: str | None = None
                                  on_failure=_record_exit(ctx), secrets=secrets).run()
         finally:
             signals.end_adopted(r.proc.pid for r in replicas if r.proc is not None)
-        code = _report(outcome, replicas, output_dir, ctx)
-        return code
+        # The job's end as the platform sees it: its replicas are gone. Recorded before the report, whose goodput
+        # line is then the one `goodput` reads from the same ledger afterwards.
+        platform.ended(outcome.code)
+        return _report(outcome, replicas, output_dir, ctx)
     finally:
         disks.remove()  # after the report: it reads the records the replicas' disks hold
-        platform.ended(code)  # the job's end as the platform sees it: its last moment
+        platform.ended(None)  # a local that failed itself (nothing recorded yet): its end all the same
 
 
 def _goodput_line(job_dir: str) -> str:
-    """The job's goodput from its ledger (``python -m entrypoint goodput JOB_DIR`` tells the rest)."""
+    """The job's goodput from its ledger, as ``python -m entrypoint goodput JOB_DIR`` reads it (which tells the rest):
+    why it is 0 when it is."""
     try:
         return f"{goodput.of_job(job_dir).line()} (python -m entrypoint goodput {job_dir})"
     except Exception as exc:
         return f"goodput unknown: the job ledger could not be read ({type(exc).__name__}: {exc})"
+
+
+def written(directory: str) -> bool:
+    """Whether the output directory ``directory`` holds anything (a local path or a store's URL)."""
+    try:
+        place = storage.path(directory.rstrip("/"))
+        return place.is_dir() and any(True for _ in place.iterdir())
+    except (OSError, storage.StorageError):
+        return False
+
+
+def _outputs(chief: Mapping[str, str], metrics: list[Path]) -> list[str]:
+    """The outputs the job wrote where the platform points (an empty directory is not one); its tuning metrics."""
+    places = (("model", ev.AIP_MODEL_DIR), ("checkpoints", ev.AIP_CHECKPOINT_DIR),
+              ("tensorboard", ev.AIP_TENSORBOARD_LOG_DIR))
+    found = [f"{name + ':':<13}{chief[variable]}" for name, variable in places if written(chief[variable])]
+    if not found:  # a script that saved nothing where the platform's variables point
+        found = [f"{'outputs:':<13}none under {chief[ev.AIP_MODEL_DIR].rstrip('/').rsplit('/', 1)[0]} (no model, "
+                 f"checkpoint or TensorBoard files where {ev.AIP_MODEL_DIR} and the others point)"]
+    return [*found, f"{'hypertune:':<13}{', '.join(map(str, metrics)) or 'none reported'}"]
 
 
 def _report(outcome: Outcome, replicas: list[Replica], output_dir: str, ctx: failures.FailureContext) -> int:
@@ -277,9 +303,7 @@ def _report(outcome: Outcome, replicas: list[Replica], output_dir: str, ctx: fai
     restarts = f" after {outcome.counts.replica_restarts} replica restart(s)" if outcome.counts.replica_restarts else ""
     restarts += f" and {outcome.counts.job} job restart(s)" if outcome.counts.job else ""
     print(f"[local] job finished with exit code {outcome.code}{restarts}", flush=True)
-    print(f"[local] model:       {chief[ev.AIP_MODEL_DIR]}\n[local] checkpoints: {chief[ev.AIP_CHECKPOINT_DIR]}\n"
-          f"[local] tensorboard: {chief[ev.AIP_TENSORBOARD_LOG_DIR]}\n"
-          f"[local] hypertune:    {', '.join(map(str, metrics)) or 'none reported'}", flush=True)
+    print("\n".join(f"[local] {line}" for line in _outputs(chief, metrics)), flush=True)
     if ctx.job_dir is not None:
         print(f"[local] {_goodput_line(ctx.job_dir)}", flush=True)
     if outcome.code == ExitCode.OK:
@@ -297,7 +321,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     """``local`` options before ``--``; the replica command (``run ...``) after it, as ``args.command``."""
     argv = list(argv)
     ours, command = split_user_args(argv)
-    parser = argparse.ArgumentParser(prog="python -m entrypoint local", description=__doc__.splitlines()[0])
+    parser = Parser(prog="python -m entrypoint local", description=__doc__.splitlines()[0])
+    parser.stray = "the replica command goes after '--': python -m entrypoint local [options] -- run ..."
     parser.add_argument("--workers", type=int, default=1, help="training replicas: 1 chief + N-1 workers")
     parser.add_argument("--ps", type=int, default=0, help="parameter servers (workerpool2)")
     parser.add_argument("--evaluators", type=int, default=0, help="evaluators (workerpool3)")

@@ -20,10 +20,11 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from entrypoint.outputs.goodput_model import BUCKETS, KILLED, PHASES, Attempt
+from entrypoint.outputs.goodput_model import BUCKETS, FUTURE_SLACK, KILLED, PHASES, Attempt, Witness
 from entrypoint.outputs.goodput_report import Report
 from entrypoint.outputs.ledger import Read
 
@@ -31,6 +32,16 @@ log = logging.getLogger("entrypoint")
 
 IN_PLACE = "peer_lost (recovered in place)"
 PLATFORM = ("submitted", "job_end")  # records of the platform itself (``local``), of no attempt
+_SKEW = 1.0  # seconds a failure record may be dated before the last record of the attempt it is about
+# Who reads the job's failure records for ``of_job`` (``lifecycle/recorder.py`` registers the reader: failures/ is a
+# layer above this one): job dir -> its failure records as witnesses.
+_witness_sources: list[Callable[[str], list[Witness]]] = []
+
+
+def add_witness_source(source: Callable[[str], list[Witness]]) -> None:
+    """Read the job's failure records with ``source`` in ``of_job`` from now on."""
+    if source not in _witness_sources:
+        _witness_sources.append(source)
 
 
 @dataclass
@@ -63,8 +74,11 @@ class Segment:
         return min(self.wasted_steps / self.steps, 1.0) if self.steps else 0.0
 
 
-def attempts_of(read: Read, now: float, running: bool) -> list[Attempt]:
-    """The attempts the ledger knows, oldest first; a training record's attempt without a ``start`` still counts."""
+def attempts_of(read: Read, now: float, running: bool, witnesses: Sequence[Witness] = ()) -> list[Attempt]:
+    """The attempts the ledger knows, oldest first; a training record's attempt without a ``start`` still counts.
+    One that wrote no ``end`` ended where a failure record about its replica says (its supervisor's, a survivor's
+    verdict), else at its last record (a replica other than the chief: when its replacement started, at the
+    latest)."""
     found: dict[str, Attempt] = {}
     last_seen: dict[str, float] = {}
     for r in read.records:
@@ -91,11 +105,15 @@ def attempts_of(read: Read, now: float, running: bool) -> list[Attempt]:
     for a in ordered:
         if not a.ended:
             a.end = max(last_seen.get(a.id, a.start), a.start)
-            # A replica other than the chief writes only its start and end: one that wrote no end ran until its
-            # replacement started, at the latest (the chief's training records bound its own end more closely).
-            later = [b.start for b in ordered if b.replica == a.replica and b.start > a.start]
-            if later and not a.chief:
-                a.end = max(a.end, min(later))
+            later = min((b.start for b in ordered if b.replica == a.replica and b.start > a.start), default=None)
+            a.witness = next((w for w in witnesses if w.replica == a.replica and w.t >= max(a.start, a.end - _SKEW)
+                              and (later is None or w.t <= later + _SKEW)), None)
+            if a.witness is not None:
+                a.end = max(a.end, min(a.witness.t, later if later is not None else a.witness.t))
+            elif later is not None and not a.chief:
+                # A replica other than the chief writes only its start and end: one that wrote no end ran until its
+                # replacement started, at the latest (the chief's training records bound its own end more closely).
+                a.end = max(a.end, later)
     if running:  # the newest attempt of each replica that did not end is still running
         newest: dict[str, Attempt] = {}
         for a in ordered:
@@ -139,10 +157,29 @@ def _roll_back(live: list[Segment], step: int) -> None:
         seg.wasted_steps = max(seg.wasted_steps, float(min(lost, seg.steps)))
 
 
-def compute(read: Read, job_dir: str, now: float | None = None, running: bool = False) -> Report:
-    """The job's goodput from its ledger (``running``: the job holds its job dir now; the report is provisional)."""
+def _in_future(read: Read, now: float) -> Read:
+    """The ledger less its records dated after now (a host's clock ahead, a record written by hand), with a warning:
+    one such record would otherwise stretch the job's wall time to its date."""
+    def latest(r: dict[str, Any]) -> float:
+        return max((float(r[k]) for k in ("t", "t0", "t1") if isinstance(r.get(k), (int, float))), default=0.0)
+
+    ahead = [r for r in read.records if latest(r) > now + FUTURE_SLACK]
+    if not ahead:
+        return read
+    writers = ", ".join(sorted({str(r.get("replica")) for r in ahead}))
+    warning = (f"{len(ahead)} record(s) of {writers} dated up to {max(map(latest, ahead)) - now:.0f} s after now "
+               "ignored (a clock ahead on the host that wrote them?)")
+    return Read([r for r in read.records if latest(r) <= now + FUTURE_SLACK], [*read.warnings, warning], read.files)
+
+
+def compute(read: Read, job_dir: str, now: float | None = None, running: bool = False,
+            witnesses: Sequence[Witness] = ()) -> Report:
+    """The job's goodput from its ledger (``running``: the job holds its job dir now; the report is provisional) and
+    its failure records (``witnesses``: how far it had trained, when a replica that wrote no end ended)."""
     now = time.time() if now is None else now
-    attempts = attempts_of(read, now, running)
+    read = _in_future(read, now)
+    witnesses = sorted((w for w in witnesses if w.t <= now + FUTURE_SLACK), key=lambda w: w.t)
+    attempts = attempts_of(read, now, running, witnesses)
     buckets = dict.fromkeys(BUCKETS, 0.0)
     if not attempts:
         return Report(job_dir, now, now, running, buckets, [], {}, 0, 0, 0, [], list(read.warnings))
@@ -156,7 +193,7 @@ def compute(read: Read, job_dir: str, now: float | None = None, running: bool = 
             buckets["scheduling"] += t1 - t0
             job_lane.append({"t0": t0, "t1": t1, "bucket": "scheduling"})
             start, end = min(start, t0), max(end, t1)
-    live = _progress(chiefs)
+    live = _progress(chiefs, attempts, witnesses)
     by_attempt: dict[str, list[Segment]] = {}
     for seg in live:
         by_attempt.setdefault(seg.attempt.id, []).append(seg)
@@ -197,7 +234,7 @@ def _outside_chief(attempts: list[Attempt], chiefs: list[Attempt], buckets: dict
     return [s.__dict__ for s in sorted(spans, key=lambda s: s.t0)]
 
 
-def _progress(chiefs: list[Attempt]) -> list[Segment]:
+def _progress(chiefs: list[Attempt], attempts: list[Attempt], witnesses: Sequence[Witness]) -> list[Segment]:
     """Every progress segment of the chief's attempts, with what restores rolled back marked wasted. A job that
     ended without finishing (not running) also loses what its newest commit does not hold."""
     live: list[Segment] = []
@@ -211,9 +248,32 @@ def _progress(chiefs: list[Attempt]) -> list[Segment]:
             elif r["kind"] == "training_end" and r.get("outcome") == "finished":
                 finished = True
         live.extend(_segments(a))
+        live.extend(_unrecorded(a, live, attempts, witnesses))
     if chiefs and not finished and not chiefs[-1].running:
         _roll_back(live, committed)
     return live
+
+
+def _unrecorded(a: Attempt, live: list[Segment], attempts: list[Attempt],
+                witnesses: Sequence[Witness]) -> list[Segment]:
+    """The steps a disrupted chief attempt trained after its last ``progress`` record (killed before it wrote the
+    next one; before its first, say), as far as a record shows it reached: a commit, its training's end, or a
+    failure record written while it ran (a survivor records the step the job had reached). Their time is unknown:
+    a segment of no duration, whose steps count as productive or, once a restore rolls them back, as lost."""
+    if not a.disrupted:
+        return []
+    # until the next chief attempt trains (a survivor may notice the loss after the replacement started)
+    until = min((float(r["t"]) for b in attempts if b.chief and b.start > a.start for r in b.training),
+                default=a.end + _SKEW)
+    reached = [int(r["step"]) for r in a.training if r["kind"] in ("committed", "training_end")
+               and isinstance(r.get("step"), int)]
+    reached += [w.step for w in witnesses if w.step is not None and a.start <= w.t <= until]
+    recorded = max((s.last for s in live if s.attempt is a), default=max(
+        (int(r.get("step", 0)) for r in a.training if r["kind"] == "restored"), default=0))
+    top = max(reached, default=recorded)
+    if top <= recorded:
+        return []
+    return [Segment(a, a.end, a.end, recorded + 1, top, top - recorded, 0.0, 0.0)]
 
 
 def _lane(a: Attempt, start: float, segments: list[Segment], buckets: dict[str, float],
@@ -224,7 +284,7 @@ def _lane(a: Attempt, start: float, segments: list[Segment], buckets: dict[str, 
     if a.chief:
         spans = _attempt_spans(a, segments, buckets, after)
         if a.disrupted:
-            cls = str(a.failure_class if a.ended else KILLED)
+            cls = str(a.failure_class if a.ended else a.witness.failure_class if a.witness else KILLED)
             disruptions[cls] = disruptions.get(cls, 0) + 1
         for r in a.training:
             if r["kind"] == "phase" and r.get("name") == "recovery":
@@ -279,10 +339,11 @@ def _attempt_spans(a: Attempt, segments: list[Segment], buckets: dict[str, float
 
 
 def of_job(job_dir: str, running: bool = False, now: float | None = None) -> Report:
-    """The job's goodput from the ledger under ``job_dir``."""
+    """The job's goodput from the ledger under ``job_dir`` (and its failure records, where a reader is registered)."""
     from entrypoint.outputs import ledger
 
-    return compute(ledger.read(job_dir), job_dir, now, running)
+    witnesses = [w for source in _witness_sources for w in source(job_dir)]
+    return compute(ledger.read(job_dir), job_dir, now, running, witnesses)
 
 
 def so_far(job_dir: str) -> dict[str, Any]:

@@ -48,12 +48,27 @@ class Report:
         running = self.wall - self.buckets["scheduling"]
         return running / self.disruption_count if self.disruption_count else None
 
+    def why_none(self) -> str | None:
+        """Why no second trained the model, when none did (None otherwise)."""
+        if self.buckets["productive"] > 0:
+            return None
+        if not self.attempts:
+            return "no attempt was recorded"
+        if self.steps_lost and not self.steps_productive:
+            return f"every step trained was lost ({_n(self.steps_lost, 'step')}, none kept by a committed checkpoint)"
+        if not self.steps_productive:
+            return ("no training step was recorded (the hooks loops record theirs; a script reports its own with "
+                    "entrypoint.context.step_done(step))")
+        return "its steps' time is unknown (their records were not written)"
+
     def line(self) -> str:
         """One line: what ``local`` prints at the end and the summary's ``goodput.line``."""
         worst = sorted(((v, k) for k, v in self.buckets.items() if k != "productive" and v > 0), reverse=True)[:3]
         badput = ", ".join(f"{name} {seconds:.1f} s" for seconds, name in worst) or "none"
+        why = self.why_none()
         return (f"goodput {self.goodput:.1f}%{' (provisional: the job is running)' if self.provisional else ''}: "
-                f"{self.buckets['productive']:.1f} s of {self.wall:.1f} s trained the model; "
+                f"{self.buckets['productive']:.1f} s of {self.wall:.1f} s trained the model"
+                f"{f' ({why})' if why else ''}; "
                 f"{_n(self.job_attempts, 'attempt')}, {_n(self.disruption_count, 'disruption')}, "
                 f"{_n(self.steps_lost, 'step')} lost; "
                 f"largest badput: {badput}")
@@ -69,7 +84,9 @@ class Report:
             "ml_goodput_names": dict(ML_GOODPUT),
             "job_attempts": self.job_attempts,
             "attempts": [{"attempt": a.id, "replica": a.replica, "chief": a.chief, "start": round(a.start, 3),
-                          "end": round(a.end, 3), "end_recorded": a.ended, "cause": a.cause()} for a in self.attempts],
+                          "end": round(a.end, 3), "end_recorded": a.ended, "cause": a.cause(),
+                          "startup_seconds": None if a.startup is None else round(a.startup, 3)}
+                         for a in self.attempts],
             "disruptions": dict(self.disruptions), "disruption_count": self.disruption_count,
             "mean_time_between_disruptions_seconds": None if mtbd is None else round(mtbd, 1),
             "steps": {"productive": self.steps_productive, "lost": self.steps_lost, "final": self.final_step},
@@ -96,9 +113,12 @@ class Report:
         lines.append(f"disruptions: {self.disruption_count} ({by_class})"
                      + (f"; mean time between them {mtbd:.1f} s" if mtbd is not None else ""))
         lines.append(f"attempts: {self.job_attempts} of the chief; every replica's runs:")
-        for a in self.attempts:
-            lines.append(f"  {a.replica}{' (chief)' if a.chief else ''}: {a.end - a.start:8.1f} s from "
-                         f"+{a.start - self.start:.1f} s, {a.cause()}")
+        names = [f"{a.replica}{' (chief)' if a.chief else ''}:" for a in self.attempts]
+        starts = [f"+{a.start - self.start:.1f}" for a in self.attempts]
+        name_width, start_width = max(map(len, names), default=0), max(map(len, starts), default=0)
+        for a, name, start in zip(self.attempts, names, starts, strict=True):  # in columns, whatever the names
+            lines.append(f"  {name:<{name_width}} {a.end - a.start:8.1f} s from {start:>{start_width}} s, {a.cause()}"
+                         + ("" if a.startup is None else f"; start-up through its first step {a.startup:.1f} s"))
         lines += [f"warning: {w}" for w in self.warnings]
         return "\n".join(lines)
 

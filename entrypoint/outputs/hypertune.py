@@ -8,18 +8,33 @@ import os
 from typing import Any
 
 from entrypoint.cluster import envvars as ev
+from entrypoint.cluster.environments.settings import read_settings
 from entrypoint.errors import ConfigError
 
 log = logging.getLogger("entrypoint.hypertune")
 
 
 class MetricReporter:
-    """Reports a tuning metric on the chief; a silent no-op on every other process."""
+    """Reports a tuning metric on the chief; a silent no-op on every other process.
 
-    def __init__(self, is_chief: bool, trial: str | None) -> None:
-        self.enabled = is_chief
+    ``asked``: the metric was asked for (``--hypertune-metric``, the context API), not only named by the module's
+    ``HYPERTUNE_METRIC`` default. Such a default is written only where something reads it: a tuning trial, or a
+    metrics file the platform (or ``local``) names. Otherwise cloudml-hypertune would write it into its default
+    file, ``/tmp/hypertune/output.metrics``, outside the job dir and shared by every job of the host; the training
+    summary's history has it anyway.
+    """
+
+    def __init__(self, is_chief: bool, trial: str | None, asked: bool = True) -> None:
+        self.wanted = asked or trial is not None or read_settings().metric_file is not None
+        self.enabled = is_chief and self.wanted
         self.trial = trial
         self._client: Any = None
+
+    def described(self, name: str | None) -> str:
+        """Where the metric ``name`` went, for the run's closing line."""
+        if name and not self.wanted:
+            return f"{name!r} not written (not a tuning trial; --hypertune-metric writes it)"
+        return f"{name!r} in {self.path}" if name and self.path else "not reported"
 
     def report(self, name: str, value: float, step: int) -> None:
         """Append ``name=value`` at ``step`` to the hypertune metrics file (chief only)."""

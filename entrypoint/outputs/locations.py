@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from collections.abc import Iterable
@@ -139,8 +140,9 @@ def ensure_writable(directories: Iterable[str | Path | storage.RemotePath]) -> N
 
     A remote URL gets one probe object written and deleted (credentials and bucket checked; a failure is
     ``storage.StorageError``). A /gcs path without its FUSE mount, or a directory this user may not write,
-    is an output failure (73) naming the directory; other errors (read-only, no space) are the file
-    system's own, which the failure funnel classifies; nothing is left behind.
+    is an output failure (73) naming the directory, and so is one that cannot be created or written (permission,
+    a read-only file system, a file or ``/proc`` in its path); a full disk is the file system's own, which the
+    failure funnel classifies; nothing is left behind.
     """
     for directory in directories:
         if storage.is_remote(local_path(str(directory))):
@@ -156,7 +158,9 @@ def ensure_writable(directories: Iterable[str | Path | storage.RemotePath]) -> N
         try:
             path.mkdir(parents=True, exist_ok=True)
             probe.write_bytes(b"ok")
-        except PermissionError as exc:
+        except OSError as exc:  # not ours to create or write (a full disk is the file system's own: disk_full)
+            if exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOENT, errno.ENOTDIR):
+                raise
             raise not_writable(path, exc) from None
         finally:
             probe.unlink(missing_ok=True)

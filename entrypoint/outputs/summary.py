@@ -46,6 +46,7 @@ class TrainingSummary:
     details: dict[str, Any] = field(default_factory=dict)  # framework-specific extras
     recoveries: list[dict[str, Any]] = field(default_factory=list)  # one per resume after a failure (lost_work.py)
     goodput: dict[str, Any] = field(default_factory=dict)  # the job's goodput so far (outputs/goodput.py)
+    image: dict[str, Any] = field(default_factory=dict)  # the image it ran: reference, digest, SBOM's sha256 (sbom.py)
     schema_version: int = SCHEMA_VERSION
 
 

@@ -7,7 +7,8 @@ with ``for_process`` (``placement.place``). Nothing downstream re-reads the plat
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+import sys
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from entrypoint.cluster import envvars as ev
@@ -17,6 +18,7 @@ from entrypoint.cluster.topology import ClusterTopology
 from entrypoint.errors import ConfigError
 from entrypoint.options import RunOptions
 from entrypoint.outputs.locations import OutputDirs, resolve_outputs
+from entrypoint.outputs.sbom import ImageIdentity, identify
 from entrypoint.planning import registry
 from entrypoint.planning.registry import ServerPool
 from entrypoint.planning.usercode import UserCode, find_code
@@ -46,6 +48,7 @@ class Plan:
     restart_count: int = 0  # the platform's restarts of this replica (TRAINER_RESTART_COUNT)
     own_barrier: bool = False
     placement: Placement | None = None
+    image: ImageIdentity = field(default_factory=ImageIdentity)  # the image: the reference its spec passed, its SBOM
 
     def for_process(self, local_rank: int) -> Plan:
         """This node's plan as seen by its ``local_rank``-th process."""
@@ -102,6 +105,7 @@ class Plan:
             "server_pool": self.server_pool, "code": asdict(self.code) if self.code else None,
             "timeout": self.options.timeout, "grace_period": self.options.grace_period,
             "hang_timeout": self.options.hang_timeout, "startup_timeout": self.options.startup_timeout,
+            "image": self.image.to_dict(),
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -109,7 +113,7 @@ class Plan:
         data = {f: getattr(self, f) for f in self.__dataclass_fields__}
         data.update(topology=self.topology.to_dict(), options=self.options.to_dict(), outputs=asdict(self.outputs),
                     code=asdict(self.code) if self.code else None,
-                    placement=asdict(self.placement) if self.placement else None)
+                    placement=asdict(self.placement) if self.placement else None, image=self.image.to_dict())
         return data
 
     @classmethod
@@ -123,6 +127,7 @@ class Plan:
             "code": UserCode(**data["code"]) if data.get("code") else None,
             "framework_env": tuple(tuple(pair) for pair in data.get("framework_env", ())),
             "placement": Placement(**data["placement"]) if data.get("placement") else None,
+            "image": ImageIdentity(**data.get("image") or {}),
         })
 
 
@@ -139,8 +144,13 @@ def choose_framework(requested: str | None, settings: PlatformSettings) -> str:
     installed = [n for n in candidates if registry.get(n).installed()]
     if len(installed) == 1:
         return installed[0]
-    what = f"{' and '.join(installed)} are all installed" if installed else "no framework is installed"
-    raise ConfigError("--framework", f"not given and {what}; pass one of {accepted}")
+    if installed:
+        raise ConfigError("--framework", f"not given and {' and '.join(installed)} are all installed; pass one of "
+                          f"{accepted}")
+    images = [image for name in candidates if (image := registry.get(name).image)]
+    raise ConfigError("--framework", f"not given and no framework is installed in this Python ({sys.executable}): "
+                      f"run in a trainer image ({', '.join(images)}), or on a checkout in a framework's environment: "
+                      ".venv/IMAGE (make venv-IMAGE, then . .venv/IMAGE/bin/activate)")
 
 
 def cpu_share(settings: PlatformSettings, topo: ClusterTopology, nproc: int) -> dict[str, str]:
@@ -183,7 +193,7 @@ def make_plan(topo: ClusterTopology, options: RunOptions, settings: PlatformSett
         code=find_code(options.module or settings.module, options.script), server_pool=node.server_pool,
         framework_env=tuple(sorted(env.items())), peers_serve=node.peers_serve,
         restart_count=settings.restart_count,
-        own_barrier=node.own_barrier,
+        own_barrier=node.own_barrier, image=identify(settings.image, settings.sbom),
     )
     _check_init_from(framework, made)
     if topo.platform_ranks is not None:  # the platform started this very process: it is placed already

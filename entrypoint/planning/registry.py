@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import cache
 from typing import TYPE_CHECKING, Any, Literal
 
+from entrypoint.errors import ConfigError
 from entrypoint.failures.classify import PeerSigns, add_peer_source
 
 if TYPE_CHECKING:
@@ -34,6 +36,7 @@ REGISTRY: dict[str, str] = {
     "pytorch": "entrypoint.pytorch.framework",
     "tensorflow": "entrypoint.tensorflow.framework",
     "horovod": "entrypoint.horovod.framework",
+    "jax": "entrypoint.jax.framework",
 }
 ServerPool = Literal["parameter_servers", "reduction_server", "unused"]
 Role = Literal["chief", "worker", "ps", "evaluator"]
@@ -189,6 +192,30 @@ def owner_of(option: str) -> tuple[Framework, Flag] | None:
             if flag.name == option:
                 return get(name), flag
     return None
+
+
+def installed_here() -> tuple[str, ...]:
+    """The registered frameworks this Python can import (found, not imported)."""
+    return tuple(name for name in REGISTRY if get(name).installed())
+
+
+def where_installed(framework: Framework) -> str:
+    """Where ``framework`` is installed: its image, and the environment of a checkout (the Makefile's venvs)."""
+    if framework.image is None:
+        return f"install it here (its module {framework.probe!r})"
+    venv = f".venv/{framework.image}"
+    return (f"run in the {framework.image} image, or on a checkout in {venv} (make venv-{framework.image}, then "
+            f". {venv}/bin/activate)")
+
+
+def require_installed(framework: Framework, source: str) -> None:
+    """A framework this Python cannot import is a configuration error saying where it is installed (``run``: a
+    plain interpreter would otherwise fail inside the launcher's first import, as the user's code)."""
+    if framework.installed():
+        return
+    here = ", ".join(installed_here()) or "none"
+    raise ConfigError(source, f"{framework.name} is not installed in this Python ({sys.executable}; installed here: "
+                      f"{here}): {where_installed(framework)}")
 
 
 def serving(role: str) -> tuple[Framework, ...]:

@@ -7,6 +7,7 @@ job-spec checks (``jobs.args``, ``jobs.tuning``) validate a spec's arguments wit
 from __future__ import annotations
 
 import argparse
+import difflib
 from collections.abc import Sequence
 from dataclasses import fields
 from typing import NoReturn
@@ -29,12 +30,47 @@ from entrypoint.options import (
 )
 from entrypoint.planning import registry
 
+UNRECOGNIZED = "unrecognized arguments: "
+COMMAND_WORDS = ("run", "describe")  # shown when unexpected (never a secret): local's replica command without '--'
+CLOSE = 0.75  # how alike a mistyped option and a real one are for the real one to be suggested (difflib's ratio)
+
 
 class Parser(argparse.ArgumentParser):
-    """argparse that reports a bad option as our one-line configuration error."""
+    """argparse that reports a bad option as our one-line configuration error: an unknown option by its name only
+    (its value may be a secret), with the closest option it may mean, and where an argument that belongs to
+    something else goes (``stray``: run's arguments for the user's code go after ``--``)."""
+
+    stray = "arguments for your code go after '--': python -m entrypoint {command} [options] -- {flag} ..."
 
     def error(self, message: str) -> NoReturn:
+        if message.startswith(UNRECOGNIZED):
+            message = self.unrecognized(message.removeprefix(UNRECOGNIZED).split())
         raise ConfigError(self.prog.split()[-1], message)
+
+    def unrecognized(self, extras: list[str]) -> str:
+        """What argparse did not recognize, said without values: each unknown option (and the option it is close
+        to), and the hint for arguments no option is close to."""
+        known = list(self._option_string_actions)
+        named, strays, positional, after_flag = [], [], 0, False
+        for arg in extras:
+            if arg.startswith("-") and len(arg) > 1:
+                flag = arg.split("=", 1)[0]
+                close = difflib.get_close_matches(flag, known, n=1, cutoff=CLOSE)
+                named.append(f"{flag} (did you mean {close[0]}?)" if close else flag)
+                strays += [] if close else [flag]
+                after_flag = "=" not in arg
+            elif after_flag:  # the unknown option's value
+                after_flag = False
+            else:
+                positional += 1
+                strays.append(arg if arg in COMMAND_WORDS else "ARG")
+        said = [f"unknown option{'s' if len(named) > 1 else ''} {', '.join(named)}"] if named else []
+        shown = [arg for arg in strays if arg in COMMAND_WORDS]
+        if positional:
+            said.append(f"unexpected argument{'s' if positional > 1 else ''} "
+                        f"{' '.join(shown) if shown else '(not shown)'}")
+        hint = self.stray.format(command=self.prog.split()[-1], flag=strays[0]) if strays and self.stray else ""
+        return "; ".join([*said, *([hint] if hint else [])])
 
 
 def split_user_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:

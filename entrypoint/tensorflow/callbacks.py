@@ -22,6 +22,24 @@ from entrypoint.outputs.storage import Location
 from entrypoint.tensorflow.checkpoint_io import KerasCheckpointIO
 
 log = logging.getLogger("entrypoint.tensorflow")
+SLOW_HOOK = "is slow compared to the batch time"  # tf-keras' warning about a callback's batch hooks
+
+
+class OurHooksAreNotSlow(logging.Filter):
+    """tf-keras times the batch hooks of callbacks it does not ship over fit's first batches and warns when they take
+    longer than the batch (``Callback method `on_train_batch_end` is slow``). Ours fetch the batch's loss (a NaN
+    stops training at that batch), which waits for the batch Keras only dispatched: the warning measures the batch
+    itself. The hooks loop takes no callbacks of the user's, so every such warning in it is about ours: dropped."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return SLOW_HOOK not in record.getMessage()
+
+
+def quiet_hook_timing() -> None:
+    """Drop tf-keras' timing warning about our callbacks (``OurHooksAreNotSlow``) from TensorFlow's logger, once."""
+    logger = logging.getLogger("tensorflow")
+    if not any(isinstance(f, OurHooksAreNotSlow) for f in logger.filters):
+        logger.addFilter(OurHooksAreNotSlow())
 
 
 def fetched(value: Any) -> Any:

@@ -36,6 +36,8 @@ from entrypoint.planning.plan import Plan
 GUARDED = ("fit", "evaluate", "train_on_batch", "test_on_batch")
 FIX_IMPORT = "write `import tf_keras as keras`"
 FIX_ONE_NODE = "or train on one node with MirroredStrategy"
+# Keras 3 across nodes: the JAX image runs the same code on Keras' JAX backend (docs/jax.md)
+FIX_JAX = "or use the JAX image (--framework jax), where Keras 3 trains across nodes"
 
 
 def spans_workers(plan: Plan) -> bool:
@@ -64,7 +66,7 @@ def _fix_import() -> str:
 def refusal(strategy: str, keras_version: str) -> str:
     """Why Keras 3 cannot train here and what to write instead (one line)."""
     return (f"Keras 3 (keras {keras_version}) cannot train across workers under {strategy} with TensorFlow "
-            f"{_tf_version()}: {_fix_import()}, {FIX_ONE_NODE}")
+            f"{_tf_version()}: {_fix_import()}, {FIX_ONE_NODE}, {FIX_JAX}")
 
 
 def multi_worker_kind(strategy: Any) -> str | None:
@@ -90,7 +92,7 @@ def check_hooks_model(model: Any, module_name: str, strategy: Any, spans: bool) 
     if spans or kind is not None:
         under = f" under {kind}" if kind else ""  # an evaluator builds under the default strategy
         raise ConfigError("--module", f"{built}, which cannot train across workers{under} with TensorFlow "
-                          f"{_tf_version()}: {_fix_import()}")
+                          f"{_tf_version()}: {_fix_import()}, {FIX_JAX}")
     raise ConfigError("--module", f"{built}; the hooks loop trains tf-keras models (TensorFlow {_tf_version()}): "
                       f"{_fix_import()}, or run a Keras 3 script with --script on one node")
 

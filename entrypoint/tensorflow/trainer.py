@@ -116,10 +116,12 @@ def make_callbacks(plan: Plan, ctx: TFContext, reporter: MetricReporter, metric:
         ProgressAndSteps,
         PublishTensorBoard,
         ReportTuningMetric,
+        quiet_hook_timing,
     )
     from entrypoint.tensorflow.preemption import BACKUP_DIR, NameAdvanceNotice, SaveBeforePreemption
 
     options, ckpt = plan.options, Path(ctx.checkpoint_dir)
+    quiet_hook_timing()  # every callback of fit is ours: tf-keras' "is slow" warning would time the batch itself
     progress = ProgressAndSteps(ctx.epochs, ctx.global_batch_size, ctx.num_replicas_in_sync, options.log_every,
                                 ctx.is_chief, watchdog, record)
     commit = CommitCheckpoints(writer, plan.strategy, resumed, plan.outputs.job_dir, history)
@@ -201,7 +203,7 @@ def _train(plan: Plan, module: ModuleType, args: argparse.Namespace, strategy: A
         restore_backup(Path(ctx.checkpoint_dir) / BACKUP_DIR, staging)  # BackupAndRestore reads the chief's copy
     record.enter("preparation")
     metric = options.hypertune_metric or getattr(module, "HYPERTUNE_METRIC", None)
-    reporter = MetricReporter(ctx.is_chief, ctx.trial)
+    reporter = MetricReporter(ctx.is_chief, ctx.trial, asked=options.hypertune_metric is not None)
     callbacks, progress, commit = make_callbacks(plan, ctx, reporter, metric, request, watchdog, writer, resumed,
                                                  history, staging, record)
     log.info("training %d epoch(s), global batch %d (%d per replica x %d)", ctx.epochs, ctx.global_batch_size,
@@ -248,5 +250,5 @@ def summarize(plan: Plan, ctx: TFContext, model: Any, history: dict[str, list[fl
         samples_per_second=round((final_step - progress.start_step) * ctx.global_batch_size / max(seconds, 1e-9), 1),
         checkpoint_blocked_seconds=0.0, checkpoint_write_seconds=0.0, trial=ctx.trial,
         hypertune_file=reporter.path, load_with=LOAD_WITH, ranks=list(range(ctx.world_size)),
-        details={"reason": plan.reason},
+        details={"reason": plan.reason}, image=plan.image.to_dict(),
     )

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import sys
+import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from bench.common import FamilyResult, check, compare, interleave
+from bench.common import FamilyResult, check, compare, interleave, timed
 from bench.gpu import mfu_row, peak_tflops
 from bench.report import markdown
 
@@ -22,6 +26,18 @@ def test_interleave_rotates_the_order_and_drops_warmup_rounds() -> None:
     results = interleave({n: (lambda n=n: variant(n)) for n in "ABC"}, repeats=3, warmup=1)
     assert "".join(calls) == "ABC" "BCA" "CAB" "ABC"
     assert results == {"A": [5.0, 7.0, 9.0], "B": [3.0, 8.0, 10.0], "C": [4.0, 6.0, 11.0]}
+
+
+def test_a_command_past_its_timeout_is_killed_not_left_running_into_the_next_measurement(tmp_path: Path) -> None:
+    pid_file = tmp_path / "pid"
+    code = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
+    with pytest.raises(RuntimeError, match="did not finish within 3 s"):
+        timed([([sys.executable, "-c", code], dict(os.environ))], timeout=3)
+    pid = int(pid_file.read_text())
+    deadline = time.monotonic() + 5
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:  # gone (timed() also reaped it)
+        time.sleep(0.05)
+    assert not Path(f"/proc/{pid}").exists()
 
 
 def test_compare_and_check_give_ratios_and_targets() -> None:

@@ -1,7 +1,8 @@
 """Run the locally built CPU images (make image-test) with the same engine settings the builds use.
 
 The engine, its flags and the image names come from images/local_build.py and its modules (build_common,
-container_engine, debian_base, wheel_sources, image_sizes, cuda_base, build_inputs, catalog), loaded from images/
+container_engine, debian_base, wheel_sources, image_sizes, cuda_base, build_inputs, catalog, supply_chain, vuln_gate),
+loaded from images/
 (standalone scripts, not a package). Containers get unique names and are always removed.
 """
 
@@ -37,9 +38,9 @@ def _load(*names: str) -> list[ModuleType]:
         sys.path.remove(folder)
 
 
-driver, common, engines, base, wheels, sizes, cuda, inputs, catalog = _load(
+driver, common, engines, base, wheels, sizes, cuda, inputs, catalog, supply_chain, vuln_gate = _load(
     "local_build", "build_common", "container_engine", "debian_base", "wheel_sources", "image_sizes", "cuda_base",
-    "build_inputs", "catalog")
+    "build_inputs", "catalog", "supply_chain", "vuln_gate")
 Engine = engines.Engine
 UID = 1000  # the images' trainer user (TRAINER_UID)
 JOB_TIMEOUT = 300  # seconds for one containerised job; each takes 10-60 s on 2 idle cores

@@ -2,12 +2,14 @@
 
 With `--shm-size 64m` the preflight warns, names the fix and caps --data-workers, and the job trains to the
 end; with `--shm-size 1g` the same job keeps its four workers. `doctor` in the image says the same in one
-line and imports no framework. The hooks module notes which DataLoader worker read the data
+line, reports the digest the job's spec passed and its bill of materials' hash, and imports no framework. The
+hooks module notes which DataLoader worker read the data
 (tests/pytorch/loader_workers.py, mounted read-only on the image's PYTHONPATH).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 from pathlib import Path
@@ -16,7 +18,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import ROOT
-from tests.containers.engine import JOB_TIMEOUT, OUT, Container, aip_dirs, writable_dir
+from tests.containers.engine import JOB_TIMEOUT, OUT, Container, aip_dirs, common, supply_chain, writable_dir
 
 pytestmark = pytest.mark.containers
 TRAIN = ["--module", "tests.pytorch.loader_workers", "--data-workers", "4", "--log-every", "10"]
@@ -56,8 +58,9 @@ def test_doctor_in_the_image_reports_the_small_dev_shm_without_a_framework(
     code = ("import json, sys; from entrypoint.cli import main; rc = main(['doctor', '--json', *sys.argv[1:]]); "
             "print(json.dumps(sorted(m for m in ('torch', 'tensorflow', 'horovod') if m in sys.modules))); "
             "sys.exit(rc)")
-    probe = Container(engine, built("pytorch"), ["-c", code, *TRAIN], env=aip_dirs(), entrypoint="python",
-                      volumes={volume: OUT, ROOT / "tests": "/app/tests:ro"})
+    pinned = f"localhost/trainer-pytorch@{supply_chain.image_digest(engine, common.image_ref('pytorch'))}"
+    probe = Container(engine, built("pytorch"), ["-c", code, *TRAIN], env={**aip_dirs(), "TRAINER_IMAGE": pinned},
+                      entrypoint="python", volumes={volume: OUT, ROOT / "tests": "/app/tests:ro"})
     proc = run_with_shm(probe, "64m")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     *report, imported = proc.stdout.splitlines()
@@ -66,4 +69,7 @@ def test_doctor_in_the_image_reports_the_small_dev_shm_without_a_framework(
     assert checks["shm"]["status"] == "warning" and "caps --data-workers at 1" in checks["shm"]["message"]
     assert checks["driver"]["status"] == "skipped"  # the CPU image on a machine without GPUs
     assert checks["outputs"]["status"] == "ok"
+    sbom = hashlib.sha256(supply_chain.keep_sbom(engine, "pytorch", "cpu").read_bytes()).hexdigest()
+    assert checks["image"]["status"] == "ok" and pinned in checks["image"]["message"]  # the digest the job ran
+    assert f"sha256:{sbom}" in checks["image"]["message"]  # its bill of materials, the one built into it
     assert not (volume / "model").exists()  # doctor created nothing

@@ -4,6 +4,7 @@ variables Vertex sets. Training happens in step and only the chief's volume rece
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,17 @@ import pytest
 from entrypoint.lifecycle.ports import free_ports
 from entrypoint.outputs import checkpoints
 from tests.conftest import ROOT
-from tests.containers.engine import OUT, Container, aip_dirs, files_under, started, vertex_spec, writable_dir
+from tests.containers.engine import (
+    OUT,
+    Container,
+    aip_dirs,
+    common,
+    files_under,
+    started,
+    supply_chain,
+    vertex_spec,
+    writable_dir,
+)
 from tests.horovod.keras_callbacks_check import SCRIPT, check_callbacks
 from tests.tensorflow.runs import make_image_folder
 
@@ -22,12 +33,12 @@ POOLS = ("workerpool0", "workerpool1")  # chief, worker
 
 
 def vertex_job(engine: Any, image: str, args: list[str], tmp_path: Path,
-               mounts: dict[Path, str] | None = None) -> tuple[Path, Path]:
+               mounts: dict[Path, str] | None = None, env: dict[str, str] | None = None) -> tuple[Path, Path]:
     """Run a chief and a worker container to completion; return their output volumes (host paths)."""
     ports = free_ports(2)
     volumes = [writable_dir(tmp_path / pool) for pool in POOLS]
     containers = [
-        Container(engine, image, args, env={"CLUSTER_SPEC": vertex_spec(ports, pool), **aip_dirs()},
+        Container(engine, image, args, env={"CLUSTER_SPEC": vertex_spec(ports, pool), **aip_dirs(), **(env or {})},
                   volumes={volume: OUT, **(mounts or {})})
         for pool, volume in zip(POOLS, volumes, strict=True)
     ]
@@ -38,9 +49,15 @@ def vertex_job(engine: Any, image: str, args: list[str], tmp_path: Path,
 
 
 def test_pytorch_digits_trains_ddp_across_two_containers(engine: Any, built: Any, tmp_path: Path) -> None:
+    pinned = f"localhost/trainer-pytorch@{supply_chain.image_digest(engine, common.image_ref('pytorch'))}"
     chief, worker = vertex_job(engine, built("pytorch"), ["--module", "trainers.digits_torch", "--epochs", "3",
-                                                          "--timeout", "120"], tmp_path)
+                                                          "--timeout", "120"], tmp_path,
+                               env={"TRAINER_IMAGE": pinned})  # as job vertex writes it for a pinned image
     summary = json.loads((chief / "model" / "training_summary.json").read_text())
+    sbom = supply_chain.keep_sbom(engine, "pytorch", "cpu").read_bytes()
+    assert summary["image"] == {"reference": pinned, "digest": pinned.rpartition("@")[2],
+                                "sbom": "/usr/share/trainer/sbom.cdx.json", "packages": summary["image"]["packages"],
+                                "sbom_sha256": hashlib.sha256(sbom).hexdigest()}  # what ran, and what is in it
     assert summary["world_size"] == 2 and summary["ranks"] == [0, 1]
     assert summary["param_digests"][0] == summary["param_digests"][1]  # in step: the same weights on both
     assert summary["final_step"] == summary["expected_steps"] > 0

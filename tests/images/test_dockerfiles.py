@@ -328,3 +328,29 @@ def test_gib_is_optional_gpu_only_and_uses_a_signed_by_keyring() -> None:
     assert "libibverbs1" in run and "test -f /usr/local/gib/scripts/set_nccl_env.sh" in run
     assert "deb [signed-by=/usr/share/keyrings/" in run and "gpudirect-gib-apt main" in run
     assert runs.index(run) > next(i for i, r in enumerate(runs) if "/tmp/dist/*.whl" in r)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_the_bill_of_materials_is_written_after_the_last_install_by_the_catalogs_one_line(image: str,
+                                                                                         variant: str) -> None:
+    """Every runtime stage has catalog.SBOM_LINE once, after everything that installs or copies software in and
+    before USER (it writes as root): a document made earlier would miss what came after it (docs/images.md). A new
+    image's Dockerfile gets the one line."""
+    _, stages = parse(image, variant)
+    runtime = stages[-1].instructions
+    lines = [f"{i['instruction']} {i['value']}" for i in runtime]
+    assert lines.count(catalog.SBOM_LINE) == 1, f"images/{image}/Dockerfile lacks the line: {catalog.SBOM_LINE}"
+    where = lines.index(catalog.SBOM_LINE)
+    installs = [n for n, i in enumerate(runtime) if i["instruction"] in ("COPY", "ADD")
+                or (i["instruction"] == "RUN" and re.search(r"apt-get install|pip install|dpkg -i", i["value"]))]
+    assert installs and max(installs) < where, f"{image}: something is installed after the bill of materials"
+    user = next(n for n, i in enumerate(runtime) if i["instruction"] == "USER")
+    assert where < user, f"{image}: the bill of materials is written as root, before USER"
+
+
+def test_the_catalog_the_package_and_the_local_build_agree_on_where_the_bill_of_materials_is() -> None:
+    from entrypoint.cluster.environments.settings import DEFAULT_SBOM
+    from entrypoint.outputs.sbom import SBOM_PATH
+    from tests.containers.engine import supply_chain
+
+    assert catalog.SBOM_PATH == SBOM_PATH == DEFAULT_SBOM == supply_chain.SBOM_IN_IMAGE

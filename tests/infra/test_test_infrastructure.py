@@ -244,3 +244,36 @@ def test_the_committed_durations_name_tests_that_exist() -> None:
     gone = [name for name in recorded
             if f"def {name.split('::')[-1].split('[')[0]}(" not in sources.get(name.split("::")[0], "")]
     assert gone == [], "renamed or removed tests: rewrite tests/durations.json (python3 tests/tiers.py durations)"
+
+
+def test_a_tiers_own_module_skipped_at_collection_fails_that_tier_only(tmp_path: Path) -> None:
+    """A PyTorch module whose import-time dependency is missing: a failure in the catch-all tier that selects it (its
+    venv lacks what the tier needs), a skip in the TensorFlow tier (as every other tier's modules skip there), and
+    a skip without -m (a developer's run of some files)."""
+    (tmp_path / "test_own.py").write_text(
+        "import pytest\n"
+        "pytest.importorskip('no_such_module_of_the_tier')\n"
+        "pytestmark = [pytest.mark.pytorch, pytest.mark.slow]\n"
+        "def test_it():\n"
+        "    pass\n")
+    (tmp_path / "test_other.py").write_text("import pytest\npytestmark = [pytest.mark.pytorch]\n"
+                                           "def test_it():\n    pass\n")
+
+    def tier(*marks: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "pytest", str(tmp_path), "-q", "-p", "no:cacheprovider", "-p",
+                               "tests.tier_skips", "--rootdir", str(tmp_path), "-W", "ignore", *marks], cwd=tmp_path,
+                              env=subprocess_env(), capture_output=True, text=True, timeout=120)
+
+    catch_all = tier("-m", "not horovod and not tensorflow and not jobs and not containers")
+    assert catch_all.returncode != 0, catch_all.stdout
+    assert "test_own.py: this tier's own test module" in catch_all.stdout and "no_such_module_of_the_tier" in \
+        catch_all.stdout
+    for other in (tier("-m", "tensorflow"), tier()):
+        assert "this tier's own" not in other.stdout and "1 skipped" in other.stdout, other.stdout
+    assert tiers_selected("tensorflow", {"tensorflow", "slow"}) and not tiers_selected("tensorflow", {"pytorch"})
+
+
+def tiers_selected(markexpr: str, markers: set[str]) -> bool:
+    from tests.tier_skips import selected
+
+    return selected(markexpr, markers)

@@ -277,8 +277,9 @@ PLACEMENT = ["--topology", "required:cloud.google.com/gce-topology-block", "--po
 
 
 def test_gang_placement_in_a_pytorchjob(capsys: pytest.CaptureFixture[str]) -> None:
-    """A 16-node A3 gang: Kueue's topology annotation on every replica type, the job's pods selected by
-    training-operator's job-name label for anti-affinity, affinity and spread; read back by the training SDK."""
+    """A 16-node A3 gang: Kueue's topology annotation on every replica type, Master and Worker one PodSet group (one
+    domain), the job's pods selected by training-operator's job-name label for anti-affinity, affinity and spread;
+    read back by the training SDK."""
     code, out, err = job(capsys, "kubeflow", "--kind", "pytorchjob", "--image", TORCH_IMAGE, "--name", "gang",
                          "--workers", "16", "--gpus", "8", *PLACEMENT, "--spread", "topology.kubernetes.io/zone:2",
                          *RUN)
@@ -287,7 +288,8 @@ def test_gang_placement_in_a_pytorchjob(capsys: pytest.CaptureFixture[str]) -> N
     for replica in replicas.values():
         template = replica.template
         assert template.metadata.annotations == {
-            "kueue.x-k8s.io/podset-required-topology": "cloud.google.com/gce-topology-block"}
+            "kueue.x-k8s.io/podset-required-topology": "cloud.google.com/gce-topology-block",
+            "kueue.x-k8s.io/podset-group-name": "training-gang"}
         anti = template.spec.affinity.pod_anti_affinity.required_during_scheduling_ignored_during_execution
         assert [(t.topology_key, t.label_selector.match_labels) for t in anti] == [
             ("kubernetes.io/hostname", {"training.kubeflow.org/job-name": "gang"})]

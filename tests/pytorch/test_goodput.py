@@ -56,7 +56,7 @@ def test_every_second_of_a_disrupted_job_is_accounted_for(tmp_path: Path) -> Non
     finally:
         second.cleanup()
     measured = time.time() - started
-    assert "[local] goodput " in second.output()
+    said = [line for line in second.output().splitlines() if line.startswith("[local] goodput ")]
 
     report = goodput(out, "--plot", str(tmp_path / "goodput.svg"))
     buckets = report["buckets"]
@@ -68,15 +68,36 @@ def test_every_second_of_a_disrupted_job_is_accounted_for(tmp_path: Path) -> Non
     assert report["steps"]["lost"] == sum(r["lost_steps"] for r in restarts), (report["steps"], result["recoveries"])
     assert report["steps"]["productive"] == report["steps"]["final"] == result["final_step"]
     assert buckets["wasted_progress"] > 0 and buckets["infrastructure_recovery"] > 0 and buckets["scheduling"] > 0
+    assert buckets["evaluation"] > 0 and buckets["export"] > 0  # an evaluation each epoch, the export at the end
     # The restart's cause is the chief's: the lost peer it noticed, or local's SIGTERM restarting the job if first.
     assert report["disruptions"]["preempted"] >= 1 and report["disruptions"]["peer_lost (recovered in place)"] == 1
     assert report["disruption_count"] == 3 and report["job_attempts"] == 3, report["disruptions"]
-    assert all(a["end_recorded"] for a in report["attempts"] if a["chief"] or "killed" not in a["cause"]), \
-        report["attempts"]
+    assert all(a["end_recorded"] for a in report["attempts"] if a["chief"]), report["attempts"]
+    killed = [a for a in report["attempts"] if not a["end_recorded"]]  # the SIGKILLed worker's, as local recorded
+    assert [a["replica"] for a in killed] == ["workerpool1-1", "workerpool1-1"], report["attempts"]
+    assert all(a["cause"].startswith("signal (exit 137: stopped by SIGKILL") for a in killed), report["attempts"]
     assert {a["replica"] for a in report["attempts"]} == {"workerpool0-0", "workerpool1-0", "workerpool1-1"}
     assert not report["provisional"] and report["goodput_percent"] > 0
     assert result["goodput"]["line"].startswith("goodput ")  # the summary carries the job's goodput so far
     assert (tmp_path / "goodput.svg").read_text().startswith("<svg")
+    # local's closing line is what `goodput` reads from the same dir afterwards (its own end recorded first)
+    assert said == [f"[local] {report['line']} (python -m entrypoint goodput {out})"], (said, report["line"])
+
+
+def test_local_names_only_the_outputs_a_script_wrote_and_says_why_its_goodput_is_zero(tmp_path: Path) -> None:
+    """A script that saves nothing where the platform points and reports no steps (issue 57's script-mode demos):
+    no empty directory is announced as its model, checkpoints or TensorBoard logs, and the goodput of 0 says why."""
+    out = tmp_path / "out"
+    proc = entrypoint("local", "--output-dir", str(out), "--", "run", "--framework", "pytorch", "--script",
+                      "tests/pytorch/sleep_script.py", "--", "0.1", timeout=300)
+    assert proc.returncode == 0, failure_text(proc)
+    said = [line for line in proc.stdout.splitlines() if line.startswith("[local] ")]
+    assert not [line for line in said if line.split()[1] in ("model:", "checkpoints:", "tensorboard:")], said
+    assert f"[local] outputs:     none under {out} (no model, checkpoint or TensorBoard files" in proc.stdout
+    assert "[local] hypertune:   none reported" in said
+    line = next(line for line in said if line.startswith("[local] goodput "))
+    assert line.startswith("[local] goodput 0.0%: 0.0 s of ") and "(no training step was recorded (" in line, line
+    assert line == f"[local] {goodput(out)['line']} (python -m entrypoint goodput {out})"
 
 
 def test_a_script_reports_its_steps_through_the_context(tmp_path: Path) -> None:

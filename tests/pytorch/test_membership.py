@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
-import time
+from typing import Any
 
 import pytest
 
@@ -25,17 +25,34 @@ def members(store: object) -> list[Membership]:
     return group
 
 
+class Watched:
+    """The store, telling (``looked``) when a reader checked for ``key`` and did not find it."""
+
+    def __init__(self, store: Any, key: str) -> None:
+        self.store, self.key, self.looked = store, key, threading.Event()
+
+    def check(self, keys: list[str]) -> bool:
+        found = bool(self.store.check(keys))
+        if self.key in keys and not found:
+            self.looked.set()
+        return found
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+
 def test_a_replacement_counted_in_but_not_yet_described_is_awaited_not_refused() -> None:
     """A replacement counts itself in (``joins``) and then writes its fingerprint: two store calls. Rank 0 deciding
     between them once read an empty fingerprint and refused the replacement ("world size None instead of 3"),
     sending every survivor back to the checkpoint; seen on a loaded CI machine."""
-    store = torch.distributed.HashStore()
+    real = torch.distributed.HashStore()
+    store = Watched(real, members(real)[0]._key("join", 2, 1))
     chief, survivor, _ = members(store)
     store.set(survivor._key("g1", "here", 1), json.dumps({"step": 8}))  # rank 1 survived
     store.add(chief._key("joins", 2), 1)  # the replacement of rank 2 counted itself in, and was descheduled
 
-    def describe_later() -> None:
-        time.sleep(0.5)
+    def describe_later() -> None:  # once rank 0 has read between the two writes (the race, made certain)
+        assert store.looked.wait(60), "rank 0 never looked for the replacement's fingerprint"
         store.set(chief._key("join", 2, 1), json.dumps(PRINT))
 
     writer = threading.Thread(target=describe_later)

@@ -190,7 +190,11 @@ def test_a_rank_killed_mid_save_leaves_a_torn_checkpoint_that_the_restart_skips(
         job.cleanup()
     output = job.output()
     assert "workerpool1-0 exited 137 (retryable): restart 1 of 5" in output
-    assert "skipping torn checkpoint" in output or "resumed from" in output
+    # Every rank restarted resumes from the step committed before the torn one (which the chief removed when the
+    # save failed, or the restart skipped), never from the torn one ("resumed from" alone is what every resume logs)
+    ckpt2 = out / "checkpoints" / "ckpt-00000002"
+    assert f"resumed from {ckpt2} at step 2 (epoch 0, batch 2)" in output
+    assert f"resumed from {torn} " not in output
     assert (out / "model" / "model.safetensors").is_file()
     for _step, path in checkpoints.committed(out / "checkpoints"):
         checkpoints.verify(path)

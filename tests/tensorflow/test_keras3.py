@@ -28,10 +28,12 @@ RUN = ["run", "--framework", "tensorflow", "--timeout", "60", "--log-every", "10
 VERSIONS = r"\(keras 3\.[\w.]+\)"
 SCRIPT_REFUSAL = (r"config on (workerpool\d-0), rank (\d), host \S+: --script: Keras 3 " + VERSIONS +
                   r" cannot train across workers under {strategy} with TensorFlow [\w.]+: write `import tf_keras as "
-                  r"keras`, or train on one node with MirroredStrategy \(exit 2, permanent\)$")
+                  r"keras`, or train on one node with MirroredStrategy, or use the JAX image \(--framework jax\), "
+                  r"where Keras 3 trains across nodes \(exit 2, permanent\)$")
 HOOKS_MULTI = (rf"config on (workerpool\d-0), rank (\d), host \S+: --module: {HOOKS}\.build_model returned a Keras 3 "
                rf"model {VERSIONS}, which cannot train across workers under MultiWorkerMirroredStrategy with "
-               r"TensorFlow [\w.]+: write `import tf_keras as keras` \(exit 2, permanent\)$")
+               r"TensorFlow [\w.]+: write `import tf_keras as keras`, or use the JAX image \(--framework jax\), where "
+               r"Keras 3 trains across nodes \(exit 2, permanent\)$")
 HOOKS_ONE_NODE = (rf"config on node-0, rank 0, host \S+: --module: {HOOKS}\.build_model returned a Keras 3 model "
                   rf"{VERSIONS}; the hooks loop trains tf-keras models \(TensorFlow [\w.]+\): write `import tf_keras "
                   r"as keras`, or run a Keras 3 script with --script on one node \(exit 2, permanent\)$")

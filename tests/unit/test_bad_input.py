@@ -58,6 +58,18 @@ BAD: list[tuple[str, dict[str, str], str, str]] = [
     ("torchrun without RANK", {"LOCAL_RANK": "0", "WORLD_SIZE": "2"}, "RANK", "missing"),
     ("mpi without size", {"OMPI_COMM_WORLD_RANK": "0"}, "OMPI_COMM_WORLD_SIZE", "missing"),
     ("elastic PET_NNODES", {"PET_NNODES": "1:4"}, "PET_NNODES", "elastic"),
+    ("JAX_PROCESS_ID alone", {"JAX_PROCESS_ID": "1"}, "JAX_NUM_PROCESSES", "missing"),
+    ("JAX_PROCESS_ID out of range", {"JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "2",
+                                     "JAX_COORDINATOR_ADDRESS": "c:1"}, "JAX_PROCESS_ID", "out of range"),
+    ("several jax processes, no id", {"JAX_NUM_PROCESSES": "2", "JAX_COORDINATOR_ADDRESS": "c:1"}, "JAX_PROCESS_ID",
+     "missing"),
+    ("several jax processes, no coordinator", {"JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "1"},
+     "JAX_COORDINATOR_ADDRESS", "missing"),
+    ("jax coordinator without a port", {"JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "1",
+                                        "JAX_COORDINATOR_ADDRESS": "coord"}, "JAX_COORDINATOR_PORT", "missing"),
+    ("jax coordinator port out of range", {"JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "0",
+                                           "JAX_COORDINATOR_ADDRESS": "c:70000"}, "JAX_COORDINATOR_ADDRESS",
+     "invalid port"),
 ]
 
 
@@ -162,7 +174,8 @@ def test_the_fuzzers_cover_the_variables_of_every_format() -> None:
     assert {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "MASTER_ADDR",
             "MASTER_PORT", "PET_NNODES", "PET_NODE_RANK", "PET_NPROC_PER_NODE", "OMPI_COMM_WORLD_RANK",
             "OMPI_COMM_WORLD_SIZE", "HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_CROSS_RANK", "PMI_RANK", "PMI_SIZE",
-            "CLOUD_ML_TRIAL_ID"} <= set(OTHER_VARIABLES)
+            "CLOUD_ML_TRIAL_ID", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "JAX_COORDINATOR_ADDRESS",
+            "JAX_COORDINATOR_PORT"} <= set(OTHER_VARIABLES)
 
 
 def _check(env: dict[str, str]) -> None:

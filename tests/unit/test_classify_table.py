@@ -60,6 +60,17 @@ class RendezvousTimeoutError(Exception):
 RendezvousTimeoutError.__module__ = "torch.distributed.elastic.rendezvous.api"
 
 
+class DistBackendError(RuntimeError):
+    """Stands in for torch.distributed's backend error (a declared peer type): what NCCL's failures arrive as."""
+
+
+DistBackendError.__module__ = "torch.distributed"
+# What torch 2.11 with NCCL 2.28.9 raised on an H200 for a stray NCCL_NET=gIB under --fabric off (bench/gpu_check.sh).
+NCCL_REFUSED = ("NCCL error in: /pytorch/torch/csrc/distributed/c10d/NCCLUtils.cpp:93, invalid usage (run with "
+                "NCCL_DEBUG=WARN for details), NCCL version 2.28.9\nncclInvalidUsage: This usually reflects invalid "
+                "usage of NCCL library.\nLast error:\nFailed to initialize any NET plugin")
+
+
 class UserDefined(DistNetworkError):
     """A user's exception deriving from a peer type: still a peer failure (the MRO is searched)."""
 
@@ -118,6 +129,11 @@ def storage(cause: BaseException, url: str = "gs://bkt/job/model/x.pt") -> Stora
     # a peer gone or stuck: a framework's declared type (MRO included), or a runtime / connection error raised
     # where a collective or the store runs that names a connection or a timeout
     (DistNetworkError("anything"), "peer_lost", 129),
+    (DistBackendError("NCCL communicator was aborted on rank 1"), "peer_lost", 129),
+    # NCCL refusing this node's configuration is the job's to fix, not a peer to wait for (retried forever)
+    (DistBackendError(NCCL_REFUSED), "config", 2),
+    (raised_in(C10D, RuntimeError(NCCL_REFUSED)), "config", 2),
+    (raised_in("trainer.task", RuntimeError("ncclInvalidUsage in my own wrapper")), "user_code", 1),
     (RendezvousTimeoutError("anything"), "peer_lost", 129),
     (UserDefined("anything"), "peer_lost", 129),
     (raised_in(C10D, ConnectionResetError(errno.ECONNRESET, "Connection reset by peer")), "peer_lost", 129),
@@ -266,3 +282,14 @@ def test_the_start_deadline_watcher_gets_the_whole_failure_context_as_json() -> 
                                   before=frozenset({"a.json", "b.json"}), secrets=frozenset({"hidden"}), step=3)
     back = context_of(json.loads(json.dumps(context_json(ctx))))
     assert back == dataclasses.replace(ctx, secrets=frozenset(), outputs=())
+
+
+def test_nccl_refusing_its_configuration_says_why_and_names_the_variables_set_never_their_values(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NCCL_NET", "gIB")
+    monkeypatch.setenv("NCCL_FASTRAK_TEST_TOKEN", "s3cr3t-value")
+    failure = failures.classify(DistBackendError(NCCL_REFUSED), [OUT])
+    assert (failure.cls.name, failure.exit_code) == ("config", 2)
+    assert "ncclInvalidUsage: Failed to initialize any NET plugin" in failure.message
+    assert "NCCL_FASTRAK_TEST_TOKEN, NCCL_NET" in failure.message and "--fabric auto" in failure.message
+    assert "s3cr3t" not in failure.message and "\n" not in failure.message

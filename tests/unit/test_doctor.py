@@ -253,7 +253,7 @@ def test_doctor_command_lines_json_and_exit_code(monkeypatch: pytest.MonkeyPatch
     assert cli.main(["doctor", "--framework", "pytorch", "--job-dir", str(tmp_path)]) == 2
     lines = capsys.readouterr().out.splitlines()
     assert [line.split()[1] for line in lines] == ["shm:", "driver:", "gpus:", "cpus:", "network:", "nofile:",
-                                                   "memlock:", "outputs:", "disk:", "peers:", "fabric:"]
+                                                   "memlock:", "image:", "outputs:", "disk:", "peers:", "fabric:"]
     assert lines[1].startswith("error   driver: driver 575.57.08 is older than CUDA 13.0 needs (580 or newer)")
     assert lines[0].startswith("warning shm: /dev/shm has 64 MiB free of 64 MiB (Docker's default)")
     assert cli.main(["doctor", "--framework", "pytorch", "--job-dir", str(tmp_path), "--json"]) == 2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -24,6 +25,22 @@ def test_a_plain_node_is_ok_and_a_stray_is_a_warning(tmp_path: Path) -> None:
     assert verdicts(root, NCCL_NET="gIB") == {"fabric": "warning"}
     assert verdicts(root, "off", NCCL_NET="gIB") == {"fabric": "skipped"}
     assert verdicts(root, "gib") == {"fabric": "error"}
+
+
+def test_the_fabric_line_names_the_nccl_that_training_loads(tmp_path: Path) -> None:
+    """On an H200 doctor named the driver, the GPUs and the fabric but no NCCL: the line says which core runs."""
+    found = doctor_fabric.facts("auto", BASE, str(fabric_trees.build(tmp_path / "plain", "plain")), load=False)
+    assert found.step is not None
+    step = dataclasses.replace(found.step, image_nccl="2.28.9 (nvidia-nccl-cu13)")
+    (line,) = doctor_fabric.findings(dataclasses.replace(found, step=step))
+    assert line.message == "none found: NCCL's own transports; NCCL 2.28.9 (nvidia-nccl-cu13)"
+    (line,) = doctor_fabric.findings(dataclasses.replace(found, step=dataclasses.replace(step, image_nccl=None)))
+    assert line.message == "none found: NCCL's own transports; no NCCL wheel in this image"
+    gib = doctor_fabric.facts("auto", BASE, str(fabric_trees.build(tmp_path / "a4", "a4")), load=False)
+    assert gib.step is not None
+    step = dataclasses.replace(gib.step, host_nccl="2.21.5", image_nccl="2.28.9 (nvidia-nccl-cu13)")
+    line = doctor_fabric.findings(dataclasses.replace(gib, step=step))[0]
+    assert "NCCL 2.21.5 from /usr/local/gib/lib64 (the image's: 2.28.9 (nvidia-nccl-cu13))" in line.message
 
 
 def test_gib_without_libibverbs_is_an_error_and_with_it_ok(tmp_path: Path) -> None:

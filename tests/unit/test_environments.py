@@ -56,6 +56,10 @@ TORCHRUN_R3 = {  # torchrun --nnodes 4 --nproc-per-node 2: global rank 3 is loca
     "GROUP_WORLD_SIZE": "4", "ROLE_RANK": "3", "ROLE_WORLD_SIZE": "8", "MASTER_ADDR": "node-0",
     "MASTER_PORT": "29500", "TORCHELASTIC_RUN_ID": "job-1",
 }
+# What Kubeflow Trainer's JAX runtime sets in TrainJob "mnist"'s pods (one JAX process a pod; JAX_PROCESS_ID is the
+# pod's completion index)
+JAX_RUNTIME = {"JAX_NUM_PROCESSES": "2", "JAX_COORDINATOR_ADDRESS": "mnist-node-0-0.mnist:6666",
+               "JAX_COORDINATOR_PORT": "6666"}
 MPIRUN_R5 = {"OMPI_COMM_WORLD_RANK": "5", "OMPI_COMM_WORLD_SIZE": "8", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
              "OMPI_COMM_WORLD_LOCAL_SIZE": "4"}
 
@@ -80,6 +84,19 @@ CASES: list[tuple[str, dict[str, str], tuple[Any, ...]]] = [
     ("kubeflow pet", {"PET_NNODES": "2", "PET_NODE_RANK": "1", "PET_NPROC_PER_NODE": "4",
                       "PET_MASTER_ADDR": "job-master-0", "PET_MASTER_PORT": "23456", **KUBEFLOW, "RANK": "1"},
      ("kubeflow", "worker", 0, 1, 2, "job-master-0:23456", None)),
+    # Kubeflow Trainer's JAX runtime (its jax plugin): the coordinator is process 0's pod, host:port
+    ("kubeflow jax runtime process 1 of 2", {**JAX_RUNTIME, "JAX_PROCESS_ID": "1"},
+     ("jax_runtime", "worker", 0, 1, 2, "mnist-node-0-0.mnist:6666", None)),
+    ("kubeflow jax runtime process 0", {**JAX_RUNTIME, "JAX_PROCESS_ID": "0"},
+     ("jax_runtime", "chief", 0, 0, 2, "mnist-node-0-0.mnist:6666", None)),
+    ("jax runtime, address without a port", {"JAX_NUM_PROCESSES": "3", "JAX_PROCESS_ID": "2",
+                                             "JAX_COORDINATOR_ADDRESS": "coord", "JAX_COORDINATOR_PORT": "1234"},
+     ("jax_runtime", "worker", 1, 2, 3, "coord:1234", None)),
+    ("jax runtime, one process", {"JAX_NUM_PROCESSES": "1"}, ("jax_runtime", "chief", 0, 0, 1, None, None)),
+    ("a platform's variables beat the jax runtime's", {**KUBEFLOW, "RANK": "2", **JAX_RUNTIME, "JAX_PROCESS_ID": "0"},
+     ("torch", "worker", 1, 2, 3, "mnist-master-0:23456", None)),
+    ("a coordinator address alone is no cluster", {"JAX_COORDINATOR_ADDRESS": "c:1"},
+     ("local", "chief", 0, 0, 1, None, None)),
     ("nothing", {}, ("local", "chief", 0, 0, 1, None, None)),
 ]
 

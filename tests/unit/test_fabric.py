@@ -69,7 +69,12 @@ def test_off_leaves_the_environment_alone(tmp_path: Path) -> None:
     ("exit 3\n", "ended the shell"),
     ("false\n", "failed (status 1)"),
     ("sleep 600 &\nsleep 600\n", "did not finish within"),
-])
+    # more than a process can be started with (E2BIG): the second dump could not run, and nothing was passed on
+    ("export NCCL_HUGE=$(head -c 200000 /dev/zero | tr '\\0' x)\n",
+     "exports more than a process can be started with (NCCL_HUGE is 200011 bytes, a variable holds at most 131072)"),
+    ("for i in $(seq 30); do export NCCL_BIG_$i=$(head -c 100000 /dev/zero | tr '\\0' y); done\n",
+     "exports more than a process can be started with (its variables come to "),
+], ids=["exits", "fails", "hangs", "a-variable-too-large", "too-large-together"])
 def test_a_bad_profile_is_one_line_and_auto_goes_on_without_the_fabric(tmp_path: Path, text: str,
                                                                        why: str) -> None:
     root = fabric_trees.build(tmp_path, "a3ultra")

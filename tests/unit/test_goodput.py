@@ -12,10 +12,12 @@ from typing import Any
 import pytest
 
 from entrypoint.cli import main
+from entrypoint.failures.records import FailureRecord, store_record
+from entrypoint.lifecycle import recorder
 from entrypoint.lifecycle.lease import JobLease
 from entrypoint.outputs import checkpoints, goodput, ledger
 from entrypoint.outputs.goodput import IN_PLACE, KILLED
-from entrypoint.outputs.goodput_model import BUCKETS
+from entrypoint.outputs.goodput_model import BUCKETS, Witness
 from entrypoint.outputs.goodput_report import Report
 from tests.conftest import PYTHON, ROOT, subprocess_env
 
@@ -56,12 +58,19 @@ class Job:
                  steps=last - first + 1, step_seconds=seconds, data_seconds=data, **first_step)
         return t0 + data + seconds
 
-    def report(self, now: float | None = None, running: bool = False) -> Report:
+    def report(self, now: float | None = None, running: bool = False, witnesses: tuple[Witness, ...] = ()) -> Report:
         report = goodput.compute(ledger.read(str(self.root)), str(self.root), None if now is None else T + now,
-                                 running)
+                                 running, witnesses)
         assert sum(report.buckets.values()) == pytest.approx(report.wall, abs=1e-6)  # always
         assert set(report.buckets) == set(BUCKETS) and min(report.buckets.values()) >= 0
         return report
+
+
+def seen(t: float, replica: str, step: int | None = None, cls: str = "signal", code: int = 137,
+         message: str = "stopped by SIGKILL") -> Witness:
+    """A failure record of the job (``recorder.witnesses`` reads them): by default a supervisor's for a replica that
+    was SIGKILLed and wrote nothing itself."""
+    return Witness(T + t, replica, step, cls, code, message)
 
 
 def buckets(report: Report) -> dict[str, float]:
@@ -158,6 +167,18 @@ def test_replicas_overlapping_the_chief(tmp_path: Path) -> None:
     assert report.job_attempts == 2 and len(report.attempts) == 4
 
 
+def test_the_attempts_are_in_columns_whatever_the_replica_names(tmp_path: Path) -> None:
+    job = Job(tmp_path)
+    job.start("w1", -2, "workerpool1-10", chief=False)
+    job.start("c1", 0)
+    job.progress("c1", 1, 1, 9)
+    job.end("c1", 10)
+    job.end("w1", 120.5, replica="workerpool1-10")
+    lines = job.report().text().split("every replica's runs:\n", 1)[1].splitlines()[:2]
+    assert len(lines) == 2 and len({line.index(" s from ") for line in lines}) == 1, lines
+    assert len({line.index(" s, ") for line in lines}) == 1, lines
+
+
 def test_overlapping_chief_attempts_still_add_up(tmp_path: Path) -> None:
     """A replacement chief that starts while the preempted one still writes its last checkpoint in its grace period
     (a platform that starts the new pod before the old one terminated), or on a host whose clock is behind."""
@@ -230,6 +251,27 @@ def test_mean_time_between_disruptions(tmp_path: Path) -> None:
     assert (report.steps_productive, report.steps_lost, report.final_step) == (30, 0, 30)
 
 
+def test_each_chief_attempt_shows_its_start_up_through_its_first_step(tmp_path: Path) -> None:
+    """From the attempt's start to its first step's end (``first_step_end``), the compile cache's measure."""
+    job = Job(tmp_path)
+    job.start("a1", 0)
+    job.start("w1", 1, WORKER, chief=False)
+    job.add("a1", "progress", 14, t0=2, t1=14, first=1, last=3, steps=3, step_seconds=12.0, data_seconds=0.0,
+            first_step_seconds=10.0, first_step_end=T + 12)  # killed at +14
+    job.start("a2", 20)
+    job.add("a2", "restored", 22, step=0)
+    end = job.progress("a2", 22, 1, 3)  # a ledger from before first_step_end: no start-up to show
+    job.start("a3", 40)
+    job.add("a3", "progress", 47, t0=42, t1=47, first=1, last=3, steps=3, step_seconds=5.0, data_seconds=0.0,
+            first_step_seconds=3.0, first_step_end=T + 45)
+    job.end("a3", 48)
+    report = job.report()
+    assert end < 40 and [a.startup for a in report.attempts] == [12.0, None, None, 5.0]
+    assert [a["startup_seconds"] for a in report.to_dict()["attempts"]] == [12.0, None, None, 5.0]
+    shown = [line for line in report.text().splitlines() if "start-up through its first step" in line]
+    assert [line.split("first step ")[1] for line in shown] == ["12.0 s", "5.0 s"] and "(chief)" in shown[0]
+
+
 # ---- the command -------------------------------------------------------------------------------------------------
 def command(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     code = main(["goodput", *argv])
@@ -296,3 +338,172 @@ def test_a_job_dir_another_job_is_writing(tmp_path: Path) -> None:
     finally:
         held.release()
     assert done.returncode == 0 and "provisional" in done.stdout.splitlines()[0], done
+
+
+# ---- what a killed attempt leaves: failure records, commits, clocks ----------------------------------------------
+def chief_killed_before_its_first_record(job: Job) -> None:
+    """The chief trains steps 1..8 from +3 and is SIGKILLed at +9 before writing a progress record (its supervisor
+    records the kill at +9.2; the worker, which lost it, its own failure at step 8); the rerun trains 1..20."""
+    job.start("c1", 0)
+    job.start("w1", 0, WORKER, chief=False)
+    job.phase("c1", "preparation", 1, 3)
+    job.add("c1", "restored", 3, step=0)
+    job.end("w1", 10, code=137, cls="signal", replica=WORKER)
+    job.start("c2", 12)
+    job.start("w2", 12, WORKER, chief=False)
+    job.add("c2", "restored", 13, step=0)
+    end = job.progress("c2", 13, 1, 20)
+    job.add("c2", "training_end", end, step=20, outcome="finished")
+    job.end("c2", end + 1)
+    job.end("w2", end + 1, replica=WORKER)
+
+
+@pytest.mark.parametrize("noticed", [9.5, 12.5])  # before its replacement started; after, before it restored
+def test_steps_trained_before_a_killed_chiefs_first_record_are_counted_lost(tmp_path: Path, noticed: float) -> None:
+    job = Job(tmp_path)
+    chief_killed_before_its_first_record(job)
+    witnesses = (seen(9.2, CHIEF), seen(noticed, WORKER, 8, "peer_lost", 129, "lost workerpool0-0"))
+    report = job.report(witnesses=witnesses)
+    assert (report.steps_lost, report.steps_productive, report.final_step) == (8, 20, 20)
+    assert report.attempts[0].end == T + 9.2  # when its supervisor saw it go, not its last record (+3)
+    assert report.attempts[0].cause() == "signal (exit 137: stopped by SIGKILL; recorded for it)"
+    assert report.disruptions == {"signal": 1}
+    assert job.report().steps_lost == 0  # nothing else says how far it had trained
+
+
+def test_a_killed_chiefs_commits_count_its_steps(tmp_path: Path) -> None:
+    """No progress record, but checkpoint 6 committed before the kill: steps 1..6 were trained and kept."""
+    job = Job(tmp_path)
+    job.start("c1", 0)
+    job.add("c1", "restored", 1, step=0)
+    job.phase("c1", "checkpoint", 6, 7)
+    job.add("c1", "committed", 7, step=6)
+    job.start("c2", 10)
+    job.add("c2", "restored", 11, step=6)
+    end = job.progress("c2", 11, 7, 20)
+    job.add("c2", "training_end", end, step=20, outcome="finished")
+    job.end("c2", end + 1)
+    report = job.report()
+    assert (report.steps_lost, report.steps_productive, report.final_step) == (0, 20, 20)
+    assert report.buckets["productive"] == pytest.approx(14)  # the steps whose time is on record
+
+
+def test_each_replica_keeps_its_own_end_after_a_worker_is_sigkilled(tmp_path: Path) -> None:
+    """The worker is SIGKILLed at +8 (its supervisor's record: it wrote no end) and restarted at +14; the chief
+    fails at +9 (its lost peer) and ends at +12 with the job's root cause, the worker's kill, which its last line
+    names. Each row and lane keeps its own lifetime and says whose end it was; no second of it is scheduling."""
+    job = Job(tmp_path)
+    job.start("c1", 0)
+    job.start("w1", 0, WORKER, chief=False)
+    job.progress("c1", 1, 1, 7)
+    job.add("c1", "training_end", 9, step=7, outcome="failed")
+    job.add("c1", "end", 12, CHIEF, None, code=137, failure_class="signal",
+            line=f"entrypoint: error: signal on {WORKER}, host h: stopped by SIGKILL (exit 137, retryable)")
+    job.start("w2", 14, WORKER, chief=False)
+    job.start("c2", 13)
+    end = job.progress("c2", 15, 1, 10)
+    job.add("c2", "training_end", end, step=10, outcome="finished")
+    job.end("c2", end + 1)
+    job.end("w2", end + 1, replica=WORKER)
+    report = job.report(witnesses=(seen(8, WORKER), seen(12, CHIEF, 7, "peer_lost", 129, "lost workerpool1-0")))
+    chief, worker = report.attempts[0], report.attempts[1]
+    assert (chief.replica, chief.end, chief.cause()) == (CHIEF, T + 12, f"ended by the signal of {WORKER} (exit 137)")
+    assert (worker.replica, worker.end) == (WORKER, T + 8)  # not its replacement's start (+14)
+    assert worker.cause() == "signal (exit 137: stopped by SIGKILL; recorded for it)"
+    text = " ".join(report.text().split())  # the attempts are in columns
+    assert f"{CHIEF} (chief): 12.0 s from +0.0 s, ended by the signal of {WORKER} (exit 137)" in text
+    assert f"{WORKER}: 8.0 s from +0.0 s, signal (exit 137: stopped by SIGKILL" in text
+    lanes = {lane["label"]: lane for lane in report.lanes}
+    assert [m["t"] for m in lanes[f"{WORKER} from +0 s"]["marks"]] == [T + 8]
+    assert report.buckets["scheduling"] == pytest.approx(1)  # +12 to +13: no replica of the job ran
+
+
+def test_a_survivors_wait_for_a_killed_chiefs_replacement_is_recovery_not_scheduling(tmp_path: Path) -> None:
+    """The chief's last record is at +4 and it is SIGKILLed at +9 (its supervisor's record); the worker waits for
+    its replacement, which starts at +12: +4 to +9 is the killed chief's, +9 to +12 the survivor's wait."""
+    job = Job(tmp_path)
+    job.start("c1", 0)
+    job.start("w1", 0, WORKER, chief=False)
+    job.progress("c1", 1, 1, 3)
+    job.start("c2", 12)
+    end = job.progress("c2", 13, 4, 10)
+    job.add("c2", "training_end", end, step=10, outcome="finished")
+    job.end("c2", end + 1)
+    job.end("w1", end + 1, replica=WORKER)
+    report = job.report(witnesses=(seen(9, CHIEF),))
+    assert report.attempts[0].end == T + 9 and report.buckets["scheduling"] == 0
+    assert report.buckets["infrastructure_recovery"] == pytest.approx(3 + 5)  # its end after its last record, too
+
+
+def test_records_dated_in_the_future_are_ignored_with_a_warning(tmp_path: Path) -> None:
+    """A host whose clock is a day ahead wrote a record: without it the wall time is the job's, and a warning says
+    whose record it was."""
+    job = Job(tmp_path)
+    one_attempt(job)
+    job.add("w9", "start", 86_400, WORKER, None, chief=False)
+    report = job.report(now=100)
+    assert report.wall == pytest.approx(15) and [a.id for a in report.attempts] == ["a1"]
+    (warning,) = [w for w in report.warnings if "after now" in w]
+    assert WORKER in warning and "86300 s after now" in warning
+
+
+def test_a_goodput_of_zero_says_why(tmp_path: Path) -> None:
+    job = Job(tmp_path / "script")
+    job.start("a1", 0)
+    job.end("a1", 9)
+    assert "0.0 s of 9.0 s trained the model (no training step was recorded (" in job.report().line()
+    lost = Job(tmp_path / "lost")
+    lost.start("a1", 0)
+    lost.progress("a1", 1, 1, 5)
+    lost.add("a1", "training_end", 6, step=5, outcome="failed")
+    lost.end("a1", 7, code=1, cls="user_code")
+    assert "(every step trained was lost (5 steps, none kept by a committed checkpoint))" in lost.report().line()
+    finished = Job(tmp_path / "finished")
+    one_attempt(finished)
+    assert "trained the model; 1 attempt" in finished.report().line()
+
+
+def test_a_plot_to_a_path_that_cannot_be_written_is_one_line(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    job = Job(tmp_path / "job")
+    one_attempt(job)
+    (tmp_path / "file").write_text("x")
+    code, out, err = command(capsys, str(job.root), "--plot", str(tmp_path / "file" / "plot.png"))
+    assert (code, out) == (2, "") and len(err.splitlines()) == 1, err
+    assert f"--plot: {tmp_path / 'file' / 'plot.png'} cannot be written (" in err
+
+
+def test_the_command_and_local_read_the_jobs_failure_records(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """What the records under failures/ say reaches the report: the supervisor's record of the chief's kill and the
+    survivor's step (``lifecycle/recorder.py`` reads them for ``goodput``, ``local`` and the training summary)."""
+    job = Job(tmp_path)
+    chief_killed_before_its_first_record(job)
+    for t, replica, cls, code, step in ((9.2, CHIEF, "signal", 137, None), (9.5, WORKER, "peer_lost", 129, 8)):
+        store_record(str(tmp_path), FailureRecord(replica, None, "h", cls, code, "stopped by SIGKILL", step=step,
+                                                  time=T + t))
+    assert [(w.replica, w.step) for w in recorder.witnesses(str(tmp_path))] == [(CHIEF, None), (WORKER, 8)]
+    code, out, _ = command(capsys, str(tmp_path), "--json")
+    found = json.loads(out)
+    assert code == 0 and found["steps"]["lost"] == 8 and found["attempts"][0]["end"] == round(T + 9.2, 3)
+    assert goodput.of_job(str(tmp_path)).steps_lost == 8  # what local's line and the summary read
+
+
+def test_evaluation_and_export_have_buckets_of_their_own(tmp_path: Path) -> None:
+    """An evaluation after each epoch and the export before the end: their seconds in ``evaluation`` and ``export``
+    (ml-goodput-measurement's custom badput events), not in ``other``, in the lanes too."""
+    job = Job(tmp_path)
+    job.start("a1", 0)
+    job.add("a1", "restored", 1, step=0)
+    job.progress("a1", 1, 1, 5)  # to +6
+    job.phase("a1", "evaluation", 6, 8)
+    job.progress("a1", 8, 6, 10)  # to +13
+    job.phase("a1", "evaluation", 13, 14.5)
+    job.phase("a1", "export", 14.5, 17)
+    job.add("a1", "training_end", 17, step=10, outcome="finished")
+    job.end("a1", 17)
+    report = job.report()
+    assert buckets(report) == {"program_startup": 1.0, "productive": 10.0, "evaluation": 3.5, "export": 2.5}
+    assert report.to_dict()["ml_goodput_names"]["evaluation"] == "CUSTOM_BADPUT_EVENTS"
+    spans = [(s["bucket"], s["t1"] - s["t0"]) for s in report.lanes[1]["spans"]]
+    assert ("evaluation", 2.0) in spans and ("export", 2.5) in spans

@@ -136,3 +136,76 @@ def test_a_suffix_other_than_svg_or_png_is_a_config_error(tmp_path: Path, name: 
     with pytest.raises(ConfigError, match=r"^--plot: .* names a \.svg or \.png file$"):
         write_plot(str(tmp_path / name), timeline())
     assert not (tmp_path / name).exists()
+
+
+# ---- the PNG's text, and every text inside the picture ----------------------------------------------------------
+def svg_texts(svg: str) -> list[dict]:
+    """Every <text> of the SVG: its words, x, baseline, anchor, size, colour and weight."""
+    return [{"text": t.text or "", "x": float(t.get("x", "")), "y": float(t.get("y", "")),
+             "anchor": t.get("text-anchor"), "size": int(t.get("font-size", "")), "fill": t.get("fill", "#000000"),
+             "bold": t.get("font-weight") == "bold"} for t in ET.fromstring(svg).iter(f"{SVG}text")]
+
+
+def ink(png: bytes, rgb: str) -> set[tuple[int, int]]:
+    """The (x, y) of every pixel of colour ``rgb``."""
+    width, _height, raw = decode(png)
+    target = bytes.fromhex(rgb.lstrip("#"))
+    rows = [raw[i + 1:i + 1 + 3 * width] for i in range(0, len(raw), 1 + 3 * width)]
+    return {(j // 3, y) for y, row in enumerate(rows) for j in range(0, len(row), 3) if row[j:j + 3] == target}
+
+
+def drawn(png: bytes, text: dict) -> bool:
+    """Whether the PNG shows ``text`` (an SVG text's words) where the SVG puts it: in the 5x7 glyphs at its size and
+    colour, anchored alike, their bottom row on its baseline, and no other pixel of that colour in their box."""
+    from entrypoint.outputs import bitmap_font
+
+    scale = 2 if text["size"] >= 14 else 1
+    dots = set(bitmap_font.pixels(text["text"], scale))
+    if text["bold"]:
+        dots |= {(x + 1, y) for x, y in dots}
+    width = bitmap_font.width(text["text"], scale)
+    left = text["x"] - {"start": 0, "middle": width / 2, "end": width}[text["anchor"]]
+    top = int(text["y"]) - bitmap_font.HEIGHT * scale
+    box = {(x, y) for x in range(width + 1) for y in range(bitmap_font.HEIGHT * scale)}
+    found = ink(png, text["fill"])
+    return bool(dots) and any(all((at + dx, top + dy) in found for dx, dy in dots) and
+                              not any((at + dx, top + dy) in found for dx, dy in box - dots)
+                              for at in (round(left) - 1, round(left), round(left) + 1))
+
+
+def test_the_png_carries_every_label_the_svg_has() -> None:
+    """Lanes, marks, times, legend names and the title: each SVG text is drawn in the PNG, in its colour, where the
+    SVG places it (the glyphs' baseline on the text's, anchored the same way)."""
+    shown = timeline()
+    png, texts_ = render_png(shown), svg_texts(render_svg(shown))
+    assert {t["text"] for t in texts_} >= {"attempt 1 · workerpool0[0] (chief)", "peer_lost: worker 1 killed",
+                                           "10 min", "elapsed", "productive  180.0 s (30.0%)"}
+    assert all(drawn(png, text) for text in texts_), [t["text"] for t in texts_ if not drawn(png, t)]
+
+
+def test_every_text_stays_inside_the_picture() -> None:
+    """An attempt that ends the job has its end's text left of its line; a label longer than its room is cut in
+    its middle; nothing runs off either edge, in the SVG (at 0.6 of the font size a character, sans-serif's
+    average) or in the PNG (found whole)."""
+    long = timeline(label="workerpool1-0 (chief) from +12 s · " + "x" * 80)
+    long["title"] = "job gs://a-bucket/" + "deep/" * 60 + "job: goodput 0.0%"
+    long["lanes"][1]["marks"] = [{"t": T0 + 600, "text": "killed (no end recorded: SIGKILL, or its machine was lost)"}]
+    long["lanes"][0]["marks"] = [{"t": T0 + 230, "text": "ended by the signal of workerpool1-0 (exit 137) " * 3}]
+    svg, png = render_svg(long), render_png(long)
+    width = goodput_plot.WIDTH
+    for text in svg_texts(svg):
+        w = max(0.6 * text["size"] * len(text["text"]),
+                goodput_plot.bitmap_font.width(text["text"], 2 if text["size"] >= 14 else 1))
+        left = text["x"] - {"start": 0, "middle": w / 2, "end": w}[text["anchor"]]
+        assert left >= 0 and left + w <= width, text
+        assert drawn(png, text), text
+    end_mark = next(t for t in svg_texts(svg) if t["text"].startswith("killed"))
+    assert end_mark["anchor"] == "end" and end_mark["text"].endswith("was lost)")  # whole, left of its line
+    assert any(t["text"].startswith("job gs://a-bucket/deep/") and "..." in t["text"] for t in svg_texts(svg))
+
+
+def test_a_plot_that_cannot_be_written_is_a_config_error_naming_it(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("x")
+    for where in (tmp_path / "file" / "job.svg", Path("/proc/job.png")):
+        with pytest.raises(ConfigError, match=rf"^--plot: {where} cannot be written \("):
+            write_plot(str(where), timeline())

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import shutil
 import socket
@@ -18,6 +19,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,6 +28,7 @@ from entrypoint.lifecycle import jobrecord, lease
 from entrypoint.lifecycle.lease import LEASE, Holder, JobLease
 from entrypoint.options import RunOptions
 from entrypoint.outputs import storage
+from tests.conftest import ROOT, subprocess_env
 from tests.gcs import BUCKET, Emulator
 
 
@@ -89,7 +92,7 @@ def test_a_dead_holder_of_this_host_leaves_nothing_stuck(tmp_path: Path, monkeyp
     gone.wait()
     holder_of(tmp_path, gone.pid, socket.gethostname())
     monkeypatch.setattr(lease.time, "sleep", no_sleep)  # at once: nothing watched
-    JobLease(str(tmp_path), None).acquire().release()
+    taken_by(tmp_path)
 
 
 def test_the_same_jobs_next_attempt_takes_over_once_the_lease_is_stale(
@@ -109,6 +112,14 @@ def test_the_same_jobs_next_attempt_takes_over_once_the_lease_is_stale(
 
 
 SLEEP = time.sleep
+
+
+def taken_by(job_dir: Path) -> None:
+    """A new job takes the dir: its lease is the one there until it releases it, which leaves none."""
+    held = JobLease(str(job_dir), None).acquire()
+    assert Holder.read(job_dir / LEASE) == held.me
+    held.release()
+    assert not (job_dir / LEASE).exists()
 
 
 def no_sleep(seconds: float) -> None:
@@ -151,7 +162,7 @@ def test_a_lease_last_written_stale_ago_is_taken_at_once(tmp_path: Path, monkeyp
     holder_of(tmp_path, 1, "another-host")
     aged(tmp_path / LEASE, lease.STALE + 1)
     monkeypatch.setattr(lease.time, "sleep", no_sleep)
-    JobLease(str(tmp_path), None).acquire().release()
+    taken_by(tmp_path)
 
 
 def test_a_free_job_dir_is_taken_without_waiting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -302,5 +313,65 @@ def test_a_holder_that_is_a_zombie_is_gone(tmp_path: Path) -> None:
     while lease._stat(zombie.pid)[:1] != ["Z"]:
         time.sleep(0.05)
     holder_of(tmp_path, zombie.pid, socket.gethostname())
-    JobLease(str(tmp_path), None).acquire().release()
+    taken_by(tmp_path)
     zombie.wait()
+
+
+def wait_for(condition: Any, what: str, timeout: float = 60) -> None:
+    """Until ``condition()`` holds (renewals come every 0.2 s here: an event, waited for on a loaded machine)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("content", [b"", b'{"token": "t", "pid": ', b"\x00" * 40], ids=["emptied", "cut", "zeroed"])
+def test_an_emptied_or_damaged_lease_is_written_again_not_taken_over(tmp_path: Path, content: bytes,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    """No job's holder is in it, so no job took the dir over: the holder writes its lease again at its next renewal
+    (a warning), is never told it was displaced, and its fence stays open."""
+    lost: list[Holder] = []
+    with JobLease(str(tmp_path), "j", on_lost=lost.append) as held:
+        (tmp_path / LEASE).write_bytes(content)
+        wait_for(lambda: Holder.read(tmp_path / LEASE) is not None, "the lease written again")
+        assert Holder.read(tmp_path / LEASE).token == held.me.token  # type: ignore[union-attr]
+        held.check()
+        time.sleep(0.5)  # renewals go on as before (nothing to wait for: the absence of a takeover)
+        assert lost == [] and held.lost is None
+        held.check()
+    assert "emptied or damaged" in caplog.text and "taken over" not in caplog.text and "pid 0" not in caplog.text
+    assert not (tmp_path / LEASE).exists()  # released as usual
+
+
+@contextlib.contextmanager
+def read_only(directory: Path) -> Iterator[None]:
+    """``directory`` bind-mounted read-only over itself for the block (skipped where this machine cannot mount)."""
+    if os.geteuid() != 0 or subprocess.run(["mount", "--bind", "-o", "ro", str(directory), str(directory)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("cannot bind-mount read-only here")
+    try:
+        yield
+    finally:
+        subprocess.run(["umount", str(directory)], check=False)
+
+
+def test_a_lease_whose_renewals_fail_warns_and_a_second_job_is_told_the_dir_is_in_use(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The job dir becomes read-only under a running job: its renewals fail, which it says once, and trains on. A
+    second job on this host is refused as in use (exit 2), not failed for the read-only dir (73) that is the first
+    job's doing; when the dir is writable again, renewals go on and say so."""
+    caplog.set_level(logging.INFO, logger="entrypoint")
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    with JobLease(str(job_dir), None) as held:
+        with read_only(job_dir):
+            wait_for(lambda: "could not be renewed" in caplog.text, "the warning")
+            assert caplog.text.count("could not be renewed") == 1 and held.lost is None
+            second = subprocess.run([sys.executable, "-m", "entrypoint", "run", "--framework", "pytorch", "--module",
+                                     "tests.pytorch.faults", "--job-dir", str(job_dir)], env=subprocess_env(),
+                                    cwd=ROOT, capture_output=True, text=True, timeout=120)
+        wait_for(lambda: "renewed again" in caplog.text, "renewals back")
+        held.check()
+    assert second.returncode == 2, second.stderr[-2000:]
+    last = second.stderr.strip().splitlines()[-1]
+    assert f"--job-dir: {job_dir} is in use by another live job (pid {os.getpid()} on host " in last, last

@@ -75,7 +75,8 @@ def test_the_guard_waits_for_the_real_import_and_refuses_only_multi_worker_strat
             getattr(keras.Model(MultiWorker()), method)()
         assert str(refused.value) == ("--script: Keras 3 (keras 3.99.1) cannot train across workers under "
                                       "MultiWorkerMirroredStrategy with TensorFlow 2.99.0: write `import tf_keras as "
-                                      "keras`, or train on one node with MirroredStrategy")
+                                      "keras`, or train on one node with MirroredStrategy, or use the JAX image "
+                                      "(--framework jax), where Keras 3 trains across nodes")
     with pytest.raises(ConfigError, match="under ParameterServerStrategy"):
         keras.Model(ParameterServers()).fit()
     assert keras.Model(object()).fit() == "trained"  # one node: MirroredStrategy, the default strategy
@@ -104,7 +105,8 @@ def test_hooks_refuse_a_keras3_model_on_one_node_and_across_workers(fake: Path) 
         keras3.check_hooks_model(model, "m", object(), spans=False)
     with pytest.raises(ConfigError, match=r"model \(keras 3\.99\.1\), which cannot train across workers under "
                                           r"MultiWorkerMirroredStrategy with TensorFlow 2\.99\.0: write `import "
-                                          r"tf_keras as keras`$"):
+                                          r"tf_keras as keras`, or use the JAX image \(--framework jax\), where "
+                                          r"Keras 3 trains across nodes$"):
         keras3.check_hooks_model(model, "m", MultiWorker(), spans=True)
     with pytest.raises(ConfigError, match=r"cannot train across workers with TensorFlow"):  # an evaluator
         keras3.check_hooks_model(model, "m", object(), spans=True)

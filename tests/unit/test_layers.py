@@ -34,7 +34,7 @@ LAYERS: list[tuple[str, int]] = [
     ("entrypoint.failures", 3),
     ("entrypoint.planning", 4),
     ("entrypoint.lifecycle", 5), ("entrypoint.context", 5),
-    ("entrypoint.pytorch", 6), ("entrypoint.horovod", 6), ("entrypoint.tensorflow", 6),
+    ("entrypoint.pytorch", 6), ("entrypoint.horovod", 6), ("entrypoint.tensorflow", 6), ("entrypoint.jax", 6),
     ("entrypoint.cli", 7), ("entrypoint.worker", 7), ("entrypoint.__main__", 7), ("entrypoint.doctor", 7),
     ("entrypoint.jobs", 7), ("entrypoint.local", 7),
 ]
@@ -184,12 +184,12 @@ def test_the_platforms_variables_are_read_where_the_map_says(path: Path) -> None
     assert not found, f"{name} reads the environment itself (cluster/environments/ does: settings.py): {found}"
 
 
-FRAMEWORK_PACKAGES = ("entrypoint.pytorch", "entrypoint.horovod", "entrypoint.tensorflow")
-FRAMEWORK_WORDS = re.compile(r"\b(pytorch|tensorflow|horovod|keras)\b", re.IGNORECASE)
+FRAMEWORK_PACKAGES = ("entrypoint.pytorch", "entrypoint.horovod", "entrypoint.tensorflow", "entrypoint.jax")
+FRAMEWORK_WORDS = re.compile(r"\b(pytorch|tensorflow|horovod|jax|keras)\b", re.IGNORECASE)
 # Names an outside API fixes, by module: (line text that holds it, why)
 FRAMEWORK_NAMES_ALLOWED: dict[str, tuple[str, ...]] = {
     # the registry's lines name each framework's package: the one place that does
-    "entrypoint.planning.registry": ("pytorch", "tensorflow", "horovod"),
+    "entrypoint.planning.registry": ("pytorch", "tensorflow", "horovod", "jax"),
     # Kubeflow's PyTorchJob and TFJob require their containers to be named "pytorch" and "tensorflow"
     "entrypoint.jobs.kubeflow.job": ("pytorch", "tensorflow"),
     # the torchrun variable format is named after its launcher (a platform format, not one of our frameworks)
@@ -263,8 +263,8 @@ def test_every_checkpoint_writers_load_is_reached_from_resume() -> None:
 GROUPS: dict[str, list[tuple[str, ...]]] = {
     "entrypoint.pytorch": [("__init__", "framework", "state", "defaults"), ("launch",), ("checkpoints",),
                            ("recovery",), ("loop",)],
-    "entrypoint.jobs": [("__init__", "args", "images", "machines", "model", "network", "planned", "replicaenv",
-                         "specdoc", "yamltext"), ("vertex",), ("kubeflow",), ("cli",)],
+    "entrypoint.jobs": [("__init__", "args", "images", "machines", "model", "network", "pinning", "planned",
+                         "replicaenv", "specdoc", "yamltext"), ("vertex",), ("kubeflow",), ("cli",)],
 }
 
 

@@ -11,6 +11,7 @@ import json
 import socket
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -67,6 +68,14 @@ class Server:
         self.sock.close()
 
 
+def until(condition: Callable[[], object], what: str, timeout: float = 60.0) -> None:
+    """Until ``condition()`` holds (the watch looks every 0.05 s: an event, waited for on a loaded machine)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -98,7 +107,7 @@ def test_a_server_that_never_listens_is_named_at_the_timeout() -> None:
 def test_a_dead_server_is_lost_and_blamed_for_the_framework_error() -> None:
     server = Server()
     with ServerWatch([server.peer], poll=0.05) as watch:
-        time.sleep(0.2)
+        until(lambda: server.conns, "the watch connected")
         assert watch.lost() == []
         watch.blame(RuntimeError("nothing wrong with the servers"))  # no loss: the error stays the user's
         server.die()
@@ -114,11 +123,10 @@ def test_an_idle_connection_dropped_by_a_live_server_is_not_a_loss() -> None:
     server = Server()
     try:
         with ServerWatch([server.peer], poll=0.05) as watch:
-            time.sleep(0.2)
+            until(lambda: server.conns, "the watch connected")
             server.drop_connections()
-            time.sleep(0.3)
+            until(lambda: server.conns, "the watch dialled again")  # it noticed the drop and looked again
             assert watch.lost() == []
-            assert server.conns, "the watch dialled again"
     finally:
         server.die()
 
@@ -127,16 +135,15 @@ def test_a_server_restarted_on_its_port_is_lost_once_and_watched_again() -> None
     server = Server()
     with ServerWatch([server.peer], poll=0.05) as watch:
         port = server.port
+        until(lambda: server.conns, "the watch connected")
         server.die()
-        time.sleep(0.3)
+        until(lambda: len(watch.lost()) == 1, "the loss seen")
         back = Server(port)
         try:
-            time.sleep(0.3)
-            assert len(watch.lost()) == 1
-            assert back.conns, "the watch holds a connection to the new process"
+            until(lambda: back.conns, "the watch holds a connection to the new process")
+            assert len(watch.lost()) == 1  # lost once, not again while it was away
             back.die()
-            time.sleep(0.3)
-            assert len(watch.lost()) == 2  # the new process is watched too
+            until(lambda: len(watch.lost()) == 2, "the new process watched too")
         finally:
             back.die()
 

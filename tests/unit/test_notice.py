@@ -57,12 +57,12 @@ def test_a_reclaim_is_one_notice_heard_while_waiting() -> None:
         watcher = NoticeWatcher(server.host).start()
         try:
             assert watcher.probed.wait(GENEROUS) and watcher.watching
-            time.sleep(0.3)  # the hanging GETs are waiting: FALSE and NONE gave nothing
+            assert server.waiting(GENEROUS)  # the hanging GETs are waiting: FALSE and NONE gave nothing
             assert watcher.take() is None
             server.values[PREEMPTED] = "TRUE"
             found = next_notice(watcher)
             assert found == Notice("preempted", PREEMPTED) and str(found) == "preempted (instance/preempted)"
-            time.sleep(0.3)
+            assert server.waiting(GENEROUS)  # it listens again, having heard TRUE
             assert watcher.take() is None  # once per notice
             assert server.refused == 0  # every request carried Metadata-Flavor: Google
         finally:

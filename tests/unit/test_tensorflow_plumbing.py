@@ -93,9 +93,20 @@ def test_a_chief_gone_silent_is_a_retryable_error(tmp_path: Path) -> None:
 
 
 def test_unseen_chief_never_times_out(tmp_path: Path) -> None:
-    watcher = DoneWatcher(tmp_path, "127.0.0.1:1", timeout=0.0)  # nothing ever listened there
-    watcher.check_chief()
-    watcher.check_chief()
+    """A chief not listening yet (still starting) is not gone, however long that takes; once it was seen, its
+    silence counts (the same watcher raises then: it is not one that never does)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    address = f"127.0.0.1:{listener.getsockname()[1]}"  # bound, not listening: nothing answers there yet
+    watcher = DoneWatcher(tmp_path, address, timeout=0.0)
+    for _ in range(3):
+        watcher.check_chief()
+    listener.listen()
+    watcher.check_chief()  # seen
+    listener.close()
+    watcher.check_chief()  # silent from now on
+    with pytest.raises(PeerError):
+        watcher.check_chief()
 
 
 def test_non_chief_saves_leave_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

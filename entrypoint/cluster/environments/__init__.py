@@ -10,6 +10,7 @@ from collections.abc import Mapping
 
 from entrypoint.cluster.environments.aiplatform import AIPlatformEnvironment
 from entrypoint.cluster.environments.base import ClusterEnvironment
+from entrypoint.cluster.environments.jax_runtime import JaxRuntimeEnvironment
 from entrypoint.cluster.environments.kubeflow import KubeflowEnvironment
 from entrypoint.cluster.environments.local import LocalEnvironment
 from entrypoint.cluster.environments.mpi import MPIEnvironment
@@ -40,6 +41,10 @@ DETECTION_ORDER: tuple[type[ClusterEnvironment], ...] = (
     KubeflowEnvironment,
     # RANK / WORLD_SIZE / MASTER_* at node level (AI Platform PyTorch, Kubeflow PyTorchJob).
     TorchEnvironment,
+    # Kubeflow Trainer's JAX runtime: JAX_NUM_PROCESSES / JAX_PROCESS_ID. Last of the cluster formats: the
+    # platforms above never set them, but a user may set them (and JAX_COORDINATOR_ADDRESS, which jax.distributed
+    # reads) beside a platform's own variables, which describe the job more fully (pools, the server pool).
+    JaxRuntimeEnvironment,
     # Nothing set: one node on its own.
     LocalEnvironment,
 )

@@ -14,6 +14,7 @@ from entrypoint.errors import ConfigError
 
 _SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSW(OR)?D|CREDENTIAL|PRIVATE|AUTH)", re.IGNORECASE)
 _MIN_SECRET_LENGTH = 4  # shorter values ("1", "yes") would blank out ordinary text
+DEFAULT_SBOM = "/usr/share/trainer/sbom.cdx.json"  # where every image keeps its bill of materials (docs/images.md)
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,7 @@ class PlatformSettings:
     kubernetes: bool = False  # running in a Kubernetes pod (its termination log applies)
     log_format: str | None = None  # TRAINER_LOG_FORMAT: the default --log-format (checked by the CLI)
     trial: str | None = None  # CLOUD_ML_TRIAL_ID as set (a label on JSON log lines)
+    metric_file: str | None = None  # CLOUD_ML_HP_METRIC_FILE: where the platform (or `local`) reads tuning metrics
     cuda_version: str | None = None  # the base image's CUDA (nvidia/cuda images set CUDA_VERSION)
     nccl_socket_ifname: str | None = None  # the user's NCCL_SOCKET_IFNAME, checked by `doctor`
     gloo_socket_ifname: str | None = None  # the user's GLOO_SOCKET_IFNAME, likewise
@@ -38,6 +40,8 @@ class PlatformSettings:
     fabric: str | None = None  # TRAINER_FABRIC: the default --fabric (checked by cluster/fabric.py)
     fabric_root: str = "/"  # TRAINER_FABRIC_ROOT (tests only): where the node's tree is for the fabric step
     fabric_applied: bool = False  # TRAINER_FABRIC_APPLIED: the entrypoint started again with the step applied
+    image: str | None = None  # TRAINER_IMAGE: the image reference the job's spec ran (NAME@sha256:... when pinned)
+    sbom: str = DEFAULT_SBOM  # TRAINER_SBOM: where the image's bill of materials is
     # Kubeflow Trainer's progress endpoint (its TrainJobStatus feature; outputs/kubeflow_progress.py posts to it):
     kubeflow_server_url: str | None = None  # KUBEFLOW_TRAINER_SERVER_URL: where the TrainJob's progress is POSTed
     kubeflow_server_ca_cert: str | None = None  # KUBEFLOW_TRAINER_SERVER_CA_CERT: the path of its CA certificate
@@ -71,6 +75,7 @@ def read_settings(environ: Mapping[str, str] | None = None) -> PlatformSettings:
         kubernetes=bool(get(ev.KUBERNETES_SERVICE_HOST)),
         log_format=get(ev.TRAINER_LOG_FORMAT),
         trial=get(ev.CLOUD_ML_TRIAL_ID),
+        metric_file=get(ev.CLOUD_ML_HP_METRIC_FILE),
         cuda_version=get(ev.CUDA_VERSION),
         nccl_socket_ifname=get(ev.NCCL_SOCKET_IFNAME),
         gloo_socket_ifname=get(ev.GLOO_SOCKET_IFNAME),
@@ -79,6 +84,8 @@ def read_settings(environ: Mapping[str, str] | None = None) -> PlatformSettings:
         fabric=get(ev.TRAINER_FABRIC),
         fabric_root=get(ev.TRAINER_FABRIC_ROOT) or "/",
         fabric_applied=bool(get(ev.TRAINER_FABRIC_APPLIED)),
+        image=get(ev.TRAINER_IMAGE),
+        sbom=get(ev.TRAINER_SBOM) or DEFAULT_SBOM,
         kubeflow_server_url=get(ev.KUBEFLOW_TRAINER_SERVER_URL),
         kubeflow_server_ca_cert=get(ev.KUBEFLOW_TRAINER_SERVER_CA_CERT),
         kubeflow_server_token_file=get(ev.KUBEFLOW_TRAINER_SERVER_TOKEN),
@@ -170,6 +177,13 @@ def storage_emulator(environ: Mapping[str, str] | None = None) -> str | None:
     return env.get(ev.STORAGE_EMULATOR_HOST) or None
 
 
+def triton_cache_dir(environ: Mapping[str, str] | None = None) -> str | None:
+    """``TRITON_CACHE_DIR``: where Triton keeps its compiled kernels when the user moved them out of Inductor's cache
+    directory (``--compile``'s caches in the job dir keep them too, docs/pytorch.md); None: Inductor's ``triton/``."""
+    env = os.environ if environ is None else environ
+    return env.get(ev.TRITON_CACHE_DIR) or None
+
+
 METADATA_HOST = "metadata.google.internal"  # GCE's metadata server, as Google's libraries name it by default
 
 
@@ -178,6 +192,14 @@ def metadata_host(environ: Mapping[str, str] | None = None) -> str:
     it at a fake server), else GCE's own name (it resolves only where a metadata server is)."""
     env = os.environ if environ is None else environ
     return env.get(ev.GCE_METADATA_HOST, "").strip() or METADATA_HOST
+
+
+def image_cache_dir(environ: Mapping[str, str] | None = None) -> str:
+    """Where images/local_build.py keeps its records of this machine's builds: ``$XDG_CACHE_HOME/trainer-images``,
+    else ``~/.cache/trainer-images`` (``job --pin`` of a local build reads them)."""
+    env = os.environ if environ is None else environ
+    base = env.get(ev.XDG_CACHE_HOME, "").strip() or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "trainer-images")
 
 
 def credentials_file_named(environ: Mapping[str, str] | None = None) -> bool:

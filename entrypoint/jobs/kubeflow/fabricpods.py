@@ -84,6 +84,35 @@ def from_namespace(ns: argparse.Namespace) -> FabricPods | None:
     return FabricPods(fabric, ns.fabric_installer_image if fabric != "tcpx" else None, ns.rxdm_image, networks)
 
 
+# The nodes each fabric is for, as GKE labels them (cloud.google.com/gke-accelerator; node.kubernetes.io/instance-type):
+# a pod selecting them without --node-fabric gets none of the fabric's pieces, and NCCL falls back to the general NIC.
+FABRIC_NODES = {"nvidia-h100-mega-80gb": "tcpxo", "a3-megagpu-8g": "tcpxo", "nvidia-h200-141gb": "gib",
+                "a3-ultragpu-8g": "gib", "nvidia-b200": "gib", "a4-highgpu-8g": "gib", "a3-highgpu-8g": "tcpx"}
+NODE_LABELS = ("cloud.google.com/gke-accelerator", "node.kubernetes.io/instance-type")
+
+
+def fabric_for(node_selector: tuple[tuple[str, str], ...]) -> str | None:
+    """The fabric the selected nodes have (A3 High 8g, A3 Mega, A3 Ultra, A4), or None."""
+    return next((FABRIC_NODES[v] for k, v in node_selector if k in NODE_LABELS and v in FABRIC_NODES), None)
+
+
+def check_collisions(fp: FabricPods, mount_paths: list[str], volume_names: list[str], secret_envs: list[str],
+                     where: str = "") -> None:
+    """A --volume or --env-secret the fabric's pieces already are: the API server refuses a pod with two volumes of
+    one name or two mounts at one path, and two entries of one variable make the operator's update fight itself."""
+    mine = {m["mountPath"] for m in mounts(fp)}
+    taken = sorted(p for p in mount_paths if p in mine or any(p.startswith(f"{m}/") for m in mine))
+    if taken:
+        raise ConfigError("--volume", f"{where}{taken[0]} is where --node-fabric {fp.fabric} mounts its own volume")
+    names = {v["name"] for v in volumes(fp)} & set(volume_names)
+    if names:
+        raise ConfigError("--volume", f"{where}{sorted(names)[0]} is the name of a --node-fabric {fp.fabric} volume")
+    fabric_env = {e["name"] for e in env(fp)} & set(secret_envs)
+    if fabric_env:
+        raise ConfigError("--env-secret", f"{where}{sorted(fabric_env)[0]} is set by --node-fabric {fp.fabric} (where "
+                          "the plugin finds RxDM): give it once")
+
+
 def pod_annotations(fp: FabricPods) -> dict[str, str]:
     """The multi-network annotations, and the GPU devices the RxDM sidecar gets (GKE's device annotation)."""
     interfaces = [{"interfaceName": "eth0", "network": "default"},

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import argparse
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from entrypoint.errors import ConfigError
@@ -29,7 +29,7 @@ from entrypoint.jobs import planned
 from entrypoint.jobs.args import infer_framework, run_options
 from entrypoint.jobs.images import parse_image
 from entrypoint.jobs.kubeflow import pods
-from entrypoint.jobs.kubeflow.placement import V1_JOB_LABEL
+from entrypoint.jobs.kubeflow.placement import V1_JOB_LABEL, selector
 from entrypoint.jobs.kubeflow.pods import PodOptions
 from entrypoint.planning import registry
 
@@ -153,13 +153,20 @@ def default_name(image: str, limit: int = 63) -> str:
     return f"{base}-job" if base[0].isalpha() else f"job-{base}"
 
 
+# The replicated jobs of Kubeflow Trainer's runtimes for our images (manifests/base/runtimes/): each becomes a Job of
+# the TrainJob's JobSet, named <name>-<replicated job>-<index>. The node job is Indexed with numNodes completions.
+RUNTIME_JOBS = {"torch-distributed": ("node",), "torch-distributed-with-cache": ("dataset-initializer", "node")}
+
+
 def longest_generated_name(req: KubeflowRequest, name: str) -> str:
     """The longest name the operator derives from the job's: a v1 operator's Service and pod per replica
-    ``<name>-<type>-<index>`` (training-operator's GenGeneralName, the type in lowercase); a TrainJob's JobSet pod
-    ``<name>-node-<job index>-<pod index>-<5 random>`` (JobSet's webhook checks it with the suffix ``-abcde``). Each
-    must be a DNS-1035 label of at most 63."""
+    ``<name>-<type>-<index>`` (training-operator's GenGeneralName, the type in lowercase); a TrainJob's JobSet names
+    each replicated job's Jobs ``<name>-<job>-<index>`` and the node job's pods ``<name>-node-<job index>-<pod
+    index>-<5 random>``, and its webhook checks both (``jobNameTooLongErrorMsg``; ``podNameTooLongErrorMsg``, with the
+    suffix ``-abcde``). Each must be a DNS-1035 label of at most 63. An unknown runtime is judged by its node job."""
     if req.kind == "trainjob":
-        return f"{name}-node-0-{req.workers - 1}-abcde"
+        jobs = [f"{name}-{job}-0" for job in RUNTIME_JOBS.get(req.runtime, ("node",))]
+        return max([*jobs, f"{name}-node-0-{req.workers - 1}-abcde"], key=len)
     counts = {"chief": 1, "worker": req.workers - 1, "ps": req.ps, "evaluator": req.evaluators}
     types = planned.KUBEFLOW_REPLICAS[req.kind]
     return max((f"{name}-{types[role].lower()}-{counts[role] - 1}" for role in types if counts.get(role, 0) > 0),
@@ -179,7 +186,8 @@ def _check_generated_names(req: KubeflowRequest, name: str) -> None:
     if len(longest) <= 63:
         return
     spare = 63 - (len(longest) - len(name))
-    what = ("JobSet names the TrainJob's pods <name>-node-0-<index>-<5 random characters>" if req.kind == "trainjob"
+    what = ("JobSet names the TrainJob's Jobs <name>-<replicated job>-<index> and its pods "
+            "<name>-node-0-<index>-<5 random characters>" if req.kind == "trainjob"
             else "the operator names each replica's Service and pod <name>-<type>-<index>")
     suffix = longest[len(name):]
     raise ConfigError("--name", f"{what}, a DNS-1035 label of at most 63, and this job's longest, <name>{suffix}, "
@@ -232,13 +240,66 @@ def default_framework(kind: str) -> str:
     return next(n for n in registry.names() if kind in registry.get(n).kubeflow_kinds)
 
 
+def role_counts(req: KubeflowRequest) -> dict[str, int]:
+    """Pods per role."""
+    return {"chief": 1, "worker": req.workers - 1, "ps": req.ps, "evaluator": req.evaluators}
+
+
+@dataclass(frozen=True)
+class RolePlace:
+    """How one role's pods are placed among the job's: the replica types sharing its placement (its affinity and
+    spread select those), whether it is in the training gang's Kueue PodSet group, whether it is cut into slices."""
+
+    peers: tuple[str, ...]
+    group: bool = False
+    sliced: bool = False
+
+
+def gang_layout(req: KubeflowRequest) -> tuple[dict[str, RolePlace], list[str]]:
+    """Each present role's RolePlace, and warnings. The chief (Master) and the workers are two PodSets: with the same
+    topology they form Kueue's PodSet group (Kueue places a group in one domain; "exactly 2 pod sets", one of a single
+    pod); a slice topology cuts each PodSet with at least a slice's pods into slices (their count a multiple of the
+    slice, at most the PodSet's pods), and Kueue refuses a group beside slices."""
+    present = [r for r, n in role_counts(req).items() if n > 0 and r in KIND_ROLES[req.kind]]
+    places = {r: req.pods_of(r).placement for r in present}
+    types = planned.KUBEFLOW_REPLICAS[req.kind]
+    layout: dict[str, RolePlace] = {}
+    warnings: list[str] = []
+    for role in present:
+        peers = tuple(types[r].lower() for r in present if places[r] == places[role])
+        cut = places[role].slice
+        sliced = cut is not None and role_counts(req)[role] >= cut[1]
+        if sliced and cut is not None and role_counts(req)[role] % cut[1]:
+            raise ConfigError("--topology-slice", f"{types[role]} has {role_counts(req)[role]} pods, not a multiple of "
+                              f"{cut[1]}: a slice would be cut short")
+        layout[role] = RolePlace(peers, sliced=sliced)
+    sliced_any = [r for r in present if layout[r].sliced]
+    sizes = [p.slice[1] for p in places.values() if p.slice is not None]
+    if sizes and not sliced_any:
+        raise ConfigError("--topology-slice", f"{sizes[0]} pods per slice, but no replica type has that many: Kueue "
+                          "refuses a slice larger than its PodSet")
+    pair = [r for r in ("chief", "worker") if r in present]
+    if len(pair) == 2 and places["chief"].topology and places["chief"].topology == places["worker"].topology:
+        if any(layout[r].sliced for r in pair):
+            warnings.append(f"--topology-slice: Kueue does not group a sliced PodSet with another (its webhook refuses "
+                            f"podset-group-name beside slices): {types['chief']} and {types['worker']} each get a "
+                            "domain of the topology, possibly different ones")
+        else:
+            layout.update({r: replace(layout[r], group=True) for r in pair})
+    return layout, warnings
+
+
 def _replica(req: KubeflowRequest, container: str, replicas: int, role: str) -> dict[str, Any]:
     opts = req.pods_of(role)
-    spec = {**pods.pod_fields(opts, {V1_JOB_LABEL: job_name(req)}),
+    place = gang_layout(req)[0][role]
+    everyone = len(place.peers) == sum(1 for r, n in role_counts(req).items() if n > 0 and r in KIND_ROLES[req.kind])
+    peers = selector(V1_JOB_LABEL, job_name(req), None if everyone else list(place.peers))
+    spec = {**pods.pod_fields(opts, peers),
             "containers": [pods.container(opts, container, req.image, list(req.run_args), opts.gpus)]}
     template: dict[str, Any] = {"spec": _ordered(spec)}
-    if pods.pod_metadata(opts):
-        template = {"metadata": pods.pod_metadata(opts), **template}
+    metadata = pods.pod_metadata(opts, place.group, place.sliced, f"{planned.KUBEFLOW_REPLICAS[req.kind][role]}: ")
+    if metadata:
+        template = {"metadata": metadata, **template}
     return {"replicas": replicas, "restartPolicy": "ExitCode", "template": template}
 
 

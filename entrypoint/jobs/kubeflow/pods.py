@@ -29,7 +29,9 @@ from entrypoint.jobs.vertex.options import parse_pairs
 _QUANTITY = re.compile(r"(\d+(\.\d+)?|\.\d+)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?")
 _SUFFIX = {"m": 10**-3, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
            "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60, "": 1}
-_LABEL_KEY = re.compile(r"([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
+# [prefix/]name: the prefix a DNS-1123 subdomain (dot-separated labels), the name as a label value but not empty.
+_LABEL_KEY = re.compile(r"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+                        r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
 _LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
 _DNS_1123 = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _ENV_NAME = re.compile(r"[-._a-zA-Z][-._a-zA-Z0-9]*")
@@ -106,6 +108,43 @@ def amount(quantity: str) -> float:
     match = _QUANTITY.fullmatch(quantity)
     assert match is not None
     return float(match[1]) * _SUFFIX[match[3] or ""]
+
+
+def check_pod(opts: PodOptions, where: str = "") -> None:
+    """One role's pod as the platform will judge it: requests within limits, memory-backed volumes within the memory
+    limit, node selectors the volumes do not contradict, nothing the GPU fabric's pieces already are."""
+    check_requests(opts, where)
+    check_memory_volumes(opts, where)
+    wanted = volumes.node_labels(opts.volumes)
+    for key, value in opts.node_selector:
+        if key in wanted and wanted[key] != value:
+            raise ConfigError("--node-selector", f"{where}{key}={value}, but a local-ssd volume needs nodes with "
+                              f"{key}={wanted[key]} (GKE's label of Local SSD ephemeral storage): no node has both")
+    if opts.fabric is not None:
+        fabricpods.check_collisions(opts.fabric, [v.mount_path for v in opts.volumes],
+                                    [v.name for v in opts.volumes], [name for name, _, _ in opts.env_secrets], where)
+
+
+def check_memory_volumes(opts: PodOptions, where: str = "") -> None:
+    """Memory-backed emptyDirs (``--volume emptydir:memory``, /dev/shm) are the container's memory ("files you write
+    count against your container's memory limit", emptyDir): each, and all together, within the memory limit, else
+    the container is OOM-killed before they fill."""
+    limit = opts.memory_limit or opts.memory
+    sized = [(f"--volume {v.mount_path}", v.size) for v in opts.volumes
+             if v.kind == "emptydir" and v.source == "memory" and v.size]
+    if opts.shm_size and amount(opts.shm_size):
+        sized.append(("--shm-size", opts.shm_size))
+    if not limit or not sized:
+        return
+    total = sum(amount(size) for _, size in sized)
+    for flag, size in sized:
+        if amount(size) > amount(limit):
+            raise ConfigError(flag, f"{where}a memory-backed volume of {size} is above the memory limit {limit}, which "
+                              "its files count against: the container is OOM-killed before it fills")
+    if len(sized) > 1 and total > amount(limit):
+        raise ConfigError(", ".join(flag for flag, _ in sized), f"{where}memory-backed volumes of {total / 2**30:.3g} "
+                          f"GiB together are above the memory limit {limit}, which their files count against: the "
+                          "container is OOM-killed before they fill")
 
 
 def check_requests(opts: PodOptions, where: str = "") -> None:
@@ -207,7 +246,7 @@ def from_namespace(ns: argparse.Namespace) -> PodOptions:
         priority_class=ns.priority_class, placement=placement.from_namespace(ns),
         fabric=fabricpods.from_namespace(ns),
     )
-    check_requests(opts)
+    check_pod(opts)
     return opts
 
 
@@ -238,9 +277,9 @@ def shm(opts: PodOptions) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     return [{"name": SHM_VOLUME, "emptyDir": empty}], [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}]
 
 
-def pod_fields(opts: PodOptions, job_pods: dict[str, str] | None = None) -> dict[str, Any]:
+def pod_fields(opts: PodOptions, peers: dict[str, Any] | None = None) -> dict[str, Any]:
     """PodSpec fields besides the containers: service account, pull secrets, scheduling, placement, volumes;
-    ``job_pods`` is the label that selects the job's pods (for affinity and topology spread)."""
+    ``peers`` is the label selector of the pods that share this pod's placement (for affinity and spread)."""
     shm_volumes, _ = shm(opts)
     items: list[tuple[str, Any]] = [
         ("serviceAccountName", opts.service_account),
@@ -249,7 +288,7 @@ def pod_fields(opts: PodOptions, job_pods: dict[str, str] | None = None) -> dict
         ("priorityClassName", opts.priority_class),
         ("nodeSelector", {**dict(opts.node_selector), **volumes.node_labels(opts.volumes)} or None),
         ("tolerations", [dict(t) for t in opts.tolerations] or None),
-        *opts.placement.pod_fields(job_pods or {}).items(),
+        *opts.placement.pod_fields(peers or {}).items(),
         ("volumes", [*shm_volumes, *(v.to_volume() for v in opts.volumes), *volumes.cache_volumes(opts.volumes),
                      *(fabricpods.volumes(opts.fabric) if opts.fabric else [])] or None),
         ("initContainers", fabricpods.init_containers(opts.fabric) if opts.fabric else None),
@@ -263,10 +302,20 @@ def volume_mounts(opts: PodOptions) -> list[dict[str, Any]]:
             *(fabricpods.mounts(opts.fabric) if opts.fabric else [])]
 
 
-def pod_metadata(opts: PodOptions) -> dict[str, Any]:
-    """The pod template's metadata: --pod-label, --pod-annotation and what the volumes need (gke-gcsfuse)."""
-    annotations = {**volumes.pod_annotations(opts.volumes), **opts.placement.annotations(),
-                   **(fabricpods.pod_annotations(opts.fabric) if opts.fabric else {}), **dict(opts.annotations)}
+def pod_metadata(opts: PodOptions, group: bool = False, sliced: bool = True, where: str = "") -> dict[str, Any]:
+    """The pod template's metadata: --pod-label, --pod-annotation and what the volumes (gke-gcsfuse), the placement
+    (Kueue: ``group`` puts it in the gang's PodSet group, ``sliced`` gives it the slices) and the fabric need. The
+    user's annotations win, but not into what Kueue's webhook refuses."""
+    annotations = {**volumes.pod_annotations(opts.volumes), **opts.placement.annotations(group, sliced),
+                   **(fabricpods.pod_annotations(opts.fabric) if opts.fabric else {})}
+    tas = [k for k in placement.KUEUE_TAS if k in annotations or k in dict(opts.annotations)]
+    if len(tas) > 1:
+        raise ConfigError("--topology/--pod-annotation", f"{where}two Kueue topology annotations ({', '.join(tas)}): "
+                          "Kueue's webhook refuses more than one of podset-required-, -preferred- and "
+                          "-unconstrained-topology in a pod template")
+    annotations.update(opts.annotations)
+    placement.kueue_annotations(annotations, where)
+    volumes.check_sidecar(annotations, opts.volumes, where)
     return {k: v for k, v in (("labels", dict(opts.labels)), ("annotations", annotations)) if v}
 
 

@@ -1,21 +1,26 @@
 """``job kubeflow``: resources and placement per replica type (Master, Chief, Worker, PS, Evaluator).
 
-Every replica type has its own pod template, so each may have its own requests, limits, node selector and
-tolerations. Defaults: every role gets the pod options; TensorFlow's parameter servers get no GPUs and none of the
-GPU placement either (a node selector for GPU nodes would put CPU-only servers on them, and the GPU taint's
-toleration is for pods that ask for GPUs: Kubernetes' ExtendedResourceToleration admission adds it to those), and
-nor does an evaluator given ``gpus=0`` in a GPU job (unless --role-node-selector / --role-toleration give its own).
-The training replicas' GPU count is one value (PyTorchJob's ``nprocPerNode``; MultiWorkerMirroredStrategy wants
-the same devices on every worker), so ``gpus`` is per role for ps and evaluators only.
+Every replica type has its own pod template, so each may have its own requests, limits, node selector, tolerations
+and placement. Defaults: every role gets the pod options; TensorFlow's parameter servers get no GPUs, and in a GPU job
+none of the GPU gang's placement either: not its node selector (it would put CPU-only servers on GPU nodes), not its
+tolerations (the GPU taint's toleration is for pods that ask for GPUs: Kubernetes' ExtendedResourceToleration
+admission adds it to those), not its Kueue topology, pod (anti-)affinity, spread or node affinity (Kueue would have to
+fit a CPU PodSet into the GPU gang's domain, which has no CPU nodes: the job is never admitted). Nor does an
+evaluator given ``gpus=0`` in a GPU job. A GPU-less job's roles all keep the pod options. ``--role-*`` gives a role
+its own of any of these (``ROLE:none``: none). The training replicas' GPU count is one value (PyTorchJob's
+``nprocPerNode``; MultiWorkerMirroredStrategy wants the same devices on every worker), so ``gpus`` is per role for ps
+and evaluators only.
 """
 
 from __future__ import annotations
 
 import argparse
 from dataclasses import replace
+from typing import Any
 
 from entrypoint.errors import ConfigError
-from entrypoint.jobs.kubeflow import pods
+from entrypoint.jobs.kubeflow import placement, pods
+from entrypoint.jobs.kubeflow.placement import NONE, Placement
 from entrypoint.jobs.kubeflow.pods import PodOptions
 
 ROLES = {"pytorchjob": ("master", "worker"), "tfjob": ("chief", "worker", "ps", "evaluator"), "trainjob": ()}
@@ -33,6 +38,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="that role's node selector, replacing --node-selector for it, repeatable")
     g.add_argument("--role-toleration", action="append", default=[], metavar="ROLE:KEY[=VALUE]:EFFECT",
                    help="that role's tolerations, replacing --toleration for it, repeatable")
+    g.add_argument("--role-topology", action="append", default=[], metavar="ROLE:required|preferred:LABEL|ROLE:none",
+                   help="that role's Kueue topology, replacing --topology for it")
+    g.add_argument("--role-node-affinity", action="append", default=[], metavar="ROLE:EXPR[:preferred]|ROLE:none",
+                   help="that role's node affinity (as --node-affinity), replacing the job's for it, repeatable")
+    g.add_argument("--role-pod-affinity", action="append", default=[], metavar="ROLE:KEY[:preferred]|ROLE:none",
+                   help="that role's pod affinity, replacing --pod-affinity for it")
+    g.add_argument("--role-pod-anti-affinity", action="append", default=[], metavar="ROLE:KEY[:preferred]|ROLE:none",
+                   help="that role's pod anti-affinity, replacing --pod-anti-affinity for it")
+    g.add_argument("--role-spread", action="append", default=[], metavar="ROLE:KEY[:SKEW[:WHEN]]|ROLE:none",
+                   help="that role's topology spread, replacing --spread for it, repeatable")
 
 
 def _split(text: str, flag: str, kind: str) -> tuple[str, str]:
@@ -45,11 +60,42 @@ def _split(text: str, flag: str, kind: str) -> tuple[str, str]:
     return role, rest
 
 
+# --role-* placement options: the Placement field each sets, whether it repeats, and how its value is read.
+_PLACEMENT = {"--role-topology": ("topology", False, placement.topology),
+              "--role-node-affinity": ("node_affinity", True, placement.node_term),
+              "--role-pod-affinity": ("affinity", False, placement.affinity),
+              "--role-pod-anti-affinity": ("anti_affinity", False, placement.affinity),
+              "--role-spread": ("spread", True, placement.spread_option)}
+
+
+def _role_placements(ns: argparse.Namespace, kind: str) -> dict[str, dict[str, Any]]:
+    """Each role's own placement fields from --role-topology / -node-affinity / -pod-affinity / -pod-anti-affinity /
+    -spread (``ROLE:none``: none of that field)."""
+    found: dict[str, dict[str, Any]] = {}
+    for flag, (field, repeats, read) in _PLACEMENT.items():
+        for text in getattr(ns, flag.removeprefix("--").replace("-", "_")):
+            role, rest = _split(text, flag, kind)
+            mine = found.setdefault(role, {})
+            if rest == NONE:
+                mine[field] = () if repeats else None
+            elif repeats:
+                mine[field] = (*mine.get(field, ()), read(rest, flag))
+            elif field in mine:
+                raise ConfigError(flag, f"{role}: given twice")
+            else:
+                mine[field] = read(rest, flag)
+    return found
+
+
 def role_options(ns: argparse.Namespace, kind: str, base: PodOptions) -> dict[str, PodOptions]:
-    """Each role's pod options: the base ones, TFJob's ps without GPU placement, then --role-* (checked)."""
+    """Each role's pod options: the base ones; a CPU ps or evaluator of a GPU job without the GPU gang's node
+    selector, tolerations, fabric and placement; then --role-* (checked)."""
     out = {role: base for role in ROLES[kind]}
-    if "ps" in out:
-        out["ps"] = replace(base, gpus=0, node_selector=(), tolerations=(), fabric=None)  # on a CPU node: no fabric
+    gpu_job = bool(base.gpus)
+    if "ps" in out:  # a CPU pod: no fabric; in a GPU job, off the GPU nodes and out of the GPU gang's placement
+        out["ps"] = replace(base, gpus=0, fabric=None)
+        if gpu_job:
+            out["ps"] = replace(out["ps"], node_selector=(), tolerations=(), placement=Placement())
     selectors: dict[str, list[str]] = {}
     tolerations: dict[str, list[str]] = {}
     for flag, texts, into in (("--role-node-selector", ns.role_node_selector, selectors),
@@ -67,9 +113,12 @@ def role_options(ns: argparse.Namespace, kind: str, base: PodOptions) -> dict[st
     for role in _OWN_GPUS:  # a role whose own gpus=0 leaves the GPU pods' placement, as ps does by default
         if role in out and base.gpus and not out[role].gpus:
             out[role] = replace(out[role], node_selector=out[role].node_selector if role in selectors else (),
-                                tolerations=out[role].tolerations if role in tolerations else (), fabric=None)
+                                tolerations=out[role].tolerations if role in tolerations else (), fabric=None,
+                                placement=Placement())
+    for role, fields in _role_placements(ns, kind).items():
+        out[role] = replace(out[role], placement=placement.check(replace(out[role].placement, **fields)))
     for role, opts in out.items():
-        pods.check_requests(opts, f"{role}: ")
+        pods.check_pod(opts, f"{role}: ")
     return out
 
 

@@ -20,7 +20,7 @@ from typing import Any
 from entrypoint.errors import ConfigError
 from entrypoint.jobs.kubeflow import pods
 from entrypoint.jobs.kubeflow.job import KubeflowRequest, check, job_metadata, job_name
-from entrypoint.jobs.kubeflow.placement import JOBSET_LABEL
+from entrypoint.jobs.kubeflow.placement import JOBSET_LABEL, selector
 
 API_VERSION = "trainer.kubeflow.org/v1alpha1"
 PATCH_MANAGER = "trainer-entrypoint.job-kubeflow"
@@ -47,10 +47,14 @@ def _refuse_v1_only(req: KubeflowRequest) -> None:
 
 def _patch(req: KubeflowRequest) -> dict[str, Any] | None:
     """The runtime patch for what TrainJob.spec.trainer cannot say."""
-    pod = pods.pod_fields(req.pods, {JOBSET_LABEL: job_name(req)})
+    pod = pods.pod_fields(req.pods, selector(JOBSET_LABEL, job_name(req)))
     mounts = pods.volume_mounts(req.pods)
     if mounts:
         pod["containers"] = [{"name": NODE, "volumeMounts": mounts}]
+    cut = req.pods.placement.slice
+    if cut is not None and (req.workers < cut[1] or req.workers % cut[1]):
+        raise ConfigError("--topology-slice", f"{req.workers} nodes are not a whole number of slices of {cut[1]} "
+                          "(Kueue: at most the PodSet's pods; here a multiple of them, or a slice is cut short)")
     metadata = pods.pod_metadata(req.pods)
     if not pod and not metadata:
         return None

@@ -30,6 +30,10 @@ LOCAL_SSD_NODES = ("cloud.google.com/gke-ephemeral-storage-local-ssd", "true")
 GCSFUSE_CACHE = "gke-gcsfuse-cache"  # the driver's sidecar takes a pod volume of this name as its file cache
 GCSFUSE_DRIVER = "gcsfuse.csi.storage.gke.io"
 GCSFUSE_ANNOTATION = ("gke-gcsfuse/volumes", "true")
+# The driver's sidecar resources (pod annotations) and its webhook's defaults, GoogleCloudPlatform/gcs-fuse-csi-driver
+# cmd/webhook/main.go (sidecar-ephemeral-storage-limit 5Gi, sidecar-memory-limit 256Mi):
+SIDECAR_DISK = ("gke-gcsfuse/ephemeral-storage-limit", "gke-gcsfuse/ephemeral-storage-request", 5 * 2**30)
+SIDECAR_MEMORY = ("gke-gcsfuse/memory-limit", "gke-gcsfuse/memory-request", 256 * 2**20)
 HOST_PATH_TYPES = ("DirectoryOrCreate", "Directory", "FileOrCreate", "File", "Socket", "CharDevice", "BlockDevice")
 _DNS_1123 = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _BUCKET = re.compile(r"[a-z0-9][-a-z0-9_.]{1,220}[a-z0-9]")
@@ -166,5 +170,57 @@ def node_labels(volumes: tuple[Volume, ...]) -> dict[str, str]:
 
 
 def pod_annotations(volumes: tuple[Volume, ...]) -> dict[str, str]:
-    """The pod annotations the volumes need: GKE's Cloud Storage FUSE webhook looks for gke-gcsfuse/volumes."""
-    return dict([GCSFUSE_ANNOTATION]) if any(v.kind == "gcs" for v in volumes) else {}
+    """The pod annotations the volumes need: GKE's Cloud Storage FUSE webhook looks for gke-gcsfuse/volumes; a file
+    cache the sidecar fills gets the sidecar's resources sized to hold it (``sidecar_needs``)."""
+    if not any(v.kind == "gcs" for v in volumes):
+        return {}
+    return {**dict([GCSFUSE_ANNOTATION]), **{k: _text(need) for k, need in sidecar_needs(volumes).items()}}
+
+
+def sidecar_needs(volumes: tuple[Volume, ...]) -> dict[str, int]:
+    """The sidecar limits (and requests) a file cache needs, in bytes (0: no limit, for an unbounded cache).
+
+    The driver's sidecar writes the cache. By default it is an emptyDir on the node's ephemeral storage charged to the
+    sidecar, whose limit must be "larger than the fileCacheCapacity volume attribute" (GoogleCloudPlatform/
+    gcs-fuse-csi-driver, docs/troubleshooting.md: "the value of Pod annotation gke-gcsfuse/ephemeral-storage-limit");
+    with ``cache=memory`` the cache volume is a tmpfs, whose pages are the sidecar's memory. Each gets its default (5Gi
+    of ephemeral storage, 256Mi of memory: the webhook's defaults) on top. ``cache=local-ssd`` is a pod volume of its
+    own, bounded by its sizeLimit."""
+    cached = [v for v in volumes if v.kind == "gcs" and v.size]
+    needs: dict[str, int] = {}
+    for medium, (limit, request, default) in (("", SIDECAR_DISK), ("memory", SIDECAR_MEMORY)):
+        sizes = [v.size for v in cached if (v.cache or "") == medium]
+        if not sizes:
+            continue
+        total = 0 if "-1" in sizes else sum(_bytes(q) for q in sizes if q) + default
+        needs[limit] = total
+        if total:
+            needs[request] = total  # scheduled where it fits, not on the default request alone
+    return needs
+
+
+def check_sidecar(annotations: dict[str, str], volumes: tuple[Volume, ...], where: str = "") -> None:
+    """A sidecar limit given with --pod-annotation below what its file cache holds is refused: the sidecar would be
+    killed (memory) or evicted (ephemeral storage) when the cache fills."""
+    for key, need in sidecar_needs(volumes).items():
+        given = annotations.get(key, "")
+        if key.endswith("-limit") and need and given not in ("0", _text(need)) and _SIZE.fullmatch(given) and \
+                _bytes(given) < need:
+            raise ConfigError("--pod-annotation", f"{where}{key} is below what the file cache holds plus the sidecar's "
+                              f"own ({_text(need)}): the sidecar would be killed when the cache fills")
+
+
+def _bytes(quantity: str) -> int:
+    match = _SIZE.fullmatch(quantity)
+    if match is None:
+        return 0
+    units = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18, "Ki": 2**10, "Mi": 2**20,
+             "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+    return int(float(match[1]) * units.get(match[3] or "", 1))
+
+
+def _text(size: int) -> str:
+    """Bytes as a quantity people read: whole Gi when exact, else Mi rounded up (``0``: no limit)."""
+    if size == 0:
+        return "0"
+    return f"{size // 2**30}Gi" if size % 2**30 == 0 else f"{-(-size // 2**20)}Mi"

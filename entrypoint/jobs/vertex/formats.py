@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import json
 import shlex
+from dataclasses import replace
 from typing import Any
 
+from entrypoint.cluster import envvars as ev
 from entrypoint.errors import ConfigError
 from entrypoint.jobs import network, yamltext
 from entrypoint.jobs.model import JobSettings, JobSpec, PoolSpec
@@ -125,7 +127,15 @@ def _settings_flags(s: JobSettings) -> list[str]:
 
 
 def render_gcloud_command(job: JobSpec, region: str, project: str | None) -> tuple[str, list[str]]:
-    """The ``gcloud ai custom-jobs create`` command line, and warnings about what it cannot say exactly."""
+    """The ``gcloud ai custom-jobs create`` command line, and warnings about what it cannot say exactly. gcloud has
+    no flag for a pool's env: a pinned image's TRAINER_IMAGE is left out (a warning says what that costs)."""
+    warnings = []
+    if any(name == ev.TRAINER_IMAGE for p in job.present() for name, _ in p.env):
+        job = replace(job, pools=tuple(replace(p, env=tuple(e for e in p.env if e[0] != ev.TRAINER_IMAGE))
+                                       if p is not None else None for p in job.pools))
+        warnings.append(f"--format gcloud-command cannot pass {ev.TRAINER_IMAGE} (gcloud has no flag for a pool's "
+                        "env): doctor and the training summary will not know the digest the job ran; --format "
+                        "gcloud-config, json or python pass it")
     unsayable = _unsayable(job)
     if unsayable:
         raise ConfigError("--format gcloud-command", f"gcloud ai custom-jobs create has no flag for "
@@ -135,7 +145,6 @@ def render_gcloud_command(job: JobSpec, region: str, project: str | None) -> tup
         raise ConfigError("--format gcloud-command", "gcloud's --args is one list for every pool, and these "
                           "pools' args differ; use --format gcloud-config or json")
     run_args = list(args.pop()) if args else []
-    warnings = []
     if run_args and any(network.is_reduction_server(p.image_uri) for p in job.present()):
         warnings.append("gcloud gives --args to every pool, the reducers' too; --format gcloud-config or json "
                         "keep them off the reducers")

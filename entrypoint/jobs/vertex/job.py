@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from entrypoint.errors import ConfigError
 from entrypoint.jobs import machines, network, planned
-from entrypoint.jobs.args import infer_framework, run_options, with_run_option
+from entrypoint.jobs.args import framework_args, infer_framework, run_options, with_run_option
 from entrypoint.jobs.images import parse_image
 from entrypoint.jobs.model import JobSettings, JobSpec, PoolSpec
 from entrypoint.jobs.vertex.pools import EvaluatorMachines, PoolExtras
@@ -145,10 +145,16 @@ def build(req: VertexRequest) -> tuple[JobSpec, list[str], list[str]]:
         raise ConfigError("--framework", f"not given, not in the run args, and not the image's name; pass "
                           f"--framework {'|'.join(registry.names())}")
     accelerator = parse_accelerator(req.accelerator, req.machine_type)
+    if req.display_name is not None and not req.display_name.strip():
+        raise ConfigError("--display-name", "is empty: a CustomJob's displayName is required (leave the option out "
+                          "for the image's name)")
     name = req.display_name or default_display_name(req.image)
     if len(name) > 128:
         raise ConfigError("--display-name", "at most 128 characters")
-    pools, notes = _pools(req, accelerator, req.run_args)
+    run_args, notes = framework_args(req.run_args, req.image, req.framework, options.framework)
+    req = replace(req, run_args=run_args)
+    pools, more = _pools(req, accelerator, req.run_args)
+    notes += more
     job = JobSpec(name, tuple(pools), req.base_output_dir, req.settings)
     pin = _reducer_pin(job, framework, options.strategy)
     if pin is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import unicodedata
 
 from entrypoint.errors import ConfigError
 from entrypoint.jobs.model import JobSettings
@@ -97,20 +98,23 @@ def parse_pairs(items: list[str], flag: str, split_commas: bool) -> list[tuple[s
     return pairs
 
 
-def _lowercase_letter(c: str) -> bool:
-    """A lowercase letter of any script, or a letter of a script without case (``数``): "international characters"."""
-    return c.isalpha() and not c.isupper()
+# Google Cloud's label grammar, as its APIs publish it (e.g. Bigtable Admin's Instance.labels): keys
+# [\p{Ll}\p{Lo}][\p{Ll}\p{Lo}\p{N}_-]*, values [\p{Ll}\p{Lo}\p{N}_-]*: a lowercase letter (Ll) or a letter of a
+# script without case (Lo, "international characters"), then those and numbers of any kind (Nd, Nl, No).
+_FIRST = ("Ll", "Lo")
+_REST = ("Ll", "Lo", "Nd", "Nl", "No")
 
 
 def _label_ok(text: str, key: bool) -> bool:
-    if len(text) > 64 or (key and not (text and _lowercase_letter(text[0]))):
+    if len(text) > 64 or (key and not (text and unicodedata.category(text[0]) in _FIRST)):
         return False
-    return all(c.isdigit() or c in "_-" or _lowercase_letter(c) for c in text)
+    return all(c in "_-" or unicodedata.category(c) in _REST for c in text)
 
 
 def check_labels(labels: list[tuple[str, str]]) -> None:
-    """CustomJob.labels' rules: at most 64; keys start with a lowercase letter or an international character; keys
-    and values <= 64 Unicode code points of lowercase letters (any script), digits, '_', '-'."""
+    r"""CustomJob.labels' rules: at most 64; keys start with a lowercase letter or an international character; keys
+    and values <= 64 Unicode code points of lowercase letters (any script), numbers, '_', '-' (Google Cloud's grammar:
+    ``\p{Ll}``, ``\p{Lo}``, ``\p{N}``: a titlecase or modifier letter is none of them)."""
     if len(labels) > 64:
         raise ConfigError("--labels", "at most 64 labels")
     for key, value in labels:

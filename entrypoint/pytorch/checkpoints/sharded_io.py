@@ -7,7 +7,9 @@ writes it with ``torch.distributed.checkpoint`` over a gloo process group of its
 never wait on it), hashes this rank's files and gathers every rank's list; the chief writes ``extra.pt`` (the
 position, history, RNG of every rank) and then the ``COMMITTED`` marker, listing every file of every rank with
 its size and SHA-256, last. A rank killed mid-save leaves a checkpoint without a marker: resume skips it, as it
-skips any torn checkpoint. ``--checkpoint-mode sync`` does the same in the training thread.
+skips any torn checkpoint. ``--checkpoint-mode sync`` does the same in the training thread. Some torch releases
+(2.11 among them) close the stager's copier after every stage, and a second stage of a DTensor then fails
+(``KeyError: <class 'type'>``): there, each save gets a fresh stager (no buffers are kept between saves).
 
 On an object store without a FUSE mount (``gs://``), each rank writes into a private local directory and uploads
 its own files; loading downloads the checkpoint once per process. The checkpoint loads into any world size
@@ -18,11 +20,14 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import logging
+import os
 import shutil
 import tempfile
 import time
 import warnings
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -46,6 +51,63 @@ def is_sharded_checkpoint(path: Location) -> bool:
     return (path / METADATA_FILE).is_file()
 
 
+def stager_closed_itself(stager: Any) -> bool:
+    """Whether ``DefaultStager.stage`` closed the stager's copier (its dispatch table emptied: the next stage of a
+    state with a class in it, as a DTensor's is, fails with ``KeyError: <class 'type'>``; torch 2.11 does this)."""
+    table = getattr(getattr(stager, "_state_dict_stager", None), "_deepcopy_dispatch", None)
+    return isinstance(table, dict) and not table
+class _KeptError(io.FileIO):
+    """A file that keeps the OSError of a failed write: ``torch.save``, which torch.distributed.checkpoint writes
+    every shard with, turns it into ``unexpected pos`` (a full disk read as the user's error, exit 1)."""
+
+    error: OSError | None = None
+
+    def write(self, data: Any) -> int:
+        try:
+            return super().write(data)
+        except OSError as exc:
+            self.error = exc
+            raise
+
+
+def _writer(target: str) -> Any:
+    """torch.distributed.checkpoint's file system writer for ``target`` (the one ``checkpoint_id`` picks), whose
+    files raise the disk's own error when a write fails (ENOSPC: ``disk_full``, 74), on the failing rank and, through
+    the save's own gather of failures, on every other."""
+    from torch.distributed.checkpoint import FileSystemWriter
+    from torch.distributed.checkpoint.filesystem import FileSystem
+
+    class Files(FileSystem):
+        @contextlib.contextmanager
+        def create_stream(self, path: str | os.PathLike[str], mode: str) -> Iterator[io.IOBase]:
+            if mode != "wb":
+                with super().create_stream(path, mode) as stream:
+                    yield stream
+                return
+            raw = _KeptError(os.fspath(path), "w")
+            with io.BufferedWriter(raw) as stream:
+                try:
+                    yield stream
+                except Exception:
+                    if raw.error is not None:
+                        raise OSError(raw.error.errno, raw.error.strerror, os.fspath(path)) from None
+                    raise
+
+    writer = FileSystemWriter(target)
+    writer.fs = Files()
+    return writer
+
+
+def disk_error(exc: BaseException) -> BaseException | None:
+    """The disk's own error a failed ``dcp.save`` carries (this rank's or another's, from its ``failures``)."""
+    failures = getattr(exc, "failures", None)
+    for wrapped in (failures or {}).values() if isinstance(failures, dict) else ():
+        inner = wrapped[0] if isinstance(wrapped, tuple) else wrapped
+        if isinstance(inner, OSError) and inner.errno is not None:
+            return inner
+    return None
+
+
 def _digest(path: Path) -> dict[str, Any]:
     sha = hashlib.sha256()
     with path.open("rb") as f:
@@ -58,14 +120,25 @@ class ShardedCheckpointIO(BackgroundWriter):
     """Every rank saves its shards (in the background by default); the chief commits the marker last."""
 
     def __init__(self, keep: int, rank: int, background: bool, timeout: float, cuda: bool) -> None:
-        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-
         super().__init__(keep)
-        self.rank, self.background = rank, background
+        self.rank, self.background, self.cuda = rank, background, cuda
         self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout))  # every rank, once
         # Kept for the whole run: its staging buffers are reused from one save to the next.
-        self.stager = DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=False,
-                                                   use_async_staging=False, use_non_blocking_copy=cuda))
+        self.stager = self._new_stager()
+
+    def _new_stager(self) -> Any:
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+        return DefaultStager(StagingOptions(use_pinned_memory=self.cuda, use_shared_memory=False,
+                                            use_async_staging=False, use_non_blocking_copy=self.cuda))
+
+    def _stage(self, shards: dict[str, Any]) -> dict[str, Any]:
+        """``shards`` copied into host memory; a stager this torch closed after the copy is replaced for the next."""
+        staged: dict[str, Any] = self.stager.stage(shards)  # synchronous (no Future)
+        if stager_closed_itself(self.stager):
+            self.stager.close()
+            self.stager = self._new_stager()
+        return staged
 
     @property
     def is_chief(self) -> bool:
@@ -76,7 +149,7 @@ class ShardedCheckpointIO(BackgroundWriter):
         """Stage ``state`` (``{"shards": {...}, "extra": {...}}``), then write and commit it (in the background)."""
         self.wait()
         started = time.perf_counter()
-        staged: dict[str, Any] = self.stager.stage(state["shards"])  # type: ignore[assignment]  # synchronous
+        staged = self._stage(state["shards"])
         blocked = time.perf_counter() - started
         self.blocked_seconds += blocked
         if not self.background:
@@ -94,7 +167,7 @@ class ShardedCheckpointIO(BackgroundWriter):
             if self.is_chief and path.exists():  # a rerun reached the same step: replace, never mix two saves
                 storage.rmtree(path)
             target = local or path
-            dcp.save(shards, checkpoint_id=str(target), process_group=self.group)
+            dcp.save(shards, storage_writer=_writer(str(target)), process_group=self.group)
             mine = self._mine(target, local, path)
             everyone: list[Any] = [None] * dist.get_world_size(self.group)
             dist.all_gather_object(everyone, mine, group=self.group)
@@ -107,8 +180,9 @@ class ShardedCheckpointIO(BackgroundWriter):
                 checkpoints.commit(path, meta, files)
                 checkpoints.check_sizes(path)
         except BaseException as exc:  # CheckpointException is a BaseException
-            self._failed(output_error(exc if isinstance(exc, Exception) else RuntimeError(str(exc)), path))
-            log.error("checkpoint %s failed: %s", path.name, " ".join(str(exc).split())[:300])
+            cause = disk_error(exc) or (exc if isinstance(exc, Exception) else RuntimeError(str(exc)))
+            self._failed(output_error(cause, path))
+            log.error("checkpoint %s failed: %s", path.name, " ".join(str(cause).split())[:300])
             self._discard(path)
             return
         finally:

@@ -39,7 +39,7 @@ from entrypoint.pytorch.defaults import HookContext, default_eval_step, default_
 from entrypoint.pytorch.framework import BUCKET_CAP_MB_DEFAULT
 from entrypoint.pytorch.launch.collectives import Collectives, TorchDistributed
 from entrypoint.pytorch.launch.membership import Membership
-from entrypoint.pytorch.loop import hub_export, parallel, pretrained
+from entrypoint.pytorch.loop import compile_cache, hub_export, parallel, pretrained
 from entrypoint.pytorch.loop.data import TrainBatches, to_device
 from entrypoint.pytorch.loop.evaluation import check_evaluation_set, evaluate
 from entrypoint.pytorch.loop.export import export_model
@@ -80,7 +80,7 @@ class Trainer:
         self.epochs = int(options.epochs or module_default(self.module, "epochs", DEFAULT_EPOCHS))
         self.batch_size = int(options.batch_size or module_default(self.module, "batch_size", DEFAULT_BATCH_SIZE))
         self.metric_name = options.hypertune_metric or getattr(self.module, "HYPERTUNE_METRIC", None)
-        self.reporter = MetricReporter(self.ctx.is_chief, topo.trial)
+        self.reporter = MetricReporter(self.ctx.is_chief, topo.trial, asked=options.hypertune_metric is not None)
         self.checkpoints = LoopCheckpoints(plan, comm, self.ctx)  # in the layout's format once the model is placed
         self.parallel: Parallel | None = None
         inplace = None
@@ -154,21 +154,20 @@ class Trainer:
 
     def _parallel(self, model: nn.Module) -> Parallel:
         """DDP, FSDP or HSDP for this model (``parallel.choose``): the layout, which gives its checkpoint format."""
-        ctx, opts, topo = self.ctx, self.options, self.plan.topology
-        placed = self.plan.placed
+        ctx, opts, topo, placed = self.ctx, self.options, self.plan.topology, self.plan.placed
         choice = parallel.choose(self.plan.strategy, opts.strategy is not None,
                                  sum(p.numel() for p in model.parameters()),
                                  parallel.device_memory(ctx.device, placed.local_world_size), ctx.world_size,
                                  max(topo.num_nodes, 1), placed.local_world_size, registry.get(self.plan.framework))
         if ctx.is_chief:
             log.info("strategy %s: %s", choice.name, choice.reason)
-        compiled = bool(opts.framework_option("compile", False))
+        self.compiled = compile_cache.load(self.plan, ctx, model, self.module)  # --compile's caches (job dir)
         if not choice.sharded:
             bucket_cap_mb = opts.framework_option("bucket_cap_mb", BUCKET_CAP_MB_DEFAULT)
-            return parallel.Replicated(choice, self.comm, ctx.device, bucket_cap_mb, compiled)
+            return parallel.Replicated(choice, self.comm, ctx.device, bucket_cap_mb, self.compiled.on)
         parallel.same_weights_everywhere(model, self.comm)
         return parallel.Sharded(choice, ctx.device, max(topo.num_nodes, 1), placed.local_world_size, opts.bf16,
-                                compiled)
+                                self.compiled.on)
 
     def _units(self) -> Callable[[nn.Module], list[nn.Module]] | None:
         """The module's ``shard_units(model, ctx)`` hook, checked; None for the default units."""
@@ -213,6 +212,7 @@ class Trainer:
             state.advance(batches.samples_per_step)
             self._report(state, loss, epoch, progress)
             guard.after_step(state, loss if applied is None else None)
+            self.compiled.after_step(state)  # the chief keeps --compile's caches in the job dir once they grew
             if self._checkpoint_due(state, batches):
                 guard.checkpoint(state)
 
@@ -386,13 +386,13 @@ class Trainer:
             checkpoint_blocked_seconds=round(self.checkpoints.io.blocked_seconds, 3),
             checkpoint_write_seconds=round(self.checkpoints.io.write_seconds, 3), trial=ctx.trial,
             hypertune_file=self.reporter.path, ranks=ranks, param_digests=digests, recoveries=state.recoveries,
-            goodput=self.resilience.goodput_so_far(),
+            goodput=self.resilience.goodput_so_far(), image=self.plan.image.to_dict(),
             load_with=LOAD_HUB if self.hub else self.parallel.load_with if self.parallel else parallel.LOAD_REPLICATED,
             details={"init_param_digests": self.digests["init"], "start_param_digests": self.digests["start"],
                      "strategy_reason": choice.reason if choice else self.plan.reason,
                      "compile_seconds": round(parallel.compile_seconds(), 2),
                      **({"skipped_nonfinite_steps": state.skipped} if state.skipped else {})},
         ))
-        tuning = f"'{self.metric_name}' in {self.reporter.path}" if self.reporter.path else "not reported"
+        tuning = self.reporter.described(self.metric_name)
         log.info("model exported to %s; checkpoints in %s; TensorBoard logs in %s; tuning metric %s",
                  ctx.model_dir, ctx.checkpoint_dir, ctx.tensorboard_dir, tuning)

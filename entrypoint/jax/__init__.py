@@ -1,0 +1,1 @@
+"""JAX with Keras 3: the framework package (docs/jax.md)."""
