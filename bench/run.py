@@ -34,6 +34,7 @@ FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
     "gpt": ("bench.gpu", ("pytorch",)),
     "recovery": ("bench.recovery", ("pytorch",)),
     "restart": ("bench.compile_restart", ("pytorch",)),
+    "stops": ("bench.stops", ("pytorch",)),
 }
 
 

@@ -149,3 +149,15 @@ class StopRequested(TrainerError):
     def __init__(self, signum: int, message: str, committed: bool = True) -> None:
         self.failure = signal_class(signum, committed)
         super().__init__(message)
+
+
+class Interrupted(BaseException):
+    """A stop signal ended an interruptible region of a training process at once (``lifecycle/signals.py``): a
+    ``BaseException``, as ``KeyboardInterrupt`` is, so that no hook's or library's ``except Exception`` holds it (a
+    checkpoint that "does not load" because the restore was interrupted); the hooks loop turns it into a
+    ``StopRequested`` that says what is committed. ``what``: the region."""
+
+    def __init__(self, signum: int, what: str) -> None:
+        self.signum, self.what = signum, what
+        self.failure = signal_class(signum)
+        super().__init__(f"stopped by {self.failure.meaning.removeprefix('stopped by ')} while {what}")

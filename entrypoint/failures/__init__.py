@@ -15,6 +15,7 @@ from entrypoint.failures.classify import (
 )
 from entrypoint.failures.finish import (
     FailureContext,
+    attempts_alike,
     finish,
     finish_child,
     finish_node,
@@ -32,6 +33,7 @@ __all__ = [
     "FailureContext",
     "PeerSigns",
     "add_peer_source",
+    "attempts_alike",
     "classify",
     "clip",
     "code_class",

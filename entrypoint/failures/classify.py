@@ -91,7 +91,7 @@ class Failure:
 def classify(exc: BaseException, outputs: Iterable[str] = (), hooks: bool = False) -> Failure:
     """The failure class and exit code of ``exc`` (the one place this is decided)."""
     name = type(exc).__name__
-    if isinstance(exc, TrainerError):
+    if isinstance(exc, (TrainerError, errors.Interrupted)):
         return Failure(exc.failure, str(exc))
     if isinstance(exc, StorageError):
         return _storage_failure(exc)

@@ -43,6 +43,7 @@ class FailureContext:
     started: float = field(default_factory=time.time)
     before: frozenset[str] = frozenset()  # records present when this process started: never this run's (local)
     step: int | None = None  # the training step this process reached (the hooks loops keep it current)
+    phase: str | None = None  # what the hooks loop is doing (its hang watchdog keeps it current)
     # A supervisor's replicas' latest starts (``local``): a record about one from before is an attempt the job
     # recovered from. This process's own replica counts as started when it did.
     starts: Mapping[str, float] = field(default_factory=dict)
@@ -70,7 +71,7 @@ def make_record(ctx: FailureContext, failure: Failure, reported_by: str | None =
     return FailureRecord(
         replica=ctx.replica, rank=ctx.rank, host=socket.gethostname(), failure_class=failure.cls.name,
         exit_code=failure.exit_code, message=redact(failure.message, ctx.secrets), pid=os.getpid(), step=ctx.step,
-        traceback=redact(failure.traceback, ctx.secrets), reported_by=reported_by,
+        traceback=redact(failure.traceback, ctx.secrets), reported_by=reported_by, phase=ctx.phase,
     ).stamped()
 
 
@@ -88,6 +89,16 @@ def record_verdict(ctx: FailureContext, replica: str, rank: int | None, cls: Fai
     witness = ctx.replica if ctx.rank is None else f"{ctx.replica} (rank {ctx.rank})"
     return write_record(replace(ctx, replica=replica, rank=rank, step=None), Failure(cls, message),
                         reported_by=witness)
+
+
+def attempts_alike(ctx: FailureContext, failure_class: str, phase: str | None) -> int:
+    """How many attempts of this process (its replica and rank) failed as ``failure_class`` while ``phase``, this one
+    included, when every earlier one in the job dir did; 1 when this is the first or an earlier one differed."""
+    mine = [r for r in read_records(ctx.job_dir, 0.0, private=ctx.private)
+            if (r.replica, r.rank) == (ctx.replica, ctx.rank) and not r.reported_by]
+    if phase is None or any((r.failure_class, r.phase) != (failure_class, phase) for r in mine):
+        return 1
+    return len(mine) + 1
 
 
 def finish(ctx: FailureContext, own: FailureRecord, *, stored: bool = True, blame: FailureRecord | None = None,

@@ -60,6 +60,7 @@ class FailureRecord:
     time: float = 0.0
     time_utc: str = ""
     reported_by: str | None = None
+    phase: str | None = None  # what a hooks loop was doing (its hang watchdog's phase), when it knew
     schema_version: int = SCHEMA_VERSION
 
     @property
@@ -90,12 +91,14 @@ class FailureRecord:
         return head + clip(self.message, LAST_LINE_CHARS - len(head) - len(tail)) + tail
 
     def to_json(self) -> dict[str, Any]:
-        """The record as written (``class`` and ``retryable`` spelled out; no ``reported_by`` unless set)."""
+        """The record as written (``class`` and ``retryable`` spelled out; no ``reported_by`` or ``phase`` unless
+        set)."""
         data = asdict(self)
         data["class"] = data.pop("failure_class")
         data["retryable"] = self.retryable
-        if self.reported_by is None:
-            del data["reported_by"]
+        for optional in ("reported_by", "phase"):
+            if data[optional] is None:
+                del data[optional]
         return data
 
     @classmethod

@@ -80,6 +80,10 @@ class HorovodCollectives:
         optimizer.synchronize()
         optimizer.zero_grad()
 
+    def leave(self) -> None:
+        """Shut Horovod down in this process: a peer's pending collective on it fails (HorovodInternalError)."""
+        hvd.shutdown()
+
     def prepare(
         self, model: nn.Module, optimizer: Any, device: torch.device, bucket_cap_mb: int
     ) -> tuple[nn.Module, Any]:

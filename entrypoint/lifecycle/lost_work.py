@@ -36,6 +36,8 @@ class Recovery:
         steps = f"{self.lost_steps} steps" if self.lost_steps is not None else "steps unknown"
         if self.cause == errors.PREEMPTED:
             head = f"resumed after {self.replica} was preempted{where}"
+        elif self.cause == errors.PREEMPTED_UNCOMMITTED:
+            head = f"resumed after {self.replica} was preempted{where} before that step was committed"
         else:
             head = f"recovered after losing {self.replica}{where}"
         lost = f"{steps}, {self.lost_seconds:.1f} s of training lost"

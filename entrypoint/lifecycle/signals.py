@@ -1,7 +1,9 @@
 """Signals in one place: what a training process does on SIGTERM, how parents forward it, and no orphans.
 
 - ``StopRequest``: a training process's handler; SIGTERM/SIGINT only set a flag that the loop reads
-  at a step boundary (every rank agrees, the chief commits a checkpoint, every process exits 128+N).
+  at a step boundary (every rank agrees, the chief commits a checkpoint, every process exits 128+N). Inside one of
+  its interruptible regions (a phase where nothing is half done: waiting for a batch, building, restoring,
+  exporting) the stop also raises ``Interrupted`` where the main thread stands, so no such phase holds it.
 - ``terminate``: a supervisor forwards a signal to its children's process groups, waits up to the
   grace period, then SIGKILLs what is left (a child's own children that ignore the signal included).
 - ``adopt_orphans`` / ``end_adopted``: ``local`` is the subreaper of its replicas' descendants, and kills
@@ -33,7 +35,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from types import FrameType
 
-from entrypoint.errors import StopRequested, signal_exit_code
+from entrypoint.errors import Interrupted, StopRequested, signal_exit_code
 
 log = logging.getLogger("entrypoint")
 _PR_SET_PDEATHSIG = 1
@@ -71,15 +73,27 @@ def child_preexec() -> None:
 
 
 class StopRequest:
-    """Installed in a training process: SIGTERM/SIGINT set ``signum`` instead of killing the process."""
+    """Installed in a training process: SIGTERM/SIGINT set ``signum`` instead of killing the process.
+
+    Inside an interruptible region (``enter``/``interruptible``) a stop also raises ``Interrupted`` in the main thread,
+    once per process: at once (``patience`` 0: nothing waits on this process there), or once the region has held a
+    stop for ``patience`` seconds (a wait for a batch that would end in a moment leaves the stop to the step vote;
+    ``nudge``, called by the watchdog's thread, sends the signal again when the patience ran out).
+    """
 
     def __init__(self) -> None:
         self.signum = 0
         self.received_at: float | None = None
+        self.region: str | None = None  # what the main thread does where a stop ends it
+        self._patience = 0.0
+        self._held_since: float | None = None  # when the current region first held a stop
+        self._raised = False
+        self._main: int | None = None
         self._previous: dict[int, object] = {}
 
     def install(self) -> StopRequest:
         """Take over SIGTERM and SIGINT (main thread only); idempotent."""
+        self._main = threading.main_thread().ident
         for sig in STOP_SIGNALS:
             if sig not in self._previous:
                 self._previous[sig] = signal.signal(sig, self._handle)
@@ -101,13 +115,57 @@ class StopRequest:
         if not self.signum:
             self.signum, self.received_at = signum, time.monotonic()
             # Written straight to the stream: logging from a signal handler can deadlock on its lock.
-            sys.stderr.write(f"entrypoint: received {signal.Signals(signum).name}: stopping at the next step "
-                             "boundary\n")
+            where = "stopping at the next step boundary" if self.region is None else f"stopping ({self.region})"
+            sys.stderr.write(f"entrypoint: received {signal.Signals(signum).name}: {where}\n")
+        self._interrupt()
+
+    def _interrupt(self) -> None:
+        """In a region holding a stop past its patience, raise ``Interrupted`` (once: the stop's own commit is not
+        interrupted again)."""
+        if self.region is None or not self.signum or self._raised:
+            return
+        now = time.monotonic()
+        if self._held_since is None:
+            self._held_since = now
+        if now - self._held_since >= self._patience:
+            self._raised = True
+            raise Interrupted(self.signum, self.region)
+
+    def enter(self, what: str | None, patience: float = 0.0) -> None:
+        """Start (``what``) or end (None) an interruptible region that spans calls; a stop that came before it
+        counts from now."""
+        self.region, self._patience, self._held_since = what, patience, None
+        if what is not None:
+            self._interrupt()
+
+    @contextlib.contextmanager
+    def interruptible(self, what: str, patience: float = 0.0) -> Iterator[None]:
+        """Within the block a stop raises ``Interrupted`` (``enter``); the region before it is restored after."""
+        previous = (self.region, self._patience, self._held_since)
+        try:
+            self.enter(what, patience)
+            yield
+        finally:
+            self.region, self._patience, self._held_since = previous
+
+    def nudge(self) -> None:
+        """From another thread: signal the main thread again once a region has held a stop past its patience (a
+        stop that came before the region, or a wait that outlasted the patience)."""
+        held = self._held_since
+        if self.region is None or not self.signum or self._raised or self._main is None:
+            return
+        if held is None or time.monotonic() - held >= self._patience:
+            with contextlib.suppress(ProcessLookupError, OSError):
+                signal.pthread_kill(self._main, self.signum)
 
     @property
     def requested(self) -> bool:
         """Whether a stop signal arrived."""
         return self.signum != 0
+
+    def since(self) -> float:
+        """Seconds since the stop signal arrived (0 before one did)."""
+        return time.monotonic() - self.received_at if self.received_at is not None else 0.0
 
 
 def watch_arrivals(arrived: Callable[[int], None]) -> bool:

@@ -15,7 +15,13 @@ a deadlocked thread or an NCCL call that never returns. The loop calls ``beat(st
 start-up, since the last beat. On expiry the process prints all its threads' stacks (faulthandler), writes its
 failure record (naming its rank, the last step and where it stood) and exits: a hang (class ``hang``, or this rank
 waiting for a peer whose heartbeat stopped, at either clock) with the retryable code, so the job restarts from its
-newest checkpoint instead of burning its reservation.
+newest checkpoint instead of burning its reservation. A phase that is live is not hung: an evaluation beats after
+each batch, and while the loop waits for a batch the samples its datasets read (``progress``) count as beats. When
+every earlier attempt of the process stalled in the same phase, the message says once which limit to raise.
+
+A third clock starts at a stop signal (``stop_deadline``): the process ends within its ``--grace-period``, less a
+margin for its record (``record_margin``), whatever holds it, and its record and last line say what was committed
+(the caller's words); a node of one process enforces its grace period this way, as a launcher does for its workers.
 
 The start deadline: TensorFlow's cluster start holds the GIL while it waits for a lost peer, so no thread of
 the process can act. A small watcher process (``python -m entrypoint.lifecycle.watchdog``, prepared before the wait)
@@ -28,14 +34,16 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import faulthandler
+import functools
 import json
+import multiprocessing
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from entrypoint import errors, failures
@@ -44,6 +52,20 @@ from entrypoint.lifecycle import peers, signals
 from entrypoint.lifecycle.peers import PeerBoard
 
 BACKSTOP = 3.0  # seconds after the watcher's deadline: the kernel's alarm, should the watcher be gone
+STOPPING_POLL = 0.1  # seconds between two looks at the stop's deadline once a stop signal arrived
+
+
+@functools.cache
+def reads() -> Any:
+    """How many samples this process's datasets have read, its data-loader workers' included (shared memory, made
+    once, before the workers start): the hang watchdog counts a read making progress as a beat."""
+    return multiprocessing.RawValue("q", 0)
+
+
+def record_margin(grace: float) -> float:
+    """What a stopping process keeps of its ``--grace-period`` to write its record and end before the kill: a fifth
+    of it, at most 2 s."""
+    return min(2.0, grace / 5)
 
 
 class HangWatchdog:
@@ -53,16 +75,36 @@ class HangWatchdog:
     def __init__(self, timeout: float, ctx: failures.FailureContext, startup_timeout: float = 0.0) -> None:
         self.timeout, self.startup_timeout, self.ctx = timeout, startup_timeout, ctx
         self.board: PeerBoard | None = None  # the peers' heartbeats, to name who this rank waits for
+        self.progress: Callable[[], int] | None = None  # samples the loop's datasets read so far (a live read)
         self.phase = "starting"
         self.starting_up = True  # until the first training step completed (or nothing was left to train)
         self._step = 0
+        self._read = 0
         self._began = self._last = time.monotonic()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._deadline: tuple[signals.StopRequest, float, Callable[[], tuple[str, bool]]] | None = None
+
+    @property
+    def phase(self) -> str:
+        """What the loop is doing (also in this process's failure records)."""
+        return self._phase
+
+    @phase.setter
+    def phase(self, what: str) -> None:
+        self._phase = self.ctx.phase = what
+
+    def stop_deadline(self, request: signals.StopRequest, grace: float,
+                      committed: Callable[[], tuple[str, bool]]) -> None:
+        """From ``request``'s stop signal on, end this process ``grace`` seconds (its ``--grace-period``) less
+        ``record_margin`` later, if it has not ended: its record and last line say what ``committed()`` says (in
+        words, and whether every step it trained is committed: else its class is ``preempted_uncommitted``)."""
+        self._deadline = (request, max(grace - record_margin(grace), 0.0), committed)
 
     def start(self) -> HangWatchdog:
-        """Start watching (a daemon thread; the start-up clock starts now); a no-op when both timeouts are 0."""
-        if (self.timeout > 0 or self.startup_timeout > 0) and self._thread is None:
+        """Start watching (a daemon thread; the start-up clock starts now); a no-op when both timeouts are 0 and no
+        stop has a deadline."""
+        if (self.timeout > 0 or self.startup_timeout > 0 or self._deadline is not None) and self._thread is None:
             self._began = self._last = time.monotonic()
             self._thread = threading.Thread(target=self._watch, name="hang-watchdog", daemon=True)
             self._thread.start()
@@ -100,6 +142,8 @@ class HangWatchdog:
 
     def _poll(self) -> float:
         limits = [t for t in (self.timeout, self.startup_timeout) if t > 0] or [1.0]
+        if self._deadline is not None:  # a stop's deadline is seconds away: look often (a flag, no signal, wakes it)
+            return STOPPING_POLL if self._deadline[0].requested else min(1.0, max(min(limits) / 4, STOPPING_POLL))
         return min(10.0, max(min(limits) / 4, 0.5))
 
     def expired(self, now: float) -> tuple[float, str] | None:
@@ -111,10 +155,27 @@ class HangWatchdog:
 
     def _watch(self) -> None:
         while not self._stop.wait(self._poll()):
+            now = time.monotonic()
+            if self._deadline is not None and self._deadline[0].requested:
+                if self._deadline[0].since() >= self._deadline[1]:
+                    self._fire_stop()
+                self._deadline[0].nudge()  # a region that held the stop past its patience is interrupted
+                continue  # stopping: the stop's deadline holds, not the hang's clocks
             if not self.starting_up and self.timeout <= 0:
-                return  # the start-up is over and the step clock is off
-            if (limit := self.expired(time.monotonic())) is not None:
+                if self._deadline is None:
+                    return  # the start-up is over and the step clock is off
+                continue
+            self._live(now)
+            if (limit := self.expired(now)) is not None:
                 self._fire(*limit)
+
+    def _live(self, now: float) -> None:
+        """Samples read since the last look (a slow read or an evaluation making progress) are a beat."""
+        if self.progress is None or self.starting_up:
+            return
+        read = self.progress()
+        if read != self._read:
+            self._read, self._last = read, now
 
     def _fire(self, limit: float, flag: str) -> None:
         rank = "" if self.ctx.rank is None else f"rank {self.ctx.rank} "
@@ -127,6 +188,9 @@ class HangWatchdog:
             cls, advice = errors.HANG, ""
             message = (f"no training step completed for {waited}: {rank}on {self.ctx.replica} "
                        f"stalled after step {self._step} while {self.phase}")
+        if (attempts := failures.attempts_alike(self.ctx, cls.name, self.phase)) > 1:
+            advice = (f"; the same at each of the {attempts} attempts so far: raise {flag} (now {limit:g} s) if "
+                      f"{self.phase} takes longer")
         sys.stderr.write(f"entrypoint: {message}; Python stacks of every thread follow\n")
         faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
         silent = self.board.silent() if self.board is not None else []
@@ -140,6 +204,21 @@ class HangWatchdog:
                                                         text))
         own = failures.write_record(self.ctx, failures.Failure(cls, message + advice))
         code = failures.finish(self.ctx, own, blame=verdicts[0] if verdicts else None)
+        sys.stderr.flush()
+        sys.stdout.flush()
+        os._exit(code)
+
+    def _fire_stop(self) -> None:
+        """The stop outlived the grace period: say where it stood and what is committed, end as the signal does."""
+        request, limit, committed = self._deadline or (signals.StopRequest(), 0.0, lambda: ("", True))
+        name = signal.Signals(request.signum).name
+        sys.stderr.write(f"entrypoint: still {self.phase} {limit:g} s after {name}: ending before the platform's "
+                         "kill; Python stacks of every thread follow\n")
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        words, kept = committed()
+        message = f"stopped by {name}: its grace period ran out while {self.phase}; {words}"
+        own = failures.write_record(self.ctx, failures.Failure(errors.signal_class(request.signum, kept), message))
+        code = failures.finish(self.ctx, own)
         sys.stderr.flush()
         sys.stdout.flush()
         os._exit(code)

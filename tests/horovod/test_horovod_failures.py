@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import signal
 import time
 from pathlib import Path
@@ -75,3 +76,20 @@ def test_a_lost_peer_is_retryable_on_the_survivor(tmp_path: Path, how: str) -> N
                 os.kill(pid, signal.SIGCONT)
         for job in nodes:
             job.cleanup()
+
+
+def test_a_stop_while_waiting_for_a_batch_or_evaluating_commits_the_newest_step_over_horovod(tmp_path: Path) -> None:
+    """The hooks loop Horovod shares with PyTorch: a slow batch on every rank or on rank 1 alone, and the evaluation, do
+    not hold a stop (``bench/stops.py``'s chain, ``--framework horovod`` on a node of two processes)."""
+    from bench import stops
+
+    seed = random.randrange(1 << 30)
+    phases = {p.name: p for p in stops.phases("node of 2 processes")}
+    only = (phases["loader wait"], phases["loader wait, rank 1 only"], phases["evaluation"])
+    chain, digest = stops.chain("node of 2 processes", random.Random(seed), tmp_path, print, only,
+                                ("--framework", "horovod"))
+    for stop in chain:
+        assert stop.ok and "not committed" not in stop.last_line, f"seed {seed}, {stop.phase}:\n" + \
+            "\n".join(stop.lines[-30:])
+        assert f"ckpt-{stop.committed:08d} committed" in stop.last_line, stop.last_line
+    assert len(set(summary(tmp_path / "node-of-2-processes" / "model")["param_digests"])) == 1 and digest

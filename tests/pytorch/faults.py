@@ -8,6 +8,13 @@ only), on ``--fault-rank`` (default: every rank);
 ``--step-sleep`` slows every step so a test can interrupt mid-epoch; ``--build-sleep`` makes ``build_model`` take that
 many seconds (a large model's load, a slow start), ``--first-step-sleep`` the first step (its first imports on a
 loaded machine); ``--blob-a/--blob-b`` are echoed back by length.
+
+The slow phases a stop may come in (each says so on stdout when it starts): ``--eval-sleep S`` each evaluation batch
+(``eval_step``); ``--read-sleep S`` each sample and ``--read-block S`` once, read for the batch after
+``--slow-read-at`` steps of this process (a slow remote dataset; the loop reads on CPU in the training process;
+on ``--fault-replica`` and ``--fault-rank`` only, if given);
+``--restore-sleep S`` the restore's read of a checkpoint; ``--save-sleep S`` each checkpoint's write. None changes
+what is trained.
 """
 
 from __future__ import annotations
@@ -24,8 +31,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import Subset
+from torch.utils.data import Dataset, Subset
 
+from entrypoint.pytorch.defaults import default_eval_step
 from trainers import digits_torch
 
 DEFAULTS = {"epochs": 2, "batch_size": 32}
@@ -46,11 +54,39 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--build-sleep", type=float, default=0.0, help="seconds build_model takes (a slow start)")
     parser.add_argument("--first-step-sleep", type=float, default=0.0, help="seconds the first step takes longer")
     parser.add_argument("--export-delay", type=float, default=0.0, help="seconds the export waits before writing")
+    parser.add_argument("--eval-sleep", type=float, default=0.0, help="seconds each evaluation batch takes")
+    parser.add_argument("--slow-read-at", type=int, default=-1, help="the batch read after this many steps is slow")
+    parser.add_argument("--read-sleep", type=float, default=0.0, help="seconds each sample of that batch takes")
+    parser.add_argument("--read-block", type=float, default=0.0, help="seconds that batch's read blocks once")
+    parser.add_argument("--restore-sleep", type=float, default=0.0, help="seconds the restore's read takes")
+    parser.add_argument("--save-sleep", type=float, default=0.0, help="seconds each checkpoint write takes")
     parser.add_argument("--hidden-on-restart", type=int, default=0, help="a different model in w1-1 restart 1")
     parser.add_argument("--record-batches", action="store_true", help="each rank appends a digest of every batch")
     parser.add_argument("--api-token", default="")
     parser.add_argument("--blob-a", default="")
     parser.add_argument("--blob-b", default="")
+
+
+class SlowReads(Dataset[Any]):
+    """The training set, read slowly for the batch after ``--slow-read-at`` steps (``--read-sleep``,
+    ``--read-block``)."""
+
+    def __init__(self, dataset: Any, args: argparse.Namespace, rank: int) -> None:
+        self.dataset, self.args, self.blocked = dataset, args, False
+        self.here = args.fault_replica in ("", os.environ.get("TRAINER_REPLICA")) and args.fault_rank in (-1, rank)
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> Any:
+        args = self.args
+        if _state["steps"] == args.slow_read_at and self.here:
+            if not self.blocked:
+                self.blocked = True
+                print(f"slow read: the batch after step {args.slow_read_at} of this process", flush=True)
+                time.sleep(args.read_block)
+            time.sleep(args.read_sleep)
+        return self.dataset[index]
 
 
 def build_datasets(args: argparse.Namespace, ctx: Any) -> tuple[Any, Any]:
@@ -60,7 +96,31 @@ def build_datasets(args: argparse.Namespace, ctx: Any) -> tuple[Any, Any]:
         while True:
             time.sleep(3600)
     train, val = digits_torch.build_datasets(args, ctx)
+    if args.slow_read_at >= 0:
+        train = SlowReads(train, args, ctx.rank)
     return train, (Subset(val, range(args.eval_samples)) if args.eval_samples else val)
+
+
+def _slowed(call: Any, seconds: float, what: str, applies: Any) -> Any:
+    """``call`` taking ``seconds`` longer where ``applies(*args)``, saying so."""
+    def slow(*args: Any, **kwargs: Any) -> Any:
+        if applies(*args):
+            print(f"{what}: sleeping {seconds:g} s", flush=True)
+            time.sleep(seconds)
+        return call(*args, **kwargs)
+
+    return slow
+
+
+def _slow_io(args: argparse.Namespace) -> None:
+    """``--restore-sleep``: reading a checkpoint's state is slow; ``--save-sleep``: writing one (a slow bucket)."""
+    if args.restore_sleep and not getattr(torch.load, "slowed", False):
+        torch.load = _slowed(torch.load, args.restore_sleep, "restore", lambda f, *_: "ckpt-" in str(f))
+        torch.load.slowed = True  # type: ignore[attr-defined]
+    if args.save_sleep and not getattr(torch.save, "slowed", False):
+        torch.save = _slowed(torch.save, args.save_sleep, "checkpoint write", lambda _obj, f, *_: not isinstance(
+            f, (str, Path)))  # the checkpoint writer hands torch.save a file object; the export a path
+        torch.save.slowed = True  # type: ignore[attr-defined]
 
 
 def build_model(args: argparse.Namespace, ctx: Any) -> nn.Module:
@@ -71,6 +131,7 @@ def build_model(args: argparse.Namespace, ctx: Any) -> nn.Module:
         print(f"build_model: sleeping {args.build_sleep:g} s", flush=True)
         time.sleep(args.build_sleep)
     _state["args"] = args
+    _slow_io(args)
     restart = (os.environ.get("TRAINER_REPLICA"), os.environ.get("TRAINER_RESTART_COUNT", "0"))
     if args.hidden_on_restart and restart == ("workerpool1-1", "1"):
         args.hidden = args.hidden_on_restart  # workerpool1-1's first replacement: built from other code
@@ -92,10 +153,23 @@ def export(model: nn.Module, model_dir: Path, ctx: Any) -> None:
     print(f"exported to {model_dir}", flush=True)
 
 
+def eval_step(model: nn.Module, batch: Any, ctx: Any) -> dict[str, torch.Tensor]:
+    """The classification metrics, each batch ``--eval-sleep`` seconds slower."""
+    args = _state["args"]
+    if args.eval_sleep:
+        if not _state.get("evaluating"):
+            print(f"evaluating slowly after step {_state['steps']} of this process: {args.eval_sleep:g} s a batch",
+                  flush=True)
+        _state["evaluating"] = True
+        time.sleep(args.eval_sleep)
+    return default_eval_step(model, batch, ctx)
+
+
 def compute_loss(model: nn.Module, batch: Any, ctx: Any) -> Any:
     """Cross-entropy, after the requested fault or pause."""
     args = _state["args"]
     _state["steps"] += 1
+    _state["evaluating"] = False
     if _state["steps"] == args.at_step and args.fault == "raise":
         secrets = " ".join(os.environ.get(n, "") for n in ("WANDB_API_KEY", "AWS_SECRET_ACCESS_KEY"))
         raise ValueError(f"cannot reach the tracker with token {args.api_token} ({secrets})")

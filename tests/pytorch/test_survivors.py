@@ -4,6 +4,7 @@ worker's replacement joins the live group and is healed from rank 0; the survivo
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from entrypoint.lifecycle.ports import free_ports
 from tests.runs import Job, entrypoint, failure_records, failure_text, last_line, replica_group, summary, wait_gone
 
 torch = pytest.importorskip("torch")  # collected in every venv; these run where torch is
@@ -90,15 +92,27 @@ def test_a_replacement_with_another_model_is_refused_and_the_job_falls_back_to_i
 
 
 def test_a_replacement_that_never_comes_sends_the_survivors_back_to_the_checkpoint(tmp_path: Path) -> None:
+    # Three nodes and no supervisor: nothing restarts the lost one, and nothing stops the survivors (a supervisor's
+    # SIGTERM would end their wait at once with a commit: test_stops.py).
     out = tmp_path / "job"
-    job = Job(*local_args(out, [*RUN, "--timeout", "8", "--", "--step-sleep", "0.1"], "--restart-policy", "never"))
+    ports = free_ports(3)
+    cluster = {"workerpool0": [f"127.0.0.1:{ports[0]}"], "workerpool1": [f"127.0.0.1:{p}" for p in ports[1:]]}
+
+    def node(pool: str, index: int) -> Job:
+        spec = {"cluster": cluster, "environment": "cloud", "task": {"type": pool, "index": index}}
+        return Job("run", "--framework", "pytorch", *RUN, "--timeout", "8", "--job-dir", str(out), "--",
+                   "--step-sleep", "0.1", env={"CLUSTER_SPEC": json.dumps(spec)})
+
+    nodes = [node("workerpool0", 0), node("workerpool1", 0), node("workerpool1", 1)]
     try:
-        job.wait_for_step(6)
-        os.killpg(replica_group(job, "workerpool1-1"), signal.SIGKILL)
-        assert job.wait(180) != 0
+        nodes[0].wait_for_step(6)
+        os.killpg(nodes[2].proc.pid, signal.SIGKILL)
+        assert [job.wait(180) for job in nodes[:2]] == [129, 129], nodes[0].output()[-3000:]
     finally:
-        job.cleanup()
+        for job in nodes:
+            job.cleanup()
     # The consequence's line is clipped to its last-line length; its record keeps the whole message.
     messages = [record["message"] for record in failure_records(out)]
-    assert any("gave up after 8 s (--timeout) waiting for workerpool1-1" in m for m in messages), job.output()[-3000:]
-    assert "workerpool1-1" in last_line(job)
+    assert any("gave up after 8 s (--timeout) waiting for workerpool1-1" in m for m in messages), \
+        nodes[0].output()[-3000:]
+    assert "workerpool1-1" in last_line(nodes[0])

@@ -167,6 +167,9 @@ def test_a_child_that_left_no_record_gets_one_on_its_behalf(tmp_path: Path,
                  "step 20 (1 steps, 2.0 s of training lost)", id="a preemption is not a loss"),
     pytest.param(replace(USER_ON_WORKER, step=21), "recovered after losing workerpool1-0 at step 21: resumed from "
                  "step 20 (1 steps, 2.0 s of training lost)", id="a lost replica"),
+    pytest.param(replace(PREEMPTED, step=21, failure_class="preempted_uncommitted"), "resumed after workerpool1-1 was "
+                 "preempted at step 21 before that step was committed: resumed from step 20 (1 steps, 2.0 s of "
+                 "training lost)", id="a preemption whose step was not committed"),
 ])
 def test_the_recovery_line_says_whether_the_job_was_preempted_or_lost_a_replica(tmp_path: Path, record: FailureRecord,
                                                                                  line: str) -> None:

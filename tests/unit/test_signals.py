@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from entrypoint.errors import StopRequested, exit_code_of, signal_exit_code
+from entrypoint.errors import Interrupted, StopRequested, exit_code_of, signal_exit_code
 from entrypoint.lifecycle import signals
 from tests.conftest import ROOT, subprocess_env
 
@@ -182,3 +182,60 @@ def test_a_thread_hears_a_stop_signal_arrive_and_another_wakeup_fd_is_left_alone
         signal.set_wakeup_fd(-1)
         os.close(read)
         os.close(write)
+def test_a_stop_in_an_interruptible_region_ends_it_at_once_and_only_once(capsys: pytest.CaptureFixture[str]) -> None:
+    request = signals.StopRequest().install()
+    try:
+        with pytest.raises(Interrupted) as stopped, request.interruptible("building the model"):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # interrupted: the handler raises where the main thread stands
+        assert stopped.value.signum == signal.SIGTERM and stopped.value.what == "building the model"
+        assert str(stopped.value) == "stopped by SIGTERM while building the model"
+        assert "received SIGTERM: stopping (building the model)" in capsys.readouterr().err
+        with request.interruptible("exporting"):  # the stop's own commit is never interrupted again
+            os.kill(os.getpid(), signal.SIGTERM)
+            assert wait_for(lambda: True, 0.1)
+        assert request.region is None  # the region before it is back
+    finally:
+        request.uninstall()
+
+
+def test_a_stop_that_came_before_a_region_ends_it_as_it_starts() -> None:
+    request = signals.StopRequest().install()
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert wait_for(lambda: request.requested)  # outside a region: a flag, nothing raised
+        with pytest.raises(Interrupted):
+            request.enter("the export")
+    finally:
+        request.uninstall()
+
+
+def test_a_region_with_patience_leaves_a_stop_to_the_vote_until_its_patience_ran_out() -> None:
+    request = signals.StopRequest().install()
+    try:
+        request.enter("waiting for the next batch", patience=0.3)
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert wait_for(lambda: request.requested)  # a wait that ends within its patience is not interrupted
+        request.nudge()  # too early: nothing sent
+        time.sleep(0.05)
+        request.enter(None)  # the batch came: the step vote takes the stop
+        request.nudge()
+        request.enter("waiting for the next batch", patience=0.3)  # a slow one this time
+        with pytest.raises(Interrupted) as stopped:
+            time.sleep(0.35)
+            request.nudge()  # the watchdog's thread: the patience ran out, the signal is sent again
+            time.sleep(5)
+        assert stopped.value.what == "waiting for the next batch"
+    finally:
+        request.enter(None)
+        request.uninstall()
+
+
+def test_an_interruption_is_a_stop_to_the_failure_funnel_but_no_exception_handler_holds_it() -> None:
+    from entrypoint import failures
+
+    stop = Interrupted(signal.SIGTERM, "restoring")
+    assert not isinstance(stop, Exception)  # ``except Exception`` (a hook's, a library's) lets it through
+    failure = failures.classify(stop)
+    assert (failure.cls.name, failure.exit_code, failure.message) == ("preempted", 143,
+                                                                     "stopped by SIGTERM while restoring")

@@ -139,3 +139,94 @@ def test_an_expired_step_clock_is_still_a_retryable_hang(
     code, line = fire(dog, monkeypatch, capsys)
     assert code == 129 and line.startswith("entrypoint: error: hang on workerpool0-0"), line
     assert "no training step completed for 10 s (--hang-timeout)" in line and "after step 4" in line, line
+
+
+def test_a_hang_in_the_same_phase_at_every_attempt_says_once_which_limit_to_raise(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    said = []
+    for _attempt in range(3):
+        ctx = failures.FailureContext(replica="workerpool0-0", rank=0, job_dir=str(tmp_path))
+        dog = HangWatchdog(10, ctx, startup_timeout=30)
+        dog.trained(44, "evaluating (batch 3 of 12)")
+        dog._began = dog._last = dog._last - 100
+        said.append(fire(dog, monkeypatch, capsys)[1])
+        assert records(tmp_path)[-1]["phase"] == "evaluating (batch 3 of 12)"
+    assert "raise" not in said[0], said[0]  # a first hang is a hang: a restart may help
+    for attempts, line in ((2, said[1]), (3, said[2])):
+        assert line.count("raise --hang-timeout") == 1, line
+        assert f"the same at each of the {attempts} attempts so far: raise --hang-timeout (now 10 s) if evaluating " \
+            "(batch 3 of 12) takes longer" in line, line
+
+
+def test_an_attempt_that_stalled_elsewhere_breaks_the_run_of_alike_failures(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    for phase in ("building the model (build_model)", "waiting for the next batch"):
+        ctx = failures.FailureContext(replica="workerpool0-0", rank=0, job_dir=str(tmp_path))
+        dog = HangWatchdog(10, ctx, startup_timeout=30)
+        dog.trained(8, phase)
+        dog._began = dog._last = dog._last - 100
+        line = fire(dog, monkeypatch, capsys)[1]
+    assert "raise" not in line and "attempts" not in line, line  # the two attempts hung in different phases
+
+
+def test_a_live_read_is_a_beat_after_the_start_up_not_during_it() -> None:
+    dog = HangWatchdog(10, failures.FailureContext(), startup_timeout=100)
+    read = [0]
+    dog.progress = lambda: read[0]
+    began = clock(dog)
+    read[0] = 5
+    dog._live(began + 50)  # the start-up has its own budget: reading does not extend it
+    assert dog.expired(began + 101) == (100, "--startup-timeout")
+    dog.trained(1, "waiting for the next batch")
+    ended = dog._last
+    dog._live(ended + 9)  # samples read since the last look: the wait for a batch is alive
+    assert dog.expired(ended + 15) is None and dog.expired(ended + 20) == (10, "--hang-timeout")
+    dog._live(ended + 30)  # nothing read since: the clock was not moved
+    assert dog.expired(ended + 30) == (10, "--hang-timeout")
+
+
+def test_the_loaders_reads_are_counted_in_shared_memory() -> None:
+    counter = watchdog.reads()
+    assert watchdog.reads() is counter  # one per process, made once
+    before = counter.value
+    counter.value += 3
+    assert watchdog.reads().value == before + 3
+
+
+class Request:
+    """A stop signal that arrived ``since`` seconds ago (no real signal)."""
+
+    def __init__(self, since: float) -> None:
+        self.signum, self.requested, self._since = 15, True, since
+
+    def since(self) -> float:
+        return self._since
+
+    def nudge(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize(("kept", "cls"), [(True, "preempted"), (False, "preempted_uncommitted")])
+def test_a_stop_that_outlives_the_grace_period_ends_the_process_saying_what_is_committed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], kept: bool,
+        cls: str) -> None:
+    ctx = failures.FailureContext(replica="workerpool0-0", rank=0, job_dir=str(tmp_path))
+    dog = HangWatchdog(10, ctx, startup_timeout=30)
+    words = "the checkpoint of step 12 is committed" if kept else "step 12 was not committed: ..., losing 4 steps"
+    dog.stop_deadline(Request(9.0), 10.0, lambda: (words, kept))  # type: ignore[arg-type]
+    dog.phase = "saving before stopping"
+    assert dog._deadline is not None and dog._deadline[1] == 8.0  # --grace-period less its record's margin
+    monkeypatch.setattr(watchdog.os, "_exit", lambda code: (_ for _ in ()).throw(Exited(code)))
+    monkeypatch.setattr(watchdog.faulthandler, "dump_traceback", lambda **_: None)
+    with pytest.raises(Exited) as ended:
+        dog._fire_stop()
+    assert ended.value.args[0] == 143
+    line = [x for x in capsys.readouterr().err.splitlines() if x.startswith("entrypoint: error:")][-1]
+    assert line.startswith(f"entrypoint: error: {cls} on workerpool0-0, rank 0"), line
+    assert f"stopped by SIGTERM: its grace period ran out while saving before stopping; {words}" in line, line
+    assert [r["class"] for r in records(tmp_path)] == [cls]
+
+
+def test_the_margin_a_stopping_process_keeps_for_its_record() -> None:
+    assert watchdog.record_margin(25) == 2.0 and watchdog.record_margin(10) == 2.0
+    assert watchdog.record_margin(4) == pytest.approx(0.8)

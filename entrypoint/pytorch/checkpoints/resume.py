@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from entrypoint.errors import ConfigError
+from entrypoint.errors import ConfigError, Interrupted
 from entrypoint.lifecycle import lost_work
 from entrypoint.outputs import checkpoints, storage
 from entrypoint.outputs.storage import Location
@@ -69,10 +69,15 @@ class LoopCheckpoints:
         """Everything a rank needs to continue from a replicated ``state`` (sent live to a healed rank)."""
         return {**replicated_payload(state.model, state.optimizer), **self.extra(state)}
 
-    def save(self, state: TrainState) -> None:
-        """Every rank gives its RNG state; the format's writers save (the chief, or every rank its shards)."""
+    def save(self, state: TrainState, alone: bool = False) -> None:
+        """Every rank gives its RNG state; the format's writers save (the chief, or every rank its shards).
+        ``alone``: the chief of a replicated model saves with no collective (a peer may be inside one, or gone),
+        with only its own RNG state (every step reseeds every generator: ``state.reseed``)."""
         layout = self._format()
-        rngs = self.comm.gather_object(rng.rng_state())
+        if alone:
+            rngs = [rng.rng_state() if r == self.ctx.rank else None for r in range(self.ctx.world_size)]
+        else:
+            rngs = self.comm.gather_object(rng.rng_state())
         state.saved_step = state.step
         path = checkpoints.checkpoint_path(self.ctx.checkpoint_dir, state.step)
         meta = {"step": state.step, "epoch": state.epoch, "batch": state.batch, "sample": state.sample,
@@ -144,7 +149,7 @@ class LoopCheckpoints:
         try:
             self.load(path, state)
         except BaseException as exc:  # torch.distributed.checkpoint's CheckpointException is a BaseException
-            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            if isinstance(exc, (KeyboardInterrupt, SystemExit, Interrupted)):  # a stop is not a bad checkpoint
                 raise
             return _why(exc)
         return None
@@ -162,9 +167,10 @@ class LoopCheckpoints:
         saved = self._format().load(path, state)
         adopt_position(state, saved, self.batch_size * saved.get("world_size", self.ctx.world_size))
         state.saved_step = state.step
-        saved_world = saved.get("world_size")
-        if saved_world == self.ctx.world_size and saved.get("rng"):
-            rng.set_rng_state(saved["rng"][self.ctx.rank])
+        saved_world, rngs = saved.get("world_size"), saved.get("rng") or []
+        if saved_world == self.ctx.world_size and len(rngs) > self.ctx.rank:
+            if rngs[self.ctx.rank] is not None:  # None: committed by the chief alone, on a stop outside a step
+                rng.set_rng_state(rngs[self.ctx.rank])
         elif saved_world and self.ctx.is_chief:
             log.info("resharded from world %s to %d: %s of epoch %d's samples done, the rest shared by %d ranks",
                      saved_world, self.ctx.world_size, state.sample, state.epoch + 1, self.ctx.world_size)

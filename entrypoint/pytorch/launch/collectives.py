@@ -69,6 +69,9 @@ class Collectives(Protocol):
     def heartbeat_store(self) -> KeyValue | None:
         """A client of the job's key-value store of its own (for heartbeats), None for a single process."""
 
+    def leave(self) -> None:
+        """Leave the group for good (a stopping process): a peer blocked in a collective on it fails at once."""
+
 
 class TorchDistributed:
     """torch.distributed (DDP over nccl or gloo); a single process while no group is formed.
@@ -126,6 +129,16 @@ class TorchDistributed:
             dist.destroy_process_group()
         except Exception as exc:  # a broken group may not even close cleanly: it is gone either way
             log.warning("the broken process group did not close cleanly (%s)", type(exc).__name__)
+
+    def leave(self) -> None:
+        """Leave the group for good (a stopping process): its connections shut down (every connection of this process
+        but the store's, for a group ``init_process_group`` formed), so a peer blocked on it sees it at once."""
+        if not self.active:
+            return
+        store_port = _store_port(dist.distributed_c10d._get_default_store())
+        _shut_down(self._links or _sockets(), store_port)
+        with contextlib.suppress(Exception):  # a group whose connections are gone may not close cleanly
+            dist.destroy_process_group()
 
     def send_object(self, value: Any, dst: int) -> None:
         """Send ``value`` to rank ``dst`` (pickled)."""

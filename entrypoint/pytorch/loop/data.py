@@ -8,6 +8,8 @@
 - Loader worker processes ignore SIGTERM and SIGINT and die with their training process: a preemption
   signal sent to the whole process group (tini -g, ``local``, Kubernetes) reaches the training process,
   which commits the agreed step while its loaders keep serving batches.
+- Every sample a dataset reads is counted (``watchdog.reads``, shared with the workers): a slow read that makes
+  progress is not a hang.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from entrypoint.lifecycle.signals import shield_loader_worker
+from entrypoint.lifecycle.watchdog import reads
 
 
 class EpochSampler(Sampler[int]):
@@ -82,10 +85,34 @@ class TrainBatches:
         return iter(self.loader)
 
 
+class Counted(Dataset[Any]):
+    """A map-style dataset whose reads are counted (``watchdog.reads``), in whichever process reads them."""
+
+    def __init__(self, dataset: Dataset[Any]) -> None:
+        self.dataset, self.read = dataset, reads()
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getitem__(self, index: Any) -> Any:
+        item = self.dataset[index]
+        self.read.value += 1
+        return item
+
+    def __getitems__(self, indices: list[Any]) -> Any:
+        """A batch: the dataset's own batched read when it has one (counted as a whole), else sample by sample."""
+        own = getattr(self.dataset, "__getitems__", None)
+        if not callable(own):
+            return [self[i] for i in indices]
+        items = own(indices)
+        self.read.value += len(indices)
+        return items
+
+
 def make_loader(dataset: Dataset[Any], batch_size: int, sampler: Sampler[int] | None, workers: int, cuda: bool,
                 train: bool) -> DataLoader[Any]:
     """Training batches drop the ragged end (equal steps on every rank); evaluation keeps it."""
-    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers, pin_memory=cuda,
+    return DataLoader(Counted(dataset), batch_size=batch_size, sampler=sampler, num_workers=workers, pin_memory=cuda,
                       drop_last=train, persistent_workers=workers > 0, generator=torch.Generator(),
                       worker_init_fn=shield_loader_worker if workers > 0 else None)
 

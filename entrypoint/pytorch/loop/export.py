@@ -27,6 +27,7 @@ from typing import IO, Any
 
 import torch
 
+from entrypoint.errors import Interrupted
 from entrypoint.outputs import storage
 from entrypoint.outputs.storage import Location, RemotePath
 from entrypoint.pytorch.checkpoints.checkpoint_io import output_error, write_file
@@ -192,6 +193,8 @@ def export_model(model: torch.nn.Module, model_dir: Location, custom: Callable[.
             if chief:
                 try:
                     storage.upload_tree(Path(staging), model_dir)
+                except Interrupted:  # a stop during the export: the final step is committed, the restart exports
+                    raise
                 except BaseException as exc:
                     raise output_error(exc, model_dir) from None
         return

@@ -1,10 +1,10 @@
 """The hooks-mode training loop the entrypoint owns: build, resume, for each epoch and batch a step, finish.
 
 Shared by PyTorch (torch.distributed) and Horovod through ``Collectives``. The loop reads as training; what
-keeps each step safe (stop signals agreed at a step boundary, non-finite losses, hangs, heartbeats, survivors
-that keep training after a lost peer) is ``Resilience`` (``resilience.py``), called before a step, after a
-step with its loss, at a checkpoint and on a failure. Checkpoints go through the checkpoint I/O seam
-(``checkpoint_io.py``, asynchronous by default) and a resumed run sees exactly the batches and random
+keeps each step safe (stop signals in every phase, agreed at a step where they can be, non-finite losses, hangs,
+heartbeats, survivors that keep training after a lost peer) is ``Resilience`` (``resilience.py``), called before a
+step, after it, around a batch's wait and an evaluation, at a checkpoint and on a failure. Checkpoints go through
+the seam (``checkpoint_io.py``, asynchronous by default) and a resumed run sees exactly the batches and random
 streams of an uninterrupted one (``data.py``, ``state.py``).
 """
 
@@ -91,13 +91,13 @@ class Trainer:
         self.writer: Any = None
         self.digests: dict[str, list[Any]] = {}
         self.hub = False  # exported as a transformers model (from_pretrained)
+        if self.ctx.is_chief:  # before the hang watchdog starts; TensorBoard's own file layer (fsspec) as in the
+            storage.tensorboard_through_fsspec()  # PyTorch image, never TensorFlow's where it is installed (Horovod)
+            from torch.utils import tensorboard  # noqa: F401
 
     # ---- the loop ----------------------------------------------------------------------------
     def fit(self) -> None:
         """Train for the configured epochs, resuming from the newest committed checkpoint that loads."""
-        if self.ctx.is_chief:  # before the hang watchdog starts; TensorBoard's own file layer (fsspec) as in the
-            storage.tensorboard_through_fsspec()  # PyTorch image, never TensorFlow's where it is installed (Horovod)
-            import torch.utils.tensorboard  # noqa: F401
         with self.resilience.running() as guard:
             guard.form_group()
             state, batches, eval_set = self._build()
@@ -206,7 +206,7 @@ class Trainer:
         """An epoch's steps. A step is ten things, as nanoGPT's: batches, guard (``Resilience``), state, precision (and
         random streams), loss, optimizer, backward, the agreed update, the progress report, the checkpoint schedule."""
         guard = self.resilience
-        for batch in batches.epoch(epoch, state.sample):
+        for batch in guard.fetching(batches.epoch(epoch, state.sample), state):  # a slow batch does not hold a stop
             guard.before_step()
             loss, applied = self._step(state, batch)
             state.advance(batches.samples_per_step)
@@ -262,13 +262,13 @@ class Trainer:
     def _end_epoch(self, state: TrainState, eval_set: Dataset[Any], epoch: int) -> None:
         ctx, guard = self.ctx, self.resilience
         guard.settle(state)
-        if state.scheduler is not None:
-            state.scheduler.step()
         guard.doing("evaluating")
-        with guard.phase("evaluation"):
-            state.metrics = evaluate(state.model, eval_set, self._eval_step(), ctx,
-                                     self.comm, self.batch_size, self._workers(), self._autocast,
-                                     lockstep=self.parallel is not None and self.parallel.evaluates_in_lockstep)
+        with guard.phase("evaluation"):  # a stop in it commits the epoch's training, the restart evaluates again
+            state.metrics = evaluate(state.model, eval_set, self._eval_step(), ctx, self.comm, self.batch_size,
+                                     self._workers(), self._autocast, self.parallel is not None and
+                                     self.parallel.evaluates_in_lockstep, guard.evaluation(state))
+        if state.scheduler is not None:  # after the evaluation, whose stop commits the epoch's trained state
+            state.scheduler.step()
         for key, value in state.metrics.items():
             state.history.setdefault(key, []).append(value)
         self.resilience.record.metrics = dict(state.metrics)

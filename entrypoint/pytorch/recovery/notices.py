@@ -2,10 +2,10 @@
 
 Every node's metadata server speaks for its own VM, so each node's training process at local rank 0 watches it
 (``lifecycle/notice.py``). A notice it hears goes into the next per-step vote (``vote.py``: two more integers,
-still one all-reduce), so every rank learns of it at the same step, wherever it was heard; there ``Resilience``
-commits a checkpoint of that step at once (outside ``--checkpoint-every``), once per notice, and training goes on
-until the signal (whose own save may then be cut short by the grace period without losing more than the steps
-since the notice).
+still one all-reduce; between evaluation batches too), so every rank learns of it at the same step, wherever it was
+heard; there ``Resilience`` commits a checkpoint of that step at once (outside ``--checkpoint-every``), once per
+notice, and training goes on until the signal (whose own save may then be cut short by the grace period without
+losing more than the steps since the notice).
 
 At start, the chief warns when the last save took longer than ``--grace-period`` (the checkpoint resumed from, else
 the first one this run commits: its marker says when its step was reached and when it was committed).
@@ -53,7 +53,8 @@ class AdvanceNotice:
             return NO_NOTICE
         self.heard = heard
         log.warning("advance notice from the platform: %s on %s: every rank commits a checkpoint at the next step "
-                    "boundary, and training goes on until the signal", heard, self.plan.topology.replica_name)
+                    "boundary (or evaluation batch), and training goes on until the signal", heard,
+                    self.plan.topology.replica_name)
         return (1, 0) if heard.source == notice.PREEMPTED else (0, 1)
 
     def committed(self, verdict: StepVerdict, step: int) -> str:

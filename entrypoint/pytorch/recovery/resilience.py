@@ -1,11 +1,9 @@
 """The hooks loop's fault tolerance behind one object: the loop calls it before a step, after a step, and on failure.
 
-``Resilience`` owns what keeps a step safe, so that the training loop reads as training:
+``Resilience`` owns what keeps a step safe, so that the training loop reads as training. What exists from the first
+hook (stop signals and the regions a stop ends at once, the hang watchdog and the stop's deadline, the advance
+notice, the ledger's phases, naming a lost peer) is its ``guard`` (``guard.py``); the rest comes with the layout:
 
-- ``running()``: the stop signals are taken over (SIGTERM/SIGINT only set a flag), the hang watchdog runs from
-  the first hook on (the start-up, ``build_datasets`` to the end of the first step, must end within
-  ``--startup-timeout``; each later step within ``--hang-timeout``), and a lost peer that ended the run is named
-  from the heartbeats.
 - ``before_step`` / ``after_step(state, loss)``: the watchdog's phases and beats, a failed background checkpoint
   write, and the per-step vote (``vote.py``): every rank learns at the same step that a signal arrived
   anywhere (the chief commits that step, every rank exits 128 + N), that a loss was not finite, or that the
@@ -13,9 +11,14 @@
 - ``agree_finite(state, loss)``: ``--on-nonfinite skip`` (every rank agrees the loss is finite before the update,
   or drops it); ``fail`` leaves it to the vote.
 - ``checkpoint(state)`` and ``settle(state)``: the vote in flight is finished before anything is saved,
-  evaluated or exported, so no checkpoint holds the state of a step whose loss was not finite.
+  evaluated or exported, so no checkpoint holds the state of a step whose loss was not finite; a stop that came
+  during a save is agreed on right after it (the save in flight is finished and committed, then every rank stops).
+- ``fetching(batches, state)``: a wait for a batch does not hold a stop (``stops.py`` commits the last trained step).
+- ``evaluation(state)``: the vote between evaluation batches: every rank abandons it at the same batch on a stop
+  (the trained step is committed; the restart evaluates again), or commits at once on a notice; each batch beats.
 - ``attempts(state)``: the training runs once; with survivors-keep-training on (``survivors.py``), a lost peer
-  re-forms the group with its replacement and the training runs again from rank 0's position.
+  re-forms the group with its replacement and the training runs again from rank 0's position; a stop while the
+  survivors wait for it commits the last trained step (``stops.py``).
 """
 
 from __future__ import annotations
@@ -23,29 +26,36 @@ from __future__ import annotations
 import contextlib
 import logging
 import signal
-import socket
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NoReturn
 
-from entrypoint import errors, failures
-from entrypoint.errors import NonFiniteLoss, PeerError, StopRequested
-from entrypoint.lifecycle import peers, recorder
-from entrypoint.lifecycle.signals import StopRequest
-from entrypoint.lifecycle.waiting import LOG_EVERY, Wait
-from entrypoint.lifecycle.watchdog import HangWatchdog
-from entrypoint.outputs import checkpoints, goodput
+import torch
+
+from entrypoint import failures
+from entrypoint.errors import Interrupted, NonFiniteLoss, StopRequested
+from entrypoint.outputs import checkpoints
 from entrypoint.planning.plan import Plan
 from entrypoint.pytorch.checkpoints.resume import LoopCheckpoints
 from entrypoint.pytorch.defaults import HookContext
 from entrypoint.pytorch.launch.collectives import Collectives
-from entrypoint.pytorch.recovery.notices import AdvanceNotice
+from entrypoint.pytorch.recovery.guard import RunGuard
+from entrypoint.pytorch.recovery.stops import OffStep
 from entrypoint.pytorch.recovery.survivors import Healing, InPlace
 from entrypoint.pytorch.recovery.vote import StepVerdict, StepVote, nonfinite
 from entrypoint.pytorch.state import TrainState
 
 log = logging.getLogger("entrypoint.pytorch")
 MAX_RECOVERIES_AT_ONE_STEP = 2  # more, at the same step, is a failure that repeats (not a peer that was lost)
+WAITING = "waiting for the next batch"
+EVALUATING = "evaluating"
+_END = object()
+
+
+def patience(grace: float) -> float:
+    """How long a wait for a batch may hold a stop before it is interrupted: one that ends in a moment leaves the
+    stop to the step vote (every rank agrees on the step); a slow read does not hold it."""
+    return min(1.0, grace / 10)
 
 
 class Resilience:
@@ -54,61 +64,48 @@ class Resilience:
     def __init__(self, plan: Plan, comm: Collectives, ctx: HookContext, checkpoints: LoopCheckpoints,
                  failure_context: failures.FailureContext, inplace: InPlace | None) -> None:
         self.plan, self.comm, self.ctx, self.saver = plan, comm, ctx, checkpoints
-        # The job ledger (the chief's; a no-op elsewhere): phases, steps, saves, restores, recoveries (goodput).
-        self.record = recorder.for_training(plan.outputs.job_dir, plan.topology.replica_name, ctx.rank, ctx.is_chief)
+        self.guard = RunGuard(plan, comm, ctx, failure_context, lambda: self.saver.io.wait())
+        self.record, self.watchdog, self.notice = self.guard.record, self.guard.watchdog, self.guard.notice
+        self.request = self.guard.request
         self.failure_context, self.inplace = failure_context, inplace
-        self.request = StopRequest()
         self.vote = StepVote(comm, self.request, ctx.device)
-        self.watchdog = HangWatchdog(plan.options.hang_timeout, failure_context, plan.options.startup_timeout)
-        self.board: peers.PeerBoard | None = None
         self.in_place_allowed = True
+        self.off_step = OffStep(self)  # a stop the step vote cannot agree on (``stops.py``)
+        self.patience = patience(plan.options.grace_period)
         self._recoveries_at: list[int] = []  # the step of each in-place recovery
         self._step_started = time.monotonic()
-        self.notice = AdvanceNotice(plan, ctx)  # the platform's advance notice (``notices.py``)
         self._noticed_at: tuple[int, int] | None = None  # (step, epoch) of the last checkpoint a notice asked for
 
-    # ---- the run ------------------------------------------------------------------------------
+    # ---- the run (the guard's: ``guard.py``) -------------------------------------------------------
     @contextlib.contextmanager
     def running(self) -> Iterator[Resilience]:
-        """Stop signals and the hang watchdog for the whole run; a lost peer that ended it is named."""
-        self.request.install()
-        self.watchdog.phase = "starting the training loop"
-        self.watchdog.start()
-        self.notice.start()
-        self.record.enter("preparation")
-        try:
+        """The guard for the whole run (``RunGuard.running``)."""
+        with self.guard.running():
             yield self
-            self.record.close("finished")
-        except BaseException as exc:
-            # A write still in flight ends (and says how) before the failure's last line, not after it: the
-            # process's exit would wait for its thread anyway, and the last line names the root cause.
-            with contextlib.suppress(BaseException):
-                self.saver.io.wait()
-            self.record.close("stopped" if isinstance(exc, StopRequested) else "failed")
-            named = self._name_the_lost(exc)
-            if named is not exc:
-                raise named from None
-            raise
-        finally:
-            self.request.uninstall()
-            self.watchdog.stop()
-            self.notice.stop()
-            if self.board is not None:
-                self.board.stop()
 
     def starting(self, what: str) -> None:
-        """The loop starts ``what``: within the start-up's ``--startup-timeout``; after it, within ``--hang-timeout``
-        (that clock starts now)."""
-        self.watchdog.beat(self.watchdog.step, what)
+        """The loop starts ``what`` (``RunGuard.starting``)."""
+        self.guard.starting(what)
 
     def doing(self, what: str) -> None:
         """The loop is now doing ``what`` (the clock keeps running: the step before and this share it)."""
-        self.watchdog.phase = what
+        self.guard.doing(what)
 
     def beat(self, state: TrainState) -> None:
         """Training goes on at ``state``'s step (after the start-up, the step clock starts now)."""
-        self.watchdog.beat(state.step, "waiting for the first batch" if self.watchdog.starting_up else
-                           "waiting for the next batch")
+        self.guard.beat(state.step)
+
+    def phase(self, name: str) -> contextlib.AbstractContextManager[None]:
+        """A phase of the job ledger (``evaluation``) around the loop's block."""
+        return self.guard.phase(name)
+
+    def goodput_so_far(self) -> dict[str, Any]:
+        """The job's goodput so far, this attempt's steps included (the training summary's ``goodput``)."""
+        return self.guard.goodput_so_far()
+
+    def restored(self, step: int) -> None:
+        """The training goes on after ``step`` (what the newest checkpoint held; 0 for a fresh start)."""
+        self.guard.restored(step)
 
     def form_group(self) -> None:
         """Survivors keep training: form the group's first generation before anything is built (a replacement of a
@@ -130,34 +127,11 @@ class Resilience:
         self.starting("forming the process group")
         joined = self.inplace.enter(state) if self.inplace is not None else None
         if joined is None:
-            self._meet()
-        self._join_board(joined.members if joined is not None else None)
+            self.guard.meet()
+        members = self.guard.join_board(joined.members if joined is not None else None)
+        if self.inplace is not None and members is not None:
+            self.inplace.membership.names = lambda rank: members[rank].replica
         return joined
-
-    def _meet(self) -> None:
-        """Every rank built its datasets and model before the first collective; the ranks still building are
-        named every 20 s and, at ``--timeout``, in the failure (a collective's timeout names nobody)."""
-        store = self.comm.heartbeat_store()
-        if store is None:
-            return
-        rank, world = self.ctx.rank, self.ctx.world_size
-        key = f"trainer/built/{self.plan.topology.trial or ''}/"
-        store.put(f"{key}{rank}", "1")
-        wait = Wait(self.plan.options.timeout, first_after=LOG_EVERY, logger=log)
-
-        def pending() -> tuple[str, str] | None:
-            missing = [r for r in range(world) if store.fetch(f"{key}{r}") is None]
-            if not missing:
-                return None
-            return ", ".join(self._rank_name(r) for r in missing), "building its datasets and model"
-
-        wait.until(pending)
-
-    def _rank_name(self, rank: int) -> str:
-        """A rank as users know it: its replica (``workerpool1[0]``) and rank."""
-        placed, peers_ = self.plan.placed, self.plan.topology.training_peers()
-        node = rank // max(placed.local_world_size, 1)
-        return f"{peers_[node].name} (rank {rank})" if node < len(peers_) else f"rank {rank}"
 
     def started(self) -> None:
         """The group's first generation trains: replacements may join from now on."""
@@ -165,6 +139,21 @@ class Resilience:
             self.inplace.started()
 
     # ---- a step ------------------------------------------------------------------------------
+    def fetching(self, batches: Iterator[Any], state: TrainState) -> Iterator[Any]:
+        """The epoch's batches. A stop does not wait for one that is slow to come (more than ``patience``): this
+        rank commits the last trained step, which every rank voted on, as its layout allows (``stops.py``)."""
+        request = self.request
+        while True:
+            try:
+                request.enter(WAITING, self.patience)  # the start-up (if it was still on) ends here
+                batch = next(batches, _END)
+                request.enter(None)
+            except Interrupted:
+                self.off_step.stop(state, WAITING)
+            if batch is _END:
+                return
+            yield batch
+
     def before_step(self) -> None:
         """A training step starts (the first one is part of the start-up: first imports, compilation)."""
         self.watchdog.phase = "in the first training step (first imports, compilation)" if self.watchdog.starting_up \
@@ -192,7 +181,7 @@ class Resilience:
         """A step ended (``loss`` None: its finiteness was agreed on already): beat, vote, stop or fail as agreed.
         The first one ends the start-up: ``--hang-timeout`` holds from here on."""
         self.record.step_end(state.step)
-        self.watchdog.trained(state.step, "waiting for the next batch")
+        self.watchdog.trained(state.step, WAITING)
         self.saver.io.check()
         self._act(state, self.vote.poll(state.step, loss, self.notice.for_vote()))
         self.notice.after_step(state.saved_step, self.saver.io.write_seconds)
@@ -202,30 +191,36 @@ class Resilience:
         self._act(state, self.vote.drain())
 
     def checkpoint(self, state: TrainState) -> None:
-        """Commit ``state`` (chief) once the vote in flight is settled."""
+        """Commit ``state`` (chief) once the vote in flight is settled; a stop that came meanwhile is agreed on right
+        after the save (every rank is here, at this step): that save is finished, committed, and every rank stops."""
         self.settle(state)
-        if self._noticed_at == (state.step, state.epoch):
-            return  # an advance notice committed this very state already
-        self.watchdog.phase = "checkpointing"
-        self._save(state)
-        self.notice.saved(state.step)
+        if self._noticed_at != (state.step, state.epoch):  # else an advance notice committed this very state
+            self.watchdog.phase = "checkpointing"
+            self._save(state)
+            self.notice.saved(state.step)
+        flag = torch.tensor([int(self.request.requested)], dtype=torch.int64, device=self.ctx.device)
+        if int(self.comm.all_reduce_sum(flag).item()):
+            self.stop_agreed(state)
+
+    def evaluation(self, state: TrainState) -> Evaluation:
+        """What the evaluation calls between its batches (``evaluation.py``)."""
+        return Evaluation(self, state)
 
     def finishing(self, state: TrainState) -> None:
-        """Training is complete: a stop asked for at the very end is moot; every write is committed."""
+        """Training is complete: a stop asked for at the very end commits nothing more (the final step is);
+        every write is committed; from now on a stop ends the export at once."""
         verdict = self.vote.drain()
         if verdict is not None and verdict.nonfinite:
-            self._fail_nonfinite(state, verdict)
+            self.fail_nonfinite(state, verdict)
         with self.record.phase("checkpoint"):
             self.saver.io.wait()
-        self.watchdog.end_startup()  # nothing was left to train (a rerun at the final checkpoint)
-        self.watchdog.phase = "exporting the model (chief) and waiting for it (the others)"
-        self.record.enter("export")
+        self.guard.exporting()
 
-    def _act(self, state: TrainState, verdict: StepVerdict | None) -> None:
+    def _act(self, state: TrainState, verdict: StepVerdict | None, where: str = "") -> None:
         if verdict is not None and verdict.nonfinite:
-            self._fail_nonfinite(state, verdict)
+            self.fail_nonfinite(state, verdict)
         if verdict is not None and verdict.stop:
-            self._stop(state)
+            self.stop_agreed(state, where)
         if verdict is not None and verdict.notices:
             self._save_on_notice(state, verdict)
 
@@ -242,22 +237,29 @@ class Resilience:
         if self.ctx.is_chief:
             log.info("%s", self.notice.committed(verdict, state.step))
 
-    def _stop(self, state: TrainState) -> None:
-        """Every rank agreed to stop: commit this exact step (chief), wait for the write, exit 128 + signal."""
+    def stop_agreed(self, state: TrainState, where: str = "") -> NoReturn:
+        """Every rank agreed to stop at this step (``where``: in a phase after it): commit it (the chief; every rank
+        its shards when sharded), wait for the write, and end 128 + signal, each saying what the chief committed."""
         signum = self.request.signum or signal.SIGTERM
         name = signal.Signals(signum).name
+        at = f"at step {state.step}" + (f" while {where}" if where else "")
         self.watchdog.phase = "saving before stopping"
         verdict = self.vote.drain()  # the stop step itself must be finite before it is committed
         if verdict is not None and verdict.nonfinite:
-            self._fail_nonfinite(state, verdict)
+            self.fail_nonfinite(state, verdict)
         if state.saved_step != state.step:
             self._save(state, wait=True)
         else:
             self.saver.io.wait()
         path = checkpoints.checkpoint_path(self.ctx.checkpoint_dir, state.step)
+        committed = self.comm.broadcast_object(checkpoints.is_committed(path) if self.ctx.is_chief else None)
+        if not committed:
+            words, kept = self.guard.holding()
+            raise StopRequested(signum, f"stopped by {name} {at}: {words}", kept)
         if self.ctx.is_chief:
-            log.info("stopped by %s at step %d: checkpoint %s committed", name, state.step, path)
-        raise StopRequested(signum, f"stopped by {name} at step {state.step}; the restart resumes from {path}")
+            log.info("stopped by %s %s: checkpoint %s committed", name, at, path)
+        raise StopRequested(signum, f"stopped by {name} {at}: checkpoint {path} committed; the "
+                                    "restart resumes from it")
 
     def _save(self, state: TrainState, wait: bool = False) -> None:
         """Save ``state`` (the chief commits it): the time the training is blocked is the ledger's ``checkpoint``."""
@@ -267,21 +269,7 @@ class Resilience:
                 self.saver.io.wait()
         self.record.committed(state.step)
 
-    def phase(self, name: str) -> contextlib.AbstractContextManager[None]:
-        """A phase of the job ledger (``evaluation``) around the loop's block."""
-        return self.record.phase(name)
-
-    def goodput_so_far(self) -> dict[str, Any]:
-        """The job's goodput so far, this attempt's steps included (the training summary's ``goodput``)."""
-        self.record.flush()
-        return goodput.so_far(self.plan.outputs.job_dir)
-
-    def restored(self, step: int) -> None:
-        """The training goes on after ``step`` (what the newest checkpoint held; 0 for a fresh start)."""
-        self.record.restored(step)
-        self.record.enter("preparation")
-
-    def _fail_nonfinite(self, state: TrainState, verdict: StepVerdict) -> None:
+    def fail_nonfinite(self, state: TrainState, verdict: StepVerdict) -> NoReturn:
         """Every rank saw the same non-finite step: keep what is committed (all finite), export nothing, fail."""
         self.saver.io.wait()
         newest = checkpoints.checkpoint_path(self.ctx.checkpoint_dir, state.saved_step)
@@ -301,8 +289,14 @@ class Resilience:
                 return
 
     def recover(self, state: TrainState, exc: BaseException) -> bool:
-        """A lost peer with survivors-keep-training on: re-form the group and go on (False: fail as usual)."""
-        if self.inplace is None or not self.in_place_allowed or not failures.is_peer_lost(exc):
+        """A lost peer with survivors-keep-training on: re-form the group and go on (False: fail as usual). A lost
+        peer while this process stops, or that stopped on a signal itself, is a stop: the last trained step is
+        committed (``stops.py``), as it is when a stop comes while the survivors wait for the replacement."""
+        if not failures.is_peer_lost(exc):
+            return False
+        if self.request.requested or self.guard.peer_stopped() is not None:
+            self.off_step.stop(state, f"{self.watchdog.phase} (a stopping peer left the group)")
+        if self.inplace is None or not self.in_place_allowed:
             return False
         self._recoveries_at.append(state.step)
         if self._recoveries_at.count(state.step) > MAX_RECOVERIES_AT_ONE_STEP:
@@ -310,40 +304,57 @@ class Resilience:
                         "the job restarts from its checkpoint instead", state.step, MAX_RECOVERIES_AT_ONE_STEP)
             return False
         in_flight = time.monotonic() - self._step_started
-        lost = [s.member.replica for s in self.board.silent()] if self.board is not None else []
+        board = self.guard.board
+        lost = [s.member.replica for s in board.silent()] if board is not None else []
         self.record.enter("recovery", t=self.record.last_step_end)  # from the last good step to training again
         self.watchdog.phase = "re-forming the group after losing a peer"
         self.vote = StepVote(self.comm, self.request, self.ctx.device)
-        self.inplace.recover(state, in_flight, lost)
-        self.watchdog.beat(state.step, "waiting for the next batch")
+        try:
+            with self.request.interruptible("waiting for a lost peer's replacement"):
+                self.inplace.recover(state, in_flight, lost)
+        except Interrupted:
+            self.off_step.stop(state, "waiting for a lost peer's replacement")
+        self.watchdog.beat(state.step, WAITING)
         return True
 
-    def _join_board(self, names: list[Any] | None) -> None:
-        """Every rank says who it is and starts its heartbeat (survivors use them to name a lost peer)."""
-        if names is None:
-            names = self.comm.gather_object((self.plan.topology.replica_name, socket.gethostname()))
-        store = self.comm.heartbeat_store()
-        if store is None:
-            return
-        members = [peers.Member(rank, replica, host) for rank, (replica, host) in enumerate(names)]
-        self.board = peers.PeerBoard(store, members[self.ctx.rank], members).start()
-        self.watchdog.board = self.board
-        if self.inplace is not None:
-            self.inplace.membership.names = lambda rank: members[rank].replica
 
-    def _name_the_lost(self, exc: BaseException) -> BaseException:
-        """A lost peer, named by the heartbeats (gloo only says an address and a port); ``exc`` otherwise."""
-        if self.board is None or not failures.is_peer_lost(exc):
-            return exc
-        silent = self.board.silent()
-        if not silent:
-            return exc
-        step = self.board.step
-        for lost in silent:
-            failures.record_verdict(self.failure_context, lost.member.replica, lost.member.rank, errors.PEER_LOST,
-                                    f"{peers.describe([lost])}; the others stopped at step {step}")
-        return PeerError(f"lost {peers.describe(silent)} at step {step} ({type(exc).__name__}: "
-                         f"{' '.join(str(exc).split())[:200]})")
+class Evaluation:
+    """Around an evaluation and between two of its batches: a beat, and the vote, which every rank reads at the same
+    batch. A replicated model's evaluation needs no collective but the vote and its sums (its forward passes are its
+    own), so a stop does not wait for a slow batch there (read or evaluated: after ``patience``): the chief commits the
+    trained step alone (``stops.py``). A sharded model's forward passes are collectives: the vote alone decides."""
+
+    def __init__(self, resilience: Resilience, state: TrainState) -> None:
+        self.r, self.state = resilience, state
+        collective = resilience.saver.format is not None and resilience.saver.format.collective
+        self.patience = None if collective else resilience.patience
+
+    def _enter(self) -> None:
+        if self.patience is not None:
+            self.r.request.enter(EVALUATING, self.patience)
+
+    @contextlib.contextmanager
+    def rounds(self) -> Iterator[None]:
+        """The evaluation's rounds: a stop that interrupts one commits the last trained step."""
+        try:
+            self._enter()
+            yield
+        except Interrupted:
+            self.r.off_step.stop(self.state, EVALUATING)
+        finally:
+            self.r.request.enter(None)
+
+    def between(self, batch: int, batches: int) -> None:
+        """Batch ``batch`` (of ``batches``, the most any rank has) is evaluated: beat, vote, stop or save as every
+        rank learns at the same batch; after the last one the last vote is read too."""
+        r, state = self.r, self.state
+        r.request.enter(None)  # the vote is a collective: no stop interrupts it
+        r.watchdog.beat(state.step, f"evaluating (batch {batch + 1} of {batches})")
+        r._act(state, r.vote.poll(state.step, None, r.notice.for_vote()), "evaluating")
+        if batch + 1 >= batches:
+            r.settle(state)
+        else:
+            self._enter()
 
 
 class Attempt:

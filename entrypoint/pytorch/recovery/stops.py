@@ -1,0 +1,170 @@
+"""A stop outside a step: what a rank commits when a signal finds it waiting (for a batch, for a lost peer's
+replacement) or finds its peers gone, where the step vote cannot be had.
+
+Every rank that finished step k took part in step k's collectives, and step k's vote was started by every rank
+before it fetched its next batch. A rank that waits for its next batch is therefore never behind a peer's trained
+state; a peer may however already be inside step k+1's collectives, waiting for it, where no new collective can
+meet it. So:
+
+- **A replicated model** (DDP, Horovod, one process): the chief commits its own newest trained step alone, with no
+  collective (a peer's random streams are not needed: every step reseeds from (seed, rank, step), ``state.reseed``),
+  after the step vote in flight (which every rank started) says that step was finite. The others drain the same
+  vote, leave the group (a peer blocked in a collective on them sees it at once, and stops too: ``guard.py``'s
+  ``post_stop``) and wait, within the grace period, until that checkpoint is committed. Each says what is committed.
+- **A sharded model** (FSDP, HSDP): every rank must write its own shards, with collectives. The ranks that were
+  interrupted waiting for a batch meet in the job's store: when every rank waits there at the same step, the
+  chief says so and they commit together (the usual stop, ``Resilience._stop``); when one does not come within a
+  few seconds (it is inside the next step's collectives), nothing newer can be committed, and each says so.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from collections.abc import Callable
+from typing import NoReturn, Protocol
+
+import torch
+
+from entrypoint.errors import StopRequested
+from entrypoint.lifecycle.recorder import Recorder
+from entrypoint.lifecycle.watchdog import HangWatchdog
+from entrypoint.outputs import checkpoints
+from entrypoint.outputs.storage import Location
+from entrypoint.planning.plan import Plan
+from entrypoint.pytorch.checkpoints.resume import LoopCheckpoints
+from entrypoint.pytorch.defaults import HookContext
+from entrypoint.pytorch.launch.collectives import Collectives
+from entrypoint.pytorch.recovery.guard import RunGuard
+from entrypoint.pytorch.recovery.vote import StepVerdict, StepVote
+from entrypoint.pytorch.state import TrainState
+
+log = logging.getLogger("entrypoint.pytorch")
+MEET_SECONDS = 5.0  # at most, for every rank of a sharded model to come to a stop outside a step
+
+
+class Loop(Protocol):
+    """What a stop outside a step uses of the loop's guard (``Resilience``)."""
+
+    plan: Plan
+    comm: Collectives
+    ctx: HookContext
+    saver: LoopCheckpoints
+    guard: RunGuard
+    vote: StepVote
+    watchdog: HangWatchdog
+    record: Recorder
+
+    def stop_agreed(self, state: TrainState, where: str = "") -> NoReturn:
+        """Every rank agreed to stop at this step: commit it together, end."""
+
+    def fail_nonfinite(self, state: TrainState, verdict: StepVerdict) -> NoReturn:
+        """Every rank saw the same non-finite step: fail."""
+
+
+class OffStep:
+    """The stops that the step vote cannot agree on (``Resilience`` holds one)."""
+
+    def __init__(self, loop: Loop) -> None:
+        self.r = loop
+
+    @property
+    def guard(self) -> RunGuard:
+        """The run's guard (signals, the store, what is committed)."""
+        return self.r.guard
+
+    def stop(self, state: TrainState, where: str) -> NoReturn:
+        """This rank stops while ``where`` (after ``state.step``): commit the last trained step as its layout
+        allows, say what is committed, raise ``StopRequested``."""
+        r = self.r
+        r.watchdog.phase = f"saving before stopping ({where})"
+        if r.saver.format is not None and r.saver.format.collective and r.ctx.world_size > 1:
+            if self._meet(state.step):
+                r.stop_agreed(state)  # every rank waits at this step: the usual stop, with its collectives
+            self.guard.post_stop(state.step)
+            r.comm.leave()
+            self._raise(state, where, committed=None)
+        self.guard.post_stop(state.step)
+        verdict = self._drain(state)
+        if r.ctx.is_chief:
+            self._commit_alone(state, verdict)
+            self._raise(state, where, committed=checkpoints.is_committed(self._path(state)))
+        r.comm.leave()  # a peer blocked in a collective on this rank sees it leave at once
+        self._raise(state, where, committed=self.guard.wait_for_commit(state.step))
+
+    def _drain(self, state: TrainState) -> StepVerdict | None:
+        """The step vote in flight (every rank started it before it fetched its next batch, so it completes while
+        they live); None when the group is already broken."""
+        try:
+            verdict = self.r.vote.drain()
+        except Exception:  # the group broke: a peer left (or is lost); the vote's answer is gone with it
+            return None
+        if verdict is not None and verdict.nonfinite:
+            self.r.fail_nonfinite(state, verdict)
+        return verdict if verdict is not None else StepVerdict(state.step, False, 0)
+
+    def _commit_alone(self, state: TrainState, verdict: StepVerdict | None) -> None:
+        """The chief commits its state of ``state.step``, with no collective (a peer may be inside one)."""
+        r = self.r
+        if state.saved_step == state.step:
+            r.saver.io.wait()  # its checkpoint is in flight (or committed): finish it
+            return
+        if verdict is None and not _finite(state):  # no vote to say the step was finite: its weights must be
+            log.warning("the weights of step %d are not finite: not committing them", state.step)
+            return
+        with r.record.phase("checkpoint", step=state.step):
+            r.saver.save(state, alone=True)
+            r.saver.io.wait()
+        r.record.committed(state.step)
+
+    def _raise(self, state: TrainState, where: str, committed: bool | None) -> NoReturn:
+        """End with a stop that says what is committed (``committed``: this step's checkpoint is, or is not)."""
+        stopped = None if self.guard.request.requested else self.guard.peer_stopped()
+        signum = self.guard.request.signum or int(stopped["signum"] if stopped else signal.SIGTERM)
+        words = f"{self.guard.stop_words(stopped)} while {where} after step {state.step}"
+        kept = True
+        if committed:
+            text = f"checkpoint {self._path(state)} committed; the restart resumes from it"
+            if self.r.ctx.is_chief:
+                log.info("%s: checkpoint %s committed", words, self._path(state).name)
+        else:
+            text, kept = self.guard.holding()
+        raise StopRequested(signum, f"{words}: {text}", kept)
+
+    def _path(self, state: TrainState) -> Location:
+        return checkpoints.checkpoint_path(self.r.ctx.checkpoint_dir, state.step)
+
+    # ---- a sharded model: meet in the job's store -----------------------------------------------------
+    def _meet(self, step: int) -> bool:
+        """Whether every rank came to a stop outside a step at ``step`` (the chief decides; the others read it)."""
+        store, guard = self.guard.store, self.guard
+        if store is None:
+            return False
+        key = f"trainer/stop-meet/{self.r.plan.topology.trial or ''}/{step}/"
+        seconds = min(MEET_SECONDS, guard.left() / 4)
+        try:
+            store.put(f"{key}{self.r.ctx.rank}", "1")
+            if self.r.ctx.is_chief:
+                ranks = range(self.r.ctx.world_size)
+                together = _until(lambda: all(store.fetch(f"{key}{r}") for r in ranks) or None, seconds)
+                store.put(f"{key}verdict", "together" if together else "alone")
+                return bool(together)
+            verdict = _until(lambda: store.fetch(f"{key}verdict"), seconds + 2.0)
+        except Exception:  # the store is gone with its host: no meeting
+            return False
+        return verdict == "together"
+
+
+def _until(look: Callable[[], object], seconds: float) -> object:
+    """``look()`` until it answers (not None), at most ``seconds``; its answer, or None."""
+    deadline = time.monotonic() + seconds
+    while (answer := look()) is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return answer
+
+
+def _finite(state: TrainState) -> bool:
+    """Whether every parameter of the model is finite."""
+    with torch.no_grad():
+        return all(bool(torch.isfinite(p).all()) for p in state.model.parameters())
