@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import random
 import signal
+import subprocess
+import time
 import zipfile
 from pathlib import Path
 
@@ -22,6 +26,7 @@ pytestmark = [pytest.mark.jax, pytest.mark.slow]
 HOOKS = ("--framework", "jax", "--module", "tests.jax.tiny_hooks", "--timeout", "120")
 FAST = ("--epochs", "2", "--log-every", "4")
 EXAMPLE = Path(__file__).with_name("mnist_convnet.py")
+GRACE = 25.0  # the platform's grace (--grace-period's default): its SIGKILL follows when a process is still there
 
 
 def weights(model_dir: Path) -> list[np.ndarray]:
@@ -54,10 +59,17 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def test_two_processes_train_as_one_at_twice_the_batch(reference: Path, tmp_path: Path) -> None:
-    proc = entrypoint("run", *HOOKS, *FAST, "--batch-size", "16", "--job-dir", str(tmp_path))
+@pytest.fixture(scope="module")
+def single(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One process at the reference's global batch, uninterrupted."""
+    out = tmp_path_factory.mktemp("jax-single")
+    proc = entrypoint("run", *HOOKS, *FAST, "--batch-size", "16", "--job-dir", str(out))
     assert proc.returncode == 0, failure_text(proc)
-    assert_close(weights(tmp_path / "model"), weights(reference / "model"), 1e-5)
+    return out
+
+
+def test_two_processes_train_as_one_at_twice_the_batch(reference: Path, single: Path) -> None:
+    assert_close(weights(single / "model"), weights(reference / "model"), 1e-5)
 
 
 def _format(kind: str, rank: int, ports: list[int]) -> dict[str, str]:
@@ -85,26 +97,78 @@ def test_every_cluster_format_gives_the_same_training(kind: str, reference: Path
     assert not (tmp_path / "node1" / "model").exists()  # the chief's outputs only
 
 
-def test_sigterm_mid_epoch_commits_the_agreed_step_and_the_rerun_resumes_bit_exact(reference: Path,
-                                                                                    tmp_path: Path) -> None:
+def stop(job: Job, pattern: str, delay: float = 0.0) -> tuple[int, float, str]:
+    """SIGTERM ``job`` ``delay`` seconds after its first line matching ``pattern``; the platform's SIGKILL at
+    ``GRACE`` seconds after it if anything is left: its exit code, the seconds it took, its output."""
+    try:
+        job.wait_for(pattern, timeout=300)
+        time.sleep(delay)
+        sent = job.send(signal.SIGTERM)
+        try:
+            code = job.wait(timeout=GRACE)
+        except subprocess.TimeoutExpired:
+            os.killpg(job.proc.pid, signal.SIGKILL)
+            code = job.wait(timeout=30)
+        return code, time.monotonic() - sent, job.output()
+    finally:
+        job.cleanup()
+
+
+def last_record(job_dir: Path, replicas: int = 1) -> str:
+    """The message of the newest failure record, the same class (``preempted``, 143) on every replica."""
+    newest = [r for r in read_records(str(job_dir), 0) if r.replica != "local"][-replicas:]  # oldest first
+    assert all(r.failure_class == "preempted" and r.exit_code == 143 for r in newest), newest
+    return newest[-1].message
+
+
+def test_one_process_stopped_in_each_phase_commits_what_it_trained_and_resumes_bit_exact(
+        single: Path, tmp_path: Path) -> None:
+    """SIGTERM while building the model, at a random moment of an evaluation, and in the export; then the rerun."""
+    args = ("run", *HOOKS, *FAST, "--batch-size", "16", "--job-dir", str(tmp_path))
+    code, took, out = stop(Job(*args, "--", "--build-sleep", "60"), "build_model: sleeping")
+    assert code == 143, out[-3000:]
+    assert "while building the model (build_model): nothing trained in this attempt" in last_record(tmp_path)
+    assert committed(tmp_path / "checkpoints") == []
+    print(f"figure: one JAX process stopped while building: exited {took:.1f} s after SIGTERM")
+    code, took, out = stop(Job(*args, "--", "--eval-sleep", "0.3"), "evaluation batch", random.uniform(0.0, 0.8))
+    assert code == 143, out[-3000:]
+    assert [step for step, _ in committed(tmp_path / "checkpoints")] == [16]  # the epoch's trained step
+    assert "evaluating epoch 1 (abandoned after" in last_record(tmp_path)
+    print(f"figure: one JAX process stopped in an evaluation: exited {took:.1f} s after SIGTERM")
+    code, took, out = stop(Job(*args, "--", "--export-sleep", "60"), "export: sleeping")
+    assert code == 143, out[-3000:]
+    assert "the checkpoint of the final step 32 is committed" in last_record(tmp_path)
+    assert not (tmp_path / "model" / "model.keras").exists()
+    print(f"figure: one JAX process stopped in the export: exited {took:.1f} s after SIGTERM")
+    rerun = entrypoint(*args)
+    assert rerun.returncode == 0, failure_text(rerun)
+    assert "resumed at step 32 (epoch 2, batch 0)" in rerun.stdout + rerun.stderr
+    for got, expected in zip(weights(tmp_path / "model"), weights(single / "model"), strict=True):
+        assert np.array_equal(got, expected)
+
+
+def test_two_processes_stopped_mid_epoch_and_in_an_evaluation_agree_and_resume_bit_exact(reference: Path,
+                                                                                         tmp_path: Path) -> None:
     args = ("local", "--workers", "2", "--restart-policy", "never", "--output-dir", str(tmp_path), "--",
             "run", *HOOKS, *FAST, "--batch-size", "8", "--log-every", "1")
     job = Job(*args, "--", "--sleep", "0.2")
-    try:
-        seen = job.wait_for_step(6, timeout=300)
-        job.send(signal.SIGTERM)
-        assert job.wait(timeout=200) == 143, job.output()[-4000:]
-    finally:
-        job.cleanup()
+    code, _, out = stop(job, r"step ([6-9]|1[0-5])/32")
+    assert code == 143, out[-4000:]
+    seen = job.last_step()
     step, _ = committed(tmp_path / "checkpoints")[-1]
     assert 6 <= seen <= step < 16, (seen, step)  # mid-epoch 1 of 2: the step every process agreed on
     records = read_records(str(tmp_path), 0)
     assert {r.replica for r in records} == {"workerpool0-0", "workerpool1-0"}
     assert all(r.failure_class == "preempted" and r.exit_code == 143 for r in records), records
     assert not (tmp_path / "model" / "training_summary.json").exists()
+    code, took, out = stop(Job(*args, "--", "--eval-sleep", "0.3"), "evaluation batch", random.uniform(0.0, 0.8))
+    assert code == 143, out[-4000:]
+    assert committed(tmp_path / "checkpoints")[-1][0] == 16  # both processes trained epoch 1 to its end
+    assert "evaluating epoch 1 (abandoned after" in last_record(tmp_path, 2)
+    print(f"figure: two JAX processes stopped in an evaluation: exited {took:.1f} s after SIGTERM")
     rerun = entrypoint(*args)
     assert rerun.returncode == 0, failure_text(rerun)
-    assert f"resumed at step {step} (epoch 0, batch {step})" in rerun.stdout + rerun.stderr
+    assert "resumed at step 16 (epoch 0, batch 16)" in rerun.stdout + rerun.stderr
     for got, expected in zip(weights(tmp_path / "model"), weights(reference / "model"), strict=True):
         assert np.array_equal(got, expected)  # bit-exact: the data position, the RNG state and the optimizer
 
