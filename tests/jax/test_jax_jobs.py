@@ -166,7 +166,8 @@ def test_two_processes_stopped_mid_epoch_and_in_an_evaluation_agree_and_resume_b
     assert committed(tmp_path / "checkpoints")[-1][0] == 16  # both processes trained epoch 1 to its end
     assert "evaluating epoch 1 (abandoned after" in last_record(tmp_path, 2)
     print(f"figure: two JAX processes stopped in an evaluation: exited {took:.1f} s after SIGTERM")
-    rerun = entrypoint(*args)
+    # Live is not hung: epoch 2's evaluation (4 batches of 1.2 s or more) outlasts --hang-timeout, each batch does not.
+    rerun = entrypoint(*args, "--hang-timeout", "4", "--", "--eval-sleep", "1.2")
     assert rerun.returncode == 0, failure_text(rerun)
     assert "resumed at step 16 (epoch 0, batch 16)" in rerun.stdout + rerun.stderr
     for got, expected in zip(weights(tmp_path / "model"), weights(reference / "model"), strict=True):
