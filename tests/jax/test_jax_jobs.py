@@ -19,6 +19,7 @@ import pytest
 from entrypoint.failures.records import read_records
 from entrypoint.lifecycle.ports import free_ports
 from entrypoint.outputs.checkpoints import committed
+from tests.metadata import FakeMetadata
 from tests.runs import Job, entrypoint, failure_text
 
 h5py = pytest.importorskip("h5py")  # the JAX venv's (Keras 3's); the other tiers collect this module and skip it
@@ -143,6 +144,33 @@ def test_one_process_stopped_in_each_phase_commits_what_it_trained_and_resumes_b
     rerun = entrypoint(*args)
     assert rerun.returncode == 0, failure_text(rerun)
     assert "resumed at step 32 (epoch 2, batch 0)" in rerun.stdout + rerun.stderr
+    for got, expected in zip(weights(tmp_path / "model"), weights(single / "model"), strict=True):
+        assert np.array_equal(got, expected)
+
+
+def test_the_platforms_notice_in_an_evaluation_commits_the_trained_step_before_the_kill(single: Path,
+                                                                                          tmp_path: Path) -> None:
+    """GCE's reclaim notice at a random moment of epoch 1's evaluation: step 16 committed at once, the evaluation goes
+    on; the platform's SIGKILL (no signal to save on); the rerun resumes from the notice's checkpoint, bit-exact."""
+    args = ("run", *HOOKS, *FAST, "--batch-size", "16", "--job-dir", str(tmp_path))
+    with FakeMetadata() as metadata:
+        job = Job(*args, "--", "--eval-sleep", "0.5", env={"GCE_METADATA_HOST": metadata.host})
+        try:
+            job.wait_for("evaluation batch", timeout=300)
+            time.sleep(random.uniform(0.0, 0.6))
+            metadata.values["instance/preempted"] = "TRUE"
+            job.wait_for(r"advance notice from the platform: .*: checkpoint of step 16 committed")
+            os.killpg(job.proc.pid, signal.SIGKILL)
+            job.wait(timeout=30)
+        finally:
+            job.cleanup()
+    out = job.output()
+    before = out.split("checkpoint of step 16 committed")[0]
+    assert "evaluation batch" in before and "epoch 1: " not in before, out[-3000:]  # during the evaluation
+    assert [step for step, _ in committed(tmp_path / "checkpoints")] == [16]
+    rerun = entrypoint(*args)
+    assert rerun.returncode == 0, failure_text(rerun)
+    assert "resumed at step 16 (epoch 0, batch 16)" in rerun.stdout + rerun.stderr
     for got, expected in zip(weights(tmp_path / "model"), weights(single / "model"), strict=True):
         assert np.array_equal(got, expected)
 
