@@ -148,6 +148,20 @@ def test_one_process_stopped_in_each_phase_commits_what_it_trained_and_resumes_b
         assert np.array_equal(got, expected)
 
 
+def test_a_step_longer_than_the_grace_period_ends_within_it_saying_what_is_not_committed(tmp_path: Path) -> None:
+    """Steps of 5 s against --grace-period 3: the process ends itself at the grace less its record's margin, before
+    the platform's kill, its class ``preempted_uncommitted`` (the steps it trained are not committed)."""
+    job = Job("run", *HOOKS, *FAST, "--batch-size", "16", "--log-every", "1", "--grace-period", "3", "--job-dir",
+              str(tmp_path), "--", "--sleep", "5")
+    code, took, out = stop(job, r"step [1-9]/32")
+    assert code == 143 and took < 3 + 3, (took, out[-3000:])
+    (record,) = read_records(str(tmp_path), 0)
+    assert record.failure_class == "preempted_uncommitted" and record.exit_code == 143, record
+    assert "was not committed: the restart starts from the first step" in record.message, record.message
+    assert committed(tmp_path / "checkpoints") == []
+    print(f"figure: one JAX process, steps of 5 s, --grace-period 3: ended {took:.1f} s after SIGTERM")
+
+
 def test_the_platforms_notice_in_an_evaluation_commits_the_trained_step_before_the_kill(single: Path,
                                                                                           tmp_path: Path) -> None:
     """GCE's reclaim notice at a random moment of epoch 1's evaluation: step 16 committed at once, the evaluation goes
