@@ -162,6 +162,18 @@ def test_a_step_longer_than_the_grace_period_ends_within_it_saying_what_is_not_c
     print(f"figure: one JAX process, steps of 5 s, --grace-period 3: ended {took:.1f} s after SIGTERM")
 
 
+def test_a_slow_read_is_live_not_hung_and_a_stop_in_it_commits_the_step_before(tmp_path: Path) -> None:
+    """Each batch's read takes 4 s, in parts of 1 s, under --hang-timeout 3: live, not hung. A SIGTERM in the read of
+    step 4 interrupts it (it would hold the stop 4 s): step 3, the newest trained, is committed."""
+    job = Job("run", *HOOKS, "--epochs", "2", "--batch-size", "128", "--log-every", "1", "--hang-timeout", "3",
+              "--job-dir", str(tmp_path), "--", "--rows", "512", "--read-sleep", "1")
+    code, took, out = stop(job, r"step 3/8", 1.5)
+    assert code == 143, out[-3000:]
+    assert [step for step, _ in committed(tmp_path / "checkpoints")] == [3]
+    assert "at step 3 while waiting for the next batch: checkpoint" in last_record(tmp_path)
+    print(f"figure: one JAX process stopped in a read of 4 s: exited {took:.1f} s after SIGTERM")
+
+
 def test_the_platforms_notice_in_an_evaluation_commits_the_trained_step_before_the_kill(single: Path,
                                                                                           tmp_path: Path) -> None:
     """GCE's reclaim notice at a random moment of epoch 1's evaluation: step 16 committed at once, the evaluation goes

@@ -2,7 +2,8 @@
 part of the checkpoint), and ``--sleep`` seconds of host time in every step (a debug callback) so a test can stop it
 mid-epoch. So a test can stop it in the other phases: ``--eval-sleep`` seconds in every evaluation batch, each printing
 ``evaluation batch``; ``--build-sleep`` seconds in ``build_model`` after ``build_model: sleeping``; ``--export-sleep``
-seconds more in the model's ``save`` (the entrypoint's export) after ``export: sleeping``. None changes the math."""
+seconds more in the model's ``save`` (the entrypoint's export) after ``export: sleeping``; ``--read-sleep`` seconds in
+every read of training rows (a slow disk: the loop reads a batch's rows a part at a time). None changes the math."""
 
 from __future__ import annotations
 
@@ -24,13 +25,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eval-sleep", type=float, default=0.0)
     parser.add_argument("--build-sleep", type=float, default=0.0)
     parser.add_argument("--export-sleep", type=float, default=0.0)
+    parser.add_argument("--read-sleep", type=float, default=0.0)
+
+
+class SlowRows(np.ndarray):
+    """An array whose reads of rows by index (the loop's) take ``delay`` seconds each."""
+
+    delay = 0.0
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, np.ndarray):
+            time.sleep(SlowRows.delay)
+        return np.asarray(super().__getitem__(index))
 
 
 def build_datasets(args: argparse.Namespace, ctx: Any) -> tuple[Any, Any]:
     rng = np.random.default_rng(0)
     x = rng.normal(size=(args.rows + 64, 8)).astype("float32")
     y = (x.sum(1) > 0).astype("int32")
-    return (x[:args.rows], y[:args.rows]), (x[args.rows:], y[args.rows:])
+    train_x = x[:args.rows]
+    if args.read_sleep:
+        SlowRows.delay = args.read_sleep
+        train_x = train_x.view(SlowRows)
+    return (train_x, y[:args.rows]), (x[args.rows:], y[args.rows:])
 
 
 def evaluation_pause(seconds: float) -> None:
