@@ -174,10 +174,10 @@ def test_a_slow_read_is_live_not_hung_and_a_stop_in_it_commits_the_step_before(t
     print(f"figure: one JAX process stopped in a read of 4 s: exited {took:.1f} s after SIGTERM")
 
 
-def test_the_platforms_notice_in_an_evaluation_commits_the_trained_step_before_the_kill(single: Path,
-                                                                                          tmp_path: Path) -> None:
-    """GCE's reclaim notice at a random moment of epoch 1's evaluation: step 16 committed at once, the evaluation goes
-    on; the platform's SIGKILL (no signal to save on); the rerun resumes from the notice's checkpoint, bit-exact."""
+def test_the_platforms_notice_in_an_evaluation_commits_the_trained_step_before_the_kill(tmp_path: Path) -> None:
+    """GCE's reclaim notice at a random moment of epoch 1's evaluation: step 16 committed at once, before the
+    evaluation ends; then the platform's SIGKILL (no signal to save on). The same checkpoint as a stop in the
+    evaluation commits, whose resume the stop's test proves bit-exact."""
     args = ("run", *HOOKS, *FAST, "--batch-size", "16", "--job-dir", str(tmp_path))
     with FakeMetadata() as metadata:
         job = Job(*args, "--", "--eval-sleep", "0.5", env={"GCE_METADATA_HOST": metadata.host})
@@ -193,12 +193,7 @@ def test_the_platforms_notice_in_an_evaluation_commits_the_trained_step_before_t
     out = job.output()
     before = out.split("checkpoint of step 16 committed")[0]
     assert "evaluation batch" in before and "epoch 1: " not in before, out[-3000:]  # during the evaluation
-    assert [step for step, _ in committed(tmp_path / "checkpoints")] == [16]
-    rerun = entrypoint(*args)
-    assert rerun.returncode == 0, failure_text(rerun)
-    assert "resumed at step 16 (epoch 0, batch 16)" in rerun.stdout + rerun.stderr
-    for got, expected in zip(weights(tmp_path / "model"), weights(single / "model"), strict=True):
-        assert np.array_equal(got, expected)
+    assert [step for step, _ in committed(tmp_path / "checkpoints")] == [16]  # a resume from it: the stop's test
 
 
 def test_two_processes_stopped_mid_epoch_and_in_an_evaluation_agree_and_resume_bit_exact(reference: Path,
