@@ -8,6 +8,7 @@ holds instead of letting workers die with "Bus error". Nothing here imports an M
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import logging
 import os
@@ -92,11 +93,29 @@ def run_checks(plan: Plan, settings: PlatformSettings, cheap: bool) -> tuple[lis
         found.append(checks.disk(where.free, checkpoint_bytes(outs.checkpoint_dir), outs.checkpoint_dir))
     else:
         found.append(Finding("disk", "skipped", "the chief writes the checkpoints"))
-    if not cheap:
+    if not cheap:  # run refuses a framework it lacks itself, before these (cli.py)
+        found.insert(0, framework_check(plan))
         hosts = [host_of(p.address) for p in plan.topology.training_peers() if p.address]
         found.append(checks.peers(resolvable(hosts)))
         found += fabric_checks(plan, settings)  # run logs the fabric step itself (lifecycle/runner.py)
     return found, cap
+
+
+def framework_check(plan: Plan) -> Finding:
+    """The plan's framework in this Python, with the version of its installed distribution where one is known."""
+    chosen = registry.get(plan.framework)
+    version = None
+    if chosen.installed():
+        version = ""
+        top = chosen.probe.split(".")[0]
+        for dist in (top, f"{top}-cpu"):  # the distribution named after its module (tensorflow-cpu's is tensorflow)
+            try:
+                version = f"({dist} {importlib.metadata.version(dist)})"
+                break
+            except importlib.metadata.PackageNotFoundError:
+                continue
+    script = plan.code is not None and plan.code.kind == "script"
+    return checks.framework(chosen.name, version, registry.installed_here(), registry.where_installed(chosen), script)
 
 
 def fabric_checks(plan: Plan, settings: PlatformSettings) -> list[Finding]:

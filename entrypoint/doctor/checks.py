@@ -291,6 +291,17 @@ def peers(resolved: dict[str, bool | None]) -> Finding:
     return Finding("peers", "ok", f"{count(len(resolved), 'peer host')} resolve")
 
 
+def framework(name: str, version: str | None, here: tuple[str, ...], where: str, script: bool) -> Finding:
+    """The job's framework in this Python (found, never imported): what ``run`` refuses before anything runs (a
+    hooks or module job), or runs with a warning (a script may need nothing of it)."""
+    if version is not None:
+        return Finding("framework", "ok", f"{name} {version} installed in this Python".replace("  ", " "))
+    message = f"{name} is not installed in this Python (installed here: {', '.join(here) or 'none'})"
+    if script:
+        return Finding("framework", "warning", f"{message}; the script runs as it is", fix=where)
+    return Finding("framework", "error", message, fix=where)
+
+
 def image(identity: ImageIdentity) -> Finding:
     """The image this node runs: the digest its job's spec pinned (TRAINER_IMAGE) and its bill of materials' hash.
     Never a warning: a job by tag, or an image without a bill of materials, runs; the line says what is known."""

@@ -11,14 +11,19 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from dataclasses import dataclass
 from typing import Any
 
 from entrypoint.errors import ConfigError
 from entrypoint.jax.framework import parse_mesh
+from entrypoint.outputs import storage
+from entrypoint.outputs.locations import local_path
 from entrypoint.planning.plan import Plan
 
 log = logging.getLogger("entrypoint.jax")
+COMPILE_CACHE = "compile_cache"  # under the job dir (PyTorch's --compile keeps its archive there too)
+MIN_COMPILE_SECONDS = 0.2
 BATCH, MODEL = "batch", "model"  # the mesh's axis names (Keras' DataParallel calls its one axis "batch")
 
 
@@ -46,6 +51,7 @@ def start(plan: Plan) -> Devices:
     logging.getLogger("absl").setLevel(max(logging.WARNING, logging.getLogger("absl").level))
     if not gpus:
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    keep_compiled(jax, plan.outputs.job_dir)
     world = placed.world_size
     if world > 1:
         address = plan.topology.chief_host_port()
@@ -61,6 +67,25 @@ def start(plan: Plan) -> Devices:
     log.info("jax %s: %d device(s) in %d process(es), %d here (%s)", jax.__version__, len(devices.devices),
              devices.process_count, len(devices.local), devices.platform)
     return devices
+
+
+def keep_compiled(jax: Any, job_dir: str) -> str | None:
+    """JAX's persistent compilation cache in ``<job dir>/compile_cache/jax``, so a restarted process (a new
+    container, a fresh disk) loads what an earlier attempt compiled instead of compiling it again: JAX keys each
+    entry by the computation, the devices and its own version, and its first process alone writes an entry (the
+    others read it). A cache the user set (``JAX_COMPILATION_CACHE_DIR``) is kept; a job dir that is a URL without a
+    mount here gets none (JAX writes the cache as files). Compilations under 0.2 s are not kept (every small op's)."""
+    if jax.config.jax_compilation_cache_dir:
+        return None
+    where = local_path(job_dir)
+    if storage.is_remote(where):
+        log.info("compile cache: not kept (the job dir %s is not a file system here)", job_dir)
+        return None
+    folder = os.path.join(where, COMPILE_CACHE, "jax")
+    jax.config.update("jax_compilation_cache_dir", folder)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_SECONDS)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    return folder
 
 
 def mesh_shape(plan: Plan, found: Devices) -> tuple[int, int]:

@@ -327,7 +327,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--ps", type=int, default=0, help="parameter servers (workerpool2)")
     parser.add_argument("--evaluators", type=int, default=0, help="evaluators (workerpool3)")
     parser.add_argument("--trial", help="emulate a hyperparameter-tuning trial with this id")
-    parser.add_argument("--output-dir", default="./outputs", help="the job's base output directory")
+    parser.add_argument("--output-dir", default=None, help="the job's base output directory (default ./outputs, "
+                        "or the replica command's --job-dir)")
     restarts = parser.add_argument_group("when a replica fails (docs/recovery.md)")
     restarts.add_argument("--restart-policy", choices=POLICIES, default=None,
                           help="vertex (default): restart a replica exiting >= 128 in place; job: restart every "
@@ -346,6 +347,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         if "--" in argv or any(a.split("=", 1)[0] in ("--workers", "--ps", "--evaluators") for a in ours):
             raise ConfigError("local", "--spec takes the pools and their args from the file: drop --workers, "
                               "--ps, --evaluators and '-- run ...'")
+        args.output_dir = args.output_dir or "./outputs"
         return args
     if "--" not in argv:
         raise ConfigError("local", "expected '-- run ...' after the local options (or --spec FILE)")
@@ -353,7 +355,23 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         raise ConfigError("local", "--workers must be >= 1; --ps and --evaluators >= 0")
     if not args.command or args.command[0] not in COMMANDS:
         raise ConfigError("local", "the replica command after '--' must start with 'run' or 'describe'")
+    args.output_dir = _output_dir(args.output_dir, args.command)
     return args
+
+
+def _output_dir(given: str | None, command: Sequence[str]) -> str:
+    """``--output-dir``, else the replica command's own ``--job-dir`` (before its ``--``), else ``./outputs``: local
+    sets every replica's ``AIP_*`` directories from it (Vertex's baseOutputDirectory), so a ``run --job-dir`` of its
+    own is taken as the job's, or the model and the job's records would land in two places."""
+    ours = split_user_args(command[1:])[0]
+    named = [ours[i + 1] for i, arg in enumerate(ours[:-1]) if arg == "--job-dir"]
+    named += [arg.split("=", 1)[1] for arg in ours if arg.startswith("--job-dir=")]
+    if not named:
+        return given or "./outputs"
+    if given is not None and _output_base(given) != _output_base(named[-1]):
+        raise ConfigError("local", f"--output-dir {given} and the replica command's --job-dir {named[-1]} name two "
+                          "job dirs: give one (local's --output-dir sets every replica's)")
+    return named[-1]
 
 
 def restart_policy(args: argparse.Namespace, kind: str = "vertex") -> RestartPolicy:

@@ -45,8 +45,8 @@ def test_doctor_here_prints_one_line_a_check_and_imports_no_framework(tmp_path: 
     *lines, imported = proc.stdout.splitlines()
     assert imported == "imported: []"
     assert [LINE.match(line).group(2) for line in lines if LINE.match(line)] == [
-        "shm", "driver", "gpus", "cpus", "network", "nofile", "memlock", "image", "outputs", "disk", "peers",
-        "fabric"], \
+        "framework", "shm", "driver", "gpus", "cpus", "network", "nofile", "memlock", "image", "outputs", "disk",
+        "peers", "fabric"], \
         proc.stdout
     assert not list(tmp_path.iterdir())  # checking the outputs created nothing
     report = json.loads(entrypoint("doctor", "--framework", "pytorch", "--job-dir", str(tmp_path), "--json").stdout)

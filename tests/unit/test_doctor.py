@@ -13,6 +13,7 @@ from entrypoint.cluster.environments.settings import PlatformSettings
 from entrypoint.doctor import checks, facts
 from entrypoint.doctor.checks import GIB, MIB
 from entrypoint.doctor.facts import UNLIMITED, NodeFacts, PathFacts, Space
+from entrypoint.planning import registry
 
 DOCKER_SHM = Space(total=64 * MIB, free=64 * MIB)
 
@@ -252,15 +253,30 @@ def test_doctor_command_lines_json_and_exit_code(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
     assert cli.main(["doctor", "--framework", "pytorch", "--job-dir", str(tmp_path)]) == 2
     lines = capsys.readouterr().out.splitlines()
-    assert [line.split()[1] for line in lines] == ["shm:", "driver:", "gpus:", "cpus:", "network:", "nofile:",
-                                                   "memlock:", "image:", "outputs:", "disk:", "peers:", "fabric:"]
-    assert lines[1].startswith("error   driver: driver 575.57.08 is older than CUDA 13.0 needs (580 or newer)")
-    assert lines[0].startswith("warning shm: /dev/shm has 64 MiB free of 64 MiB (Docker's default)")
+    assert [line.split()[1] for line in lines] == [
+        "framework:", "shm:", "driver:", "gpus:", "cpus:", "network:", "nofile:", "memlock:", "image:", "outputs:",
+        "disk:", "peers:", "fabric:"]
+    assert lines[0].startswith("ok      framework: pytorch (torch ")
+    assert lines[2].startswith("error   driver: driver 575.57.08 is older than CUDA 13.0 needs (580 or newer)")
+    assert lines[1].startswith("warning shm: /dev/shm has 64 MiB free of 64 MiB (Docker's default)")
     assert cli.main(["doctor", "--framework", "pytorch", "--job-dir", str(tmp_path), "--json"]) == 2
     report = json.loads(capsys.readouterr().out)
     assert report["exit_code"] == 2
     by_check = {c["check"]: c for c in report["checks"]}
     assert by_check["driver"]["class"] == "config" and by_check["shm"]["fix"].startswith("docker run --shm-size")
+
+
+@pytest.mark.parametrize(("code", "status"), [(("--module", "trainers.digits_torch"), "error"),
+                                              (("--script", __file__), "warning")])
+def test_doctor_says_what_run_says_of_a_framework_this_python_lacks(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                                                    code: tuple[str, str], status: str) -> None:
+    """A hooks or module job: run's configuration error (exit 2); a script: run's warning (it runs as it is)."""
+    missing = next(name for name in registry.REGISTRY if not registry.get(name).installed())
+    found = cli.main(["doctor", "--framework", missing, *code, "--job-dir", str(tmp_path), "--json"])
+    (check,) = [c for c in json.loads(capsys.readouterr().out)["checks"] if c["check"] == "framework"]
+    assert (check["status"], found) == (status, 2 if status == "error" else 0), check
+    assert check["message"].startswith(f"{missing} is not installed in this Python (installed here: ")
+    assert check["fix"] == registry.where_installed(registry.get(missing))
 
 
 def test_doctor_bad_options_are_one_config_line(capsys: pytest.CaptureFixture[str]) -> None:

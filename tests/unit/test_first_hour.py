@@ -194,6 +194,23 @@ def test_local_on_another_jobs_dir_is_refused_before_any_replica_starts(tmp_path
     assert sorted(p.name for p in tmp_path.rglob("*")) == before  # no ledger of local's, no replica's disk output
 
 
+def test_locals_job_dir_is_the_replica_commands_own_job_dir(tmp_path: Path) -> None:
+    """``local -- run --job-dir D``: the records, ledger and outputs all under D (the replicas' AIP_* dirs too), so
+    local's last line names the replicas' root cause; another --output-dir beside it is one line, nothing started."""
+    proc = subprocess.run([PYTHON, "-m", "entrypoint", "local", "--workers", "2", "--", "run", "--framework",
+                           "pytorch", "--module", "trainers.nonexistent", "--job-dir", str(tmp_path / "job")],
+                          cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == ExitCode.CONFIG
+    assert "--module: cannot find module 'trainers.nonexistent'" in proc.stderr.splitlines()[-1], proc.stderr[-2000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["job"]  # no ./outputs beside it
+    assert len(list((tmp_path / "job" / "failures").glob("*workerpool*.json"))) == 2
+    proc = entrypoint("local", "--output-dir", str(tmp_path / "other"), "--", "run", "--module", "trainers.x",
+                      f"--job-dir={tmp_path / 'job'}")
+    assert proc.returncode == ExitCode.CONFIG and not (tmp_path / "other").exists()
+    assert one_line(proc).startswith(f"local: --output-dir {tmp_path / 'other'} and the replica command's --job-dir "
+                                     f"{tmp_path / 'job'} name two job dirs"), proc.stderr
+
+
 def test_a_worker_on_another_jobs_shared_dir_refuses_at_once(tmp_path: Path) -> None:
     """Each node checks (a shared job dir shows every node the record): a worker does not wait for its chief."""
     recorded(tmp_path, "trainers.digits_torch")
