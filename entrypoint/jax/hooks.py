@@ -20,10 +20,13 @@ import numpy as np
 
 from entrypoint.errors import ConfigError
 from entrypoint.jax.distributed import Devices
+from entrypoint.lifecycle.watchdog import reads
 from entrypoint.options import DEFAULT_BATCH_SIZE, DEFAULT_EPOCHS
 from entrypoint.outputs.staging import Staging
 from entrypoint.planning.plan import Plan
 from entrypoint.planning.usercode import module_default
+
+READ_ROWS = 32  # rows of an array read at a time (each part read is progress for the hang watchdog)
 
 
 @dataclass(frozen=True)
@@ -94,9 +97,21 @@ class Arrays:
         return int(keras.tree.flatten(self.x)[0].shape[0])
 
     def take(self, rows: Any) -> tuple[Any, Any, Any]:
-        """The rows ``rows`` (indices) of every array."""
+        """The rows ``rows`` (indices) of every array, read ``READ_ROWS`` at a time (an array read lazily, such as
+        ``np.memmap`` or ``np.load(..., mmap_mode="r")`` on a network disk, reads them only now): each part read
+        counts as progress for the hang watchdog (``watchdog.reads``), so a slow read that goes on is not a hang."""
+        read = reads()
+
         def pick(a: Any) -> Any:
-            return None if a is None else np.asarray(a)[rows]
+            if a is None:
+                return None
+            source = a if isinstance(a, np.ndarray) else np.asarray(a)
+            out = np.empty((len(rows), *source.shape[1:]), dtype=source.dtype)
+            for start in range(0, len(rows), READ_ROWS):
+                part = rows[start:start + READ_ROWS]
+                out[start:start + len(part)] = source[part]
+                read.value += len(part)
+            return out
         return (keras.tree.map_structure(pick, self.x), pick(self.y),
                 None if self.sample_weight is None else pick(self.sample_weight))
 

@@ -14,7 +14,7 @@ from typing import Any
 from entrypoint.failures import FailureContext
 from entrypoint.lifecycle.runner import run_process
 from entrypoint.planning.plan import Plan
-from entrypoint.planning.usercode import load_hooks, run_script
+from entrypoint.planning.usercode import run_script
 
 log = logging.getLogger("entrypoint.jax")
 
@@ -31,12 +31,11 @@ def run(plan: Plan, ctx: FailureContext) -> int:
     topo, code = plan.topology, plan.require_code()
     log.info("jax: %s, node %d of %d, strategy %s (%s)", topo.role, topo.node_rank or 0, topo.num_nodes,
              plan.strategy, plan.reason)
-    found = distributed.start(plan)
-    if code.kind == "hooks":
-        module = load_hooks(code.target)
+    if code.kind == "hooks":  # its guard answers a stop from before the distributed start on
         from entrypoint.jax.trainer import train
 
-        return train(plan, module, found, ctx)
+        return train(plan, code.target, ctx)
+    found = distributed.start(plan)
     import keras
 
     from entrypoint.jax.data import share_arrays

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
+import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -17,16 +16,14 @@ import keras
 import numpy as np
 
 from entrypoint import failures
-from entrypoint.errors import ExitCode, StopRequested
+from entrypoint.errors import ExitCode
 from entrypoint.jax import distributed
 from entrypoint.jax.checkpoint_io import JaxCheckpointIO, assign_state, model_state
 from entrypoint.jax.data import Share, share_arrays
+from entrypoint.jax.guard import StopGuard
 from entrypoint.jax.hooks import Batches, JaxContext, build_compiled_model, make_context, user_datasets
 from entrypoint.jax.steps import Position, Steps
-from entrypoint.lifecycle import lost_work, recorder
-from entrypoint.lifecycle.recorder import Recorder
-from entrypoint.lifecycle.signals import StopRequest
-from entrypoint.lifecycle.watchdog import HangWatchdog
+from entrypoint.lifecycle import lost_work
 from entrypoint.outputs import goodput
 from entrypoint.outputs.checkpoints import Retention, load_newest
 from entrypoint.outputs.hypertune import MetricReporter
@@ -34,87 +31,70 @@ from entrypoint.outputs.locations import ensure_writable
 from entrypoint.outputs.staging import Staging
 from entrypoint.outputs.summary import TrainingSummary, write_summary
 from entrypoint.planning.plan import Plan
-from entrypoint.planning.usercode import module_default, parse_user_args
+from entrypoint.planning.usercode import load_hooks, module_default, parse_user_args
 
 log = logging.getLogger("entrypoint.jax")
 EXPORT = "model.keras"  # Keras 3's own format: the architecture, the weights, the compile config
+PARTIAL = ".partial-model.keras"  # the export being written (Keras wants the suffix), renamed to EXPORT once whole
 LOAD_WITH = "keras.saving.load_model('<model_dir>/model.keras')"
 
 
-@contextlib.contextmanager
-def stop_signals() -> Iterator[StopRequest]:
-    """While training: SIGTERM and SIGINT set a StopRequest, which the loop answers at the next step boundary."""
-    request = StopRequest().install()
-    try:
-        yield request
-    finally:
-        request.uninstall()
+def train(plan: Plan, target: str, failure_context: failures.FailureContext) -> int:
+    """Join the job's processes, load the hooks, train with them; the chief exports, summarizes and reports. The
+    guard (``guard.py``) holds from before JAX's distributed start to the end, so a stop in any phase is answered."""
+    guard = StopGuard(plan, failure_context)
+    with guard.running():
+        guard.doing("joining the job's processes (jax.distributed.initialize)")
+        found = distributed.start(plan)
+        guard.request.reinstall()  # JAX's preemption notifier took SIGTERM in jax.distributed.initialize
+        guard.doing("loading the hooks module")
+        module = load_hooks(target)
+        args = parse_user_args(module, plan.options.user_args)
+        keras.utils.set_random_seed(plan.options.seed)  # every process alike: Keras refuses differing initial values
+        with Staging(plan.outputs) as staging:
+            return _train(plan, module, args, found, guard, staging)
 
 
-def train(plan: Plan, module: ModuleType, found: distributed.Devices, failure_context: failures.FailureContext) -> int:
-    """Train with the module's hooks; the chief exports, summarizes and reports."""
-    options = plan.options
-    args = parse_user_args(module, options.user_args)
-    keras.utils.set_random_seed(options.seed)  # every process alike: Keras refuses differing initial values
-    watchdog = HangWatchdog(options.hang_timeout, failure_context, options.startup_timeout)
-    watchdog.phase = "starting the training loop"
-    watchdog.start()
-    placed = plan.placed
-    record = recorder.for_training(plan.outputs.job_dir, plan.topology.replica_name, placed.training_rank,
-                                   placed.is_chief)
-    try:
-        with Staging(plan.outputs) as staging, stop_signals() as request:
-            try:
-                code = _train(plan, module, args, found, request, watchdog, staging, record)
-                record.close("finished")
-                return code
-            except BaseException as exc:
-                record.close("stopped" if isinstance(exc, StopRequested) else "failed")
-                raise
-    finally:
-        watchdog.stop()
-
-
-def _train(plan: Plan, module: ModuleType, args: argparse.Namespace, found: distributed.Devices,
-           request: StopRequest, watchdog: HangWatchdog, staging: Staging, record: Recorder) -> int:
-    started, options, out = time.time(), plan.options, plan.outputs
-    record.enter("preparation")
+def _train(plan: Plan, module: ModuleType, args: argparse.Namespace, found: distributed.Devices, guard: StopGuard,
+           staging: Staging) -> int:
+    started, options, out, record = time.time(), plan.options, plan.outputs, guard.record
     replicas = distributed.mesh_shape(plan, found)[0] if plan.strategy != "default" else 1
     ctx = make_context(plan, module, found, replicas, staging)
     if ctx.is_chief:
-        watchdog.phase = "checking the output directories"
+        guard.doing("checking the output directories")
         ensure_writable([out.model_dir, out.checkpoint_dir, out.tensorboard_dir])
     build_layouts = getattr(module, "build_layout_map", None)
     distributed.set_distribution(plan, found, (lambda mesh: build_layouts(mesh, args, ctx))
                                  if callable(build_layouts) else None)
     share_arrays(found.process_index, found.process_count)  # evaluate() gets this process's rows too
-    watchdog.phase = "building the model (build_model)"
+    guard.doing("building the model (build_model)")
     model = build_compiled_model(module, args, ctx)
-    watchdog.phase = "building the datasets (build_datasets)"
+    guard.doing("building the datasets (build_datasets)")
     train_split, evaluation = user_datasets(module, args, ctx)
     share = Share(found.process_index, found.process_count, max(replicas, found.process_count))
     batches = Batches(train_split, ctx.global_batch_size, share, options.seed,
                       bool(module_default(module, "shuffle", True)))
     writer = JaxCheckpointIO(Path(ctx.checkpoint_dir), ctx.is_chief, Retention(options.keep_checkpoints), staging)
-    watchdog.phase = "restoring the newest checkpoint"
+    guard.checkpoints = staging.target("checkpoints")
+    guard.doing("restoring the newest checkpoint")
     with record.phase("restore"):
         at = resume(model, plan, writer, staging, found)
+    guard.trained = at.step
+    guard.committed = at.step or None  # a checkpoint is of a step after the first
     record.restored(at.step)
     record.enter("preparation")
     metric = options.hypertune_metric or getattr(module, "HYPERTUNE_METRIC", None)
     reporter = MetricReporter(ctx.is_chief, ctx.trial, asked=options.hypertune_metric is not None)
     steps = Steps(model=model, ctx=ctx, batches=batches, evaluation=evaluation, writer=writer,
                   target=staging.target("checkpoints"), meta={"framework": "jax", "strategy": plan.strategy},
-                  request=request, watchdog=watchdog, record=record, reporter=reporter, metric=metric,
-                  log_every=options.log_every, checkpoint_every=options.checkpoint_every,
-                  board=tensorboard(ctx) if ctx.is_chief else None)
+                  guard=guard, reporter=reporter, metric=metric, log_every=options.log_every,
+                  checkpoint_every=options.checkpoint_every, board=tensorboard(ctx) if ctx.is_chief else None)
     log.info("training %d epoch(s) of %d steps, global batch %d (%d per replica x %d)", ctx.epochs,
              batches.per_epoch, ctx.global_batch_size, ctx.per_replica_batch_size, ctx.replicas)
     start_step, start_epoch = at.step, at.epoch
-    watchdog.phase = "in the first training step (JAX traces and compiles it)"
+    guard.doing("in the first training step (JAX traces and compiles it)")
     at = steps.run(at)
-    watchdog.stop()
-    record.enter("export")
+    guard.exporting()
     export(model, Path(ctx.model_dir), ctx.is_chief, plan.strategy)
     if ctx.is_chief:
         if steps.board is not None:
@@ -162,7 +142,9 @@ def resume(model: Any, plan: Plan, writer: JaxCheckpointIO, staging: Staging, fo
     assign_state(model, loaded["state"])
     at = Position(epoch=int(head[1]), batch=int(head[2]), step=int(head[3]),
                   history={str(k): [float(x) for x in v] for k, v in (marker.get("history") or {}).items()},
-                  recoveries=list(marker.get("recoveries") or []))
+                  recoveries=list(marker.get("recoveries") or []),
+                  sums={str(k): float(v) for k, v in (marker.get("epoch_sums") or {}).items()},
+                  count=int(marker.get("epoch_count", 0)))
     log.info("resumed at step %d (epoch %d, batch %d)", at.step, at.epoch, at.batch)
     if writer.is_chief:
         reached = marker.get("reached_at")
@@ -176,7 +158,8 @@ def resume(model: Any, plan: Plan, writer: JaxCheckpointIO, staging: Staging, fo
 def export(model: Any, model_dir: Path, is_chief: bool, strategy: str) -> None:
     """``model.keras`` by the chief. Every process saves (Keras makes variables while it saves, and under a
     distribution across processes making one is a collective): the others into a scratch directory removed at
-    once. A model sharded across processes is gathered to host arrays first and saved as an unsharded copy."""
+    once. A model sharded across processes is gathered to host arrays first and saved as an unsharded copy. The file
+    is written under a partial name and renamed: a stop in the export leaves no torn ``model.keras``."""
     weights = None
     if strategy == "model_parallel":
         from entrypoint.jax.checkpoint_io import host_copy
@@ -186,13 +169,15 @@ def export(model: Any, model_dir: Path, is_chief: bool, strategy: str) -> None:
     target = model_dir if scratch is None else scratch
     try:
         target.mkdir(parents=True, exist_ok=True)
+        partial = target / PARTIAL
         if weights is None:
-            model.save(target / EXPORT)
-            return
-        with keras.distribution.DataParallel(devices=[keras.distribution.list_devices()[0]]).scope():
-            copy = keras.models.clone_model(model)
-            copy.set_weights(weights)
-        copy.save(target / EXPORT)
+            model.save(partial)
+        else:
+            with keras.distribution.DataParallel(devices=[keras.distribution.list_devices()[0]]).scope():
+                copy = keras.models.clone_model(model)
+                copy.set_weights(weights)
+            copy.save(partial)
+        os.replace(partial, target / EXPORT)
     finally:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)

@@ -235,6 +235,11 @@ class ProgressAndSteps(tf.keras.callbacks.Callback):
     def on_test_end(self, logs: dict[str, Any] | None = None) -> None:
         self.record.leave()
 
+    def on_test_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        """A validation batch is live, not hung: beat at the last trained step (a long pass is not a hang)."""
+        if self.watchdog is not None:
+            self.watchdog.beat(self.watchdog.step, f"between steps (validating: {batch + 1} validation batches done)")
+
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         """Count the batch and beat the watchdog; print a progress line on the chief every ``log_every`` steps."""
         self.batches += 1

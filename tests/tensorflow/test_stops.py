@@ -192,6 +192,17 @@ def test_a_validation_batch_longer_than_the_grace_period_ends_with_it_saying_wha
     assert committed(job / "checkpoints") == []  # the first epoch's validation: nothing was committed before
 
 
+def test_a_validation_pass_longer_than_the_hang_timeout_is_live_not_hung(tmp_path: Path) -> None:
+    """Each validation batch beats the hang watchdog: a pass of 12 batches of 0.8 s or more (10 s) under a
+    --hang-timeout of 5 s ends the job 0, where a watchdog fed only by training steps ends it 129 (``hang``)."""
+    job = tmp_path / "job"
+    proc = run_job([PYTHON, "-m", "entrypoint", *run_args("--module", SLOW_EVAL, "--job-dir", str(job), "--epochs", "1",
+                                                          "--hang-timeout", "5", "--", "--eval-repeat", "3")],
+                   tmp_path)
+    assert proc.returncode == 0, tail(proc)
+    assert read_records(str(job), 0) == []
+
+
 @pytest.mark.slow
 def test_a_stop_during_the_export_ends_at_once_and_the_restart_exports(tmp_path: Path) -> None:
     job = tmp_path / "job"
