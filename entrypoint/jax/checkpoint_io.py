@@ -88,12 +88,20 @@ class JaxCheckpointIO:
         arrays = model_state(state)
         if self.is_chief:
             local = self.local_dir / path.name
+            # Written whole beside it first: a checkpoint of this step already committed (a notice's, the epoch's
+            # end then saving the same step with its new position) stays until the new one is, never mixed with it
+            partial = self.local_dir / f".partial-{path.name}"
+            shutil.rmtree(partial, ignore_errors=True)
+            partial.mkdir(parents=True)
+            _checkpointer().save(partial / STATE, arrays)
+            commit(partial, meta)
+            check_sizes(partial)
             if local.exists():
-                shutil.rmtree(local)  # a re-run reached the same step: replace, never mix two saves
-            local.mkdir(parents=True)
-            _checkpointer().save(local / STATE, arrays)
-            commit(local, meta)
-            check_sizes(local)
+                replaced = local.rename(self.local_dir / f".replaced-{path.name}")
+                partial.rename(local)
+                shutil.rmtree(replaced, ignore_errors=True)
+            else:
+                partial.rename(local)
             final: Location = self.staging.push_checkpoint(local) if self.staging is not None else local
             self.retention.verified(final)
             self.retention.prune(final.parent)
