@@ -42,8 +42,10 @@ class Devices:
         return self.process_count
 
 
-def start(plan: Plan) -> Devices:
-    """Join the job's other processes (no-op alone) and return the devices; bounded by ``--timeout``."""
+def start(plan: Plan, own_stops: bool = False) -> Devices:
+    """Join the job's other processes (no-op alone) and return the devices; bounded by ``--timeout``. ``own_stops``
+    (the hooks loop, which answers SIGTERM itself in every phase): JAX's preemption service, whose notifier would take
+    SIGTERM from the start on, is not started (a script keeps it: Orbax's preemption checkpoints use it)."""
     import jax
 
     placed, gpus = plan.placed, plan.gpus_per_node
@@ -52,6 +54,8 @@ def start(plan: Plan) -> Devices:
     if not gpus:
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
     keep_compiled(jax, plan.outputs.job_dir)
+    if own_stops:
+        jax.config.update("jax_enable_preemption_service", False)
     world = placed.world_size
     if world > 1:
         address = plan.topology.chief_host_port()

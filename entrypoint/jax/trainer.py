@@ -45,8 +45,8 @@ def train(plan: Plan, target: str, failure_context: failures.FailureContext) -> 
     guard = StopGuard(plan, failure_context)
     with guard.running():
         guard.doing("joining the job's processes (jax.distributed.initialize)")
-        found = distributed.start(plan)
-        guard.request.reinstall()  # JAX's preemption notifier took SIGTERM in jax.distributed.initialize
+        found = distributed.start(plan, own_stops=True)
+        guard.request.reinstall()  # ours again, should anything of JAX's have taken SIGTERM meanwhile
         guard.doing("loading the hooks module")
         module = load_hooks(target)
         args = parse_user_args(module, plan.options.user_args)
