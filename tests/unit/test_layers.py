@@ -241,7 +241,7 @@ def _calls_in(path: Path, cls: str, method: str) -> set[str]:
 
 def test_every_checkpoint_writers_load_is_reached_from_resume() -> None:
     pytorch = PACKAGE / "pytorch" / "checkpoints"
-    assert "self._format().load" in _calls_in(pytorch / "resume.py", "LoopCheckpoints", "load")
+    assert "self.format.load" in _calls_in(pytorch / "resume.py", "LoopCheckpoints", "load")
     replicated = _calls_in(pytorch / "formats.py", "ReplicatedFormat", "load")
     sharded = _calls_in(pytorch / "formats.py", "ShardedFormat", "load")
     assert "self.io.load" in replicated and "self.io.load" in sharded  # each format's own writer

@@ -31,6 +31,7 @@ from entrypoint.outputs.storage import Location, RemotePath, StorageError
 
 log = logging.getLogger("entrypoint.pytorch")
 STATE_FILE = "state.pt"
+MODES = ("async", "sync")  # --checkpoint-mode: written in the writer's thread, or in the training thread
 LOAD_WITH = 'torch.load("<checkpoint>/state.pt", weights_only=False)["model"]'
 
 
@@ -129,7 +130,10 @@ class BackgroundWriter:
     daemon: the process's exit waits for it), whose failure is raised at the next ``check`` (every step boundary)
     or ``wait``; how long training was blocked and how long writes took; the retention of committed checkpoints."""
 
-    def __init__(self, keep: int) -> None:
+    def __init__(self, keep: int, mode: str) -> None:
+        if mode not in MODES:
+            raise ValueError(f"checkpoint mode {mode!r}: one of {', '.join(MODES)}")
+        self.mode, self.background = mode, mode == "async"
         self.retention = checkpoints.Retention(keep)
         self.blocked_seconds = 0.0
         self.write_seconds = 0.0
@@ -167,9 +171,8 @@ class ReplicatedCheckpointIO(BackgroundWriter):
     """The whole state in one file, ``state.pt``, written by the chief: inline (``--checkpoint-mode sync``), or
     copied into host buffers in the training thread and written, committed and pruned in the background (async)."""
 
-    def __init__(self, keep: int, background: bool = True) -> None:
-        super().__init__(keep)
-        self.background = background
+    def __init__(self, keep: int, mode: str = "async") -> None:
+        super().__init__(keep, mode)
         self._host = HostBuffers()
 
     def save(self, path: Location, state: dict[str, Any], meta: dict[str, Any]) -> None:
@@ -231,4 +234,4 @@ class ReplicatedCheckpointIO(BackgroundWriter):
 
 def make_io(mode: str, keep: int) -> checkpoints.CheckpointWriter:
     """The replicated checkpoint I/O for ``--checkpoint-mode`` (mypy checks that it implements the interface)."""
-    return ReplicatedCheckpointIO(keep, background=mode == "async")
+    return ReplicatedCheckpointIO(keep, mode)

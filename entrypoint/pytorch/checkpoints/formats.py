@@ -39,14 +39,22 @@ class ReplicatedFormat:
     """``state.pt``, written by the chief alone."""
 
     name = "replicated"
+    sharded = False  # the marker's ``sharded``
     collective = False  # the chief saves, and picks and loads alone before the others load its choice
 
-    def __init__(self, io: ReplicatedCheckpointIO, device: torch.device) -> None:
-        self.io, self.device = io, device
+    def __init__(self, io: ReplicatedCheckpointIO, device: torch.device, is_chief: bool) -> None:
+        self.io, self.device, self.is_chief = io, device, is_chief
+
+    @classmethod
+    def for_mode(cls, mode: str, keep: int, device: torch.device, is_chief: bool) -> ReplicatedFormat:
+        """The format whose writer writes as ``--checkpoint-mode`` says (``checkpoint_io.MODES``)."""
+        return cls(ReplicatedCheckpointIO(keep, mode), device, is_chief)
 
     def save(self, path: Location, state: TrainState, extra: dict[str, Any], meta: dict[str, Any]) -> None:
-        """The whole model and optimizer with ``extra`` (position, history, RNG of every rank), by the chief."""
-        self.io.save(path, {**replicated_payload(state.model, state.optimizer), **extra}, meta)
+        """The whole model and optimizer with ``extra`` (position, history, RNG of every rank), by the chief (the
+        others write nothing)."""
+        if self.is_chief:
+            self.io.save(path, {**replicated_payload(state.model, state.optimizer), **extra}, meta)
 
     def load(self, path: Location, state: TrainState) -> dict[str, Any]:
         """A committed checkpoint of either format into the replicated model and optimizer; what else it holds."""
@@ -70,10 +78,17 @@ class ShardedFormat:
     """torch.distributed.checkpoint shards, written by every rank; the chief commits them all."""
 
     name = "sharded"
+    sharded = True
     collective = True  # every rank saves its shards and takes part in every load
 
     def __init__(self, io: ShardedCheckpointIO) -> None:
         self.io = io
+
+    @classmethod
+    def for_mode(cls, mode: str, keep: int, rank: int, timeout: float, cuda: bool) -> ShardedFormat:
+        """The format whose writer (over a gloo group of its own, made now by every rank) writes as
+        ``--checkpoint-mode`` says (``checkpoint_io.MODES``)."""
+        return cls(ShardedCheckpointIO(keep, rank, mode, timeout, cuda))
 
     def save(self, path: Location, state: TrainState, extra: dict[str, Any], meta: dict[str, Any]) -> None:
         """This rank's shards of the model and optimizer; ``extra`` goes into the chief's ``extra.pt``."""

@@ -28,52 +28,42 @@ from entrypoint.pytorch.state import TrainState
 log = logging.getLogger("entrypoint.pytorch")
 
 
+def extra(state: TrainState, world_size: int) -> dict[str, Any]:
+    """Everything but the model's and optimizer's tensors: position, history, scheduler, world size."""
+    return {
+        "scheduler": state.scheduler.state_dict() if state.scheduler is not None else None,
+        "step": state.step, "epoch": state.epoch, "batch": state.batch, "sample": state.sample,
+        "world_size": world_size, "history": state.history, "recoveries": state.recoveries,
+        "metrics": state.metrics, "skipped": state.skipped,
+    }
+
+
+def live_state(state: TrainState, world_size: int) -> dict[str, Any]:
+    """Everything a rank needs to continue from a replicated ``state`` (sent live to a healed rank)."""
+    return {**replicated_payload(state.model, state.optimizer), **extra(state, world_size)}
+
+
 class LoopCheckpoints:
     """Saves through the layout's checkpoint format and resumes every rank from the chief's choice."""
 
-    def __init__(self, plan: Plan, comm: Collectives, ctx: HookContext) -> None:
-        self.plan, self.comm, self.ctx = plan, comm, ctx
-        self.format: CheckpointFormat | None = None  # the layout's, once the model is placed (``use``)
-        self._idle = BackgroundWriter(plan.options.keep_checkpoints)  # nothing written before that
-        self.batch_size = 1  # set by the loop: the per-rank batch size (to read an older checkpoint's position)
-
-    def use(self, layout_format: CheckpointFormat) -> None:
-        """Save and load in ``layout_format`` (the parallel layout's, chosen once the model exists)."""
-        self.format = layout_format
+    def __init__(self, plan: Plan, comm: Collectives, ctx: HookContext, layout_format: CheckpointFormat,
+                 batch_size: int) -> None:
+        self.plan, self.comm, self.ctx, self.format = plan, comm, ctx, layout_format
+        self.batch_size = batch_size  # per rank (to read an older checkpoint's position)
 
     @property
     def io(self) -> BackgroundWriter:
         """The format's writer (``wait``, ``check``, the seconds it blocked and wrote)."""
-        return self.format.io if self.format is not None else self._idle
+        return self.format.io
 
     def close(self) -> None:
         """The write in flight committed, the writer's buffers released (the training's end)."""
-        if self.format is not None:
-            self.format.close()
-
-    def _format(self) -> CheckpointFormat:
-        if self.format is None:
-            raise RuntimeError("no checkpoint format before the model is placed")
-        return self.format
-
-    def extra(self, state: TrainState) -> dict[str, Any]:
-        """Everything but the model's and optimizer's tensors: position, history, scheduler, world size."""
-        return {
-            "scheduler": state.scheduler.state_dict() if state.scheduler is not None else None,
-            "step": state.step, "epoch": state.epoch, "batch": state.batch, "sample": state.sample,
-            "world_size": self.ctx.world_size, "history": state.history, "recoveries": state.recoveries,
-            "metrics": state.metrics, "skipped": state.skipped,
-        }
-
-    def payload(self, state: TrainState) -> dict[str, Any]:
-        """Everything a rank needs to continue from a replicated ``state`` (sent live to a healed rank)."""
-        return {**replicated_payload(state.model, state.optimizer), **self.extra(state)}
+        self.format.close()
 
     def save(self, state: TrainState, alone: bool = False) -> None:
         """Every rank gives its RNG state; the format's writers save (the chief, or every rank its shards).
         ``alone``: the chief of a replicated model saves with no collective (a peer may be inside one, or gone),
         with only its own RNG state (every step reseeds every generator: ``state.reseed``)."""
-        layout = self._format()
         if alone:
             rngs = [rng.rng_state() if r == self.ctx.rank else None for r in range(self.ctx.world_size)]
         else:
@@ -82,14 +72,13 @@ class LoopCheckpoints:
         path = checkpoints.checkpoint_path(self.ctx.checkpoint_dir, state.step)
         meta = {"step": state.step, "epoch": state.epoch, "batch": state.batch, "sample": state.sample,
                 "framework": self.plan.framework, "reached_at": lost_work.reached_at(),
-                "world_size": self.ctx.world_size, "sharded": layout.name == "sharded"}
-        if layout.collective or self.ctx.is_chief:
-            layout.save(path, state, {**self.extra(state), "rng": rngs}, meta)
+                "world_size": self.ctx.world_size, "sharded": self.format.sharded}
+        self.format.save(path, state, {**extra(state, self.ctx.world_size), "rng": rngs}, meta)
 
     def resume(self, state: TrainState) -> bool:
         """The chief picks the checkpoint (the newest that verifies and loads) and tells every rank what it cost;
         whether one was loaded (the same answer on every rank)."""
-        collective = self._format().collective
+        collective = self.format.collective
         choice: tuple[str | None, tuple[str, str] | None, dict[str, Any] | None] = (None, None, None)
         if self.ctx.is_chief:
             try:
@@ -123,7 +112,7 @@ class LoopCheckpoints:
 
     def _loader(self, state: TrainState) -> Callable[[Location], None]:
         """How the chief tries a candidate: alone (a replicated format), or with every rank (a collective one)."""
-        if not self._format().collective:
+        if not self.format.collective:
             return lambda path: self.load(path, state)
 
         def attempt(path: Location) -> None:
@@ -164,7 +153,7 @@ class LoopCheckpoints:
     def load(self, path: Location, state: TrainState) -> None:
         """A committed checkpoint of either format into ``state``, through the format (this rank's RNG too, at the
         same world size)."""
-        saved = self._format().load(path, state)
+        saved = self.format.load(path, state)
         adopt_position(state, saved, self.batch_size * saved.get("world_size", self.ctx.world_size))
         state.saved_step = state.step
         saved_world, rngs = saved.get("world_size"), saved.get("rng") or []

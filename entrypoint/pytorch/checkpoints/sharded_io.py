@@ -119,9 +119,9 @@ def _digest(path: Path) -> dict[str, Any]:
 class ShardedCheckpointIO(BackgroundWriter):
     """Every rank saves its shards (in the background by default); the chief commits the marker last."""
 
-    def __init__(self, keep: int, rank: int, background: bool, timeout: float, cuda: bool) -> None:
-        super().__init__(keep)
-        self.rank, self.background, self.cuda = rank, background, cuda
+    def __init__(self, keep: int, rank: int, mode: str, timeout: float, cuda: bool) -> None:
+        super().__init__(keep, mode)
+        self.rank, self.cuda = rank, cuda
         self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout))  # every rank, once
         # Kept for the whole run: its staging buffers are reused from one save to the next.
         self.stager = self._new_stager()
