@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -165,8 +166,9 @@ def _run(options: RunOptions, ctx: failures.FailureContext) -> int:
     ctx.replica = topology.replica_name
     plan = make_plan(topology, options, settings, detect_gpu_count(settings.cuda_visible_devices))
     describe_failures(ctx, plan)
-    registry.require_installed(registry.get(plan.framework), "--framework" if options.framework else
-                               ev.TRAINER_FRAMEWORK)
+    script = plan.code is not None and plan.code.kind == "script"
+    missing = registry.require_installed(registry.get(plan.framework),
+                                         "--framework" if options.framework else ev.TRAINER_FRAMEWORK, script=script)
     refused = jobrecord.refusal(plan.outputs.job_dir, plan.framework, plan.code)  # another job's dir
     if refused is not None:
         ctx.job_dir = refused_records()  # that job's failures/ are its own
@@ -175,6 +177,8 @@ def _run(options: RunOptions, ctx: failures.FailureContext) -> int:
                                 registry.get(plan.framework).prefixed_output)
     os.environ[ev.TRAINER_LOG_FORMAT] = log_format  # every process of the run writes the same format
     setup_logging(fmt=log_format, trial=plan.topology.trial)
+    if missing:
+        logging.getLogger("entrypoint").warning("%s", missing)
     from entrypoint.doctor import preflight
 
     refuse_if_in_use(plan, ctx)  # "in use by another live job" says more than what that job did to the dir

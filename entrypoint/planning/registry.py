@@ -208,14 +208,19 @@ def where_installed(framework: Framework) -> str:
             f". {venv}/bin/activate)")
 
 
-def require_installed(framework: Framework, source: str) -> None:
+def require_installed(framework: Framework, source: str, script: bool = False) -> str | None:
     """A framework this Python cannot import is a configuration error saying where it is installed (``run``: a
-    plain interpreter would otherwise fail inside the launcher's first import, as the user's code)."""
+    plain interpreter would otherwise fail inside the launcher's first import, as the user's code). A script runs as
+    it is (it may need nothing of the framework: the launcher only sets its variables): then the same words come
+    back as a warning to log."""
     if framework.installed():
-        return
+        return None
     here = ", ".join(installed_here()) or "none"
-    raise ConfigError(source, f"{framework.name} is not installed in this Python ({sys.executable}; installed here: "
-                      f"{here}): {where_installed(framework)}")
+    why = (f"{framework.name} is not installed in this Python ({sys.executable}; installed here: {here}): "
+           f"{where_installed(framework)}")
+    if script:
+        return f"{source}: {why}; the script runs as it is (an import of {framework.probe} in it will fail)"
+    raise ConfigError(source, why)
 
 
 def serving(role: str) -> tuple[Framework, ...]:

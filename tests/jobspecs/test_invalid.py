@@ -289,7 +289,7 @@ def test_a_real_process_exits_2_with_one_line() -> None:
 
 
 @pytest.mark.parametrize(("argv", "expected"), [
-    (["vertex", "--image", TORCH_IMAGE, "--framework"], "(choose --framework pytorch|tensorflow|horovod)"),
+    (["vertex", "--image", TORCH_IMAGE, "--framework"], "(choose --framework pytorch|tensorflow|horovod|jax)"),
     (["kubeflow", "--image", TORCH_IMAGE], "(choose --kind pytorchjob|tfjob|trainjob)"),
 ])
 def test_a_missing_choice_lists_the_choices(capsys: pytest.CaptureFixture[str], argv: list[str],

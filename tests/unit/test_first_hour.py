@@ -103,6 +103,22 @@ def test_a_framework_this_python_lacks_is_a_config_error_saying_where_it_is(tmp_
     assert f"run in the {name} image, or on a checkout in .venv/{name} (make venv-{name}" in last
 
 
+def test_a_script_runs_as_it_is_with_a_warning_naming_where_its_framework_is(tmp_path: Path) -> None:
+    """A script may need nothing of the framework (the launcher only sets its variables: the job specs' round trips
+    run a probe script under every framework): it runs, after one warning with the same words."""
+    if registry.get("tensorflow").installed():  # its launcher sets TF_CONFIG for a script and imports nothing of it
+        pytest.skip("TensorFlow is installed in this Python")
+    missing = ["tensorflow"]
+    script = tmp_path / "probe.py"
+    script.write_text("print('the script ran')\n")
+    proc = entrypoint("run", "--framework", missing[0], "--script", str(script), "--job-dir", str(tmp_path / "job"))
+    assert proc.returncode == ExitCode.OK, proc.stderr
+    assert "the script ran" in proc.stdout
+    out = proc.stdout + proc.stderr
+    warned = [line for line in out.splitlines() if "is not installed in this Python" in line]
+    assert len(warned) == 1 and "WARNING" in warned[0] and "the script runs as it is" in warned[0], out
+
+
 def test_a_plain_interpreter_gets_the_same_line_not_a_traceback(tmp_path: Path) -> None:
     """``python -S``: no site-packages, so no framework at all (a newcomer's system Python)."""
     env = subprocess_env()
