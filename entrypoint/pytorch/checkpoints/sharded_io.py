@@ -19,7 +19,6 @@ its own files; loading downloads the checkpoint once per process. The checkpoint
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
 import logging
 import os
@@ -41,7 +40,6 @@ from entrypoint.pytorch.checkpoints.checkpoint_io import BackgroundWriter, outpu
 log = logging.getLogger("entrypoint.pytorch")
 EXTRA_FILE = "extra.pt"
 METADATA_FILE = ".metadata"
-_CHUNK = 1 << 20
 warnings.filterwarnings("ignore", message="Detected an existing checkpoint in", category=UserWarning)
 
 
@@ -105,14 +103,6 @@ def disk_error(exc: BaseException) -> BaseException | None:
         if isinstance(inner, OSError) and inner.errno is not None:
             return inner
     return None
-
-
-def _digest(path: Path) -> dict[str, Any]:
-    sha = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(_CHUNK):
-            sha.update(chunk)
-    return {"size": path.stat().st_size, "sha256": sha.hexdigest()}
 
 
 class ShardedCheckpointIO(BackgroundWriter):
@@ -200,7 +190,7 @@ class ShardedCheckpointIO(BackgroundWriter):
         a string saying what failed otherwise."""
         try:
             root = Path(str(target))
-            found = {p.name: _digest(p) for p in sorted(root.iterdir())
+            found = {p.name: checkpoints.file_digest(p) for p in sorted(root.iterdir())
                      if p.name.startswith(f"__{self.rank}_") or (self.is_chief and p.name == METADATA_FILE)}
             if local is not None and isinstance(path, RemotePath):
                 storage.upload_tree(local, path)  # its private directory holds this rank's files only

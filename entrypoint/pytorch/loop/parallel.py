@@ -21,7 +21,6 @@ training summary say which and why.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
 import os
 from collections.abc import Callable, Iterable
@@ -223,11 +222,7 @@ class Sharded:
 
     def digest(self, model: nn.Module) -> str:
         """A digest of this rank's shards (ranks hold different shards: compare one rank across runs)."""
-        h = hashlib.sha256()
-        for p in model.parameters():
-            local = p.to_local() if hasattr(p, "to_local") else p
-            h.update(local.detach().float().cpu().numpy().tobytes())
-        return h.hexdigest()[:16]
+        return param_digest(model)
 
 
 def compile_forward(unit: nn.Module) -> None:
