@@ -8,6 +8,8 @@ and every rule it states names the test that keeps it.
   module of the package and no module it lacks (the frameworks' row: every module it names, in each framework).
 - The floors of a grouped package: the groups ``test_layers.py`` checks (``GROUPS``), in order, each with every
   module of its group and no other.
+- Every class (a capitalised name in backticks: ``StepGuard``, ``LoopCheckpoints``) is defined or named in the
+  repository's Python (``entrypoint/``, ``images/``, ``tests/``, ``bench/``), bar the outside ones it explains.
 - "Rules the code keeps": every rule names a test file (or ``tests/...py::name``) that exists.
 """
 
@@ -28,6 +30,9 @@ NOT_IN_THE_TREE = {".build/images.mk", "job.json", "gs://"}
 # Rows of "The tree" whose packages the map describes elsewhere (their own floors, or "Who owns what")
 DESCRIBED_ELSEWHERE = {"doctor/", "jobs/", "local/"}
 FRAMEWORKS_LAYER = 6
+CLASSLIKE = re.compile(r"`([A-Z][a-z]+(?:[A-Z][A-Za-z]*)?)`")  # a class: not a variable (``RANK``)
+# Classes of other projects the map explains (torch's C++ allreduce work held by a thread at exit)
+OUTSIDE_CLASSES = {"AsyncAllreduceWork"}
 
 
 def text() -> str:
@@ -77,6 +82,15 @@ def test_every_path_the_map_names_exists() -> None:
     assert len(named) > 100, "the pattern finds the map's paths"
     missing = [path for path in named if not exists(path)]
     assert not missing, f"docs/ARCHITECTURE.md names paths that are not in the tree: {missing}"
+
+
+def test_every_class_the_map_names_exists() -> None:
+    named = set(CLASSLIKE.findall(text())) - OUTSIDE_CLASSES
+    assert len(named) > 20, "the pattern finds the map's classes"
+    source = "\n".join(p.read_text() for top in ("entrypoint", "images", "tests", "bench")
+                       for p in (ROOT / top).rglob("*.py"))
+    missing = sorted(name for name in named if not re.search(rf"\b{name}\b", source))
+    assert not missing, f"docs/ARCHITECTURE.md names classes the code does not have: {missing}"
 
 
 def test_the_tree_gives_the_layers_the_layer_rule_checks() -> None:
