@@ -137,14 +137,14 @@ def eval_step(model: nn.Module, batch: Any, ctx: Any) -> dict[str, torch.Tensor]
 def measured_export(model: nn.Module, model_dir: Path, ctx: Any) -> dict[str, Any]:
     """The entrypoint's own export of ``model`` (every rank of a sharded model takes part); what it cost this
     process: its peak resident set's rise over the resident set before, next to the largest and all tensors."""
-    from entrypoint.pytorch.loop.export import export_model
+    from entrypoint.pytorch.loop.export import SHARDS, WHOLE, export_model
 
     sharded = any(hasattr(p, "full_tensor") for p in model.parameters())
     sizes = [v.numel() * v.element_size() for v in model.state_dict().values()]  # global shapes
     reset = reset_peak()
     before = status_mib("VmRSS")
     started = time.perf_counter()
-    export_model(model, model_dir, None, ctx, sharded=sharded)
+    export_model(model, model_dir, None, ctx, SHARDS if sharded else WHOLE)
     seconds = time.perf_counter() - started
     return {"export_rise_mib": status_mib("VmHWM") - before if reset else None, "export_rss_before_mib": before,
             "export_seconds": seconds, "largest_tensor_mib": max(sizes) / MIB, "tensors_mib": sum(sizes) / MIB,

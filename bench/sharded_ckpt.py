@@ -81,9 +81,8 @@ class Saves:
         self.root, self.rank = root, dist.get_rank()
         self.sharded, self.sharded_opt, self.ddp, self.ddp_opt = sharded, sharded_opt, ddp, ddp_opt
         timeout = 600.0
-        self.ours = {"sync": ShardedCheckpointIO(1, self.rank, False, timeout, cuda),
-                     "async": ShardedCheckpointIO(1, self.rank, True, timeout, cuda)}
-        self.replicated = ReplicatedCheckpointIO(1, background=True)
+        self.ours = {mode: ShardedCheckpointIO(1, self.rank, mode, timeout, cuda) for mode in ("sync", "async")}
+        self.replicated = ReplicatedCheckpointIO(1, "async")
         self.dcp_group = dist.new_group(backend="gloo")
         self.count = 0
         self.seconds: dict[str, list[tuple[float, float]]] = {}

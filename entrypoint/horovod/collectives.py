@@ -53,12 +53,13 @@ class HorovodCollectives:
         self.world_size = hvd.size()
 
     def broadcast_object(self, value: Any) -> Any:
-        """Rank 0's value everywhere."""
-        return hvd.broadcast_object(value, root_rank=0)
+        """Rank 0's value everywhere. One name on every rank: Horovod pairs ranks' operations by name, and its default
+        is the value's type (rank 0's ``Picked`` and another rank's ``None`` would never meet)."""
+        return hvd.broadcast_object(value, root_rank=0, name="entrypoint.broadcast_object")
 
     def gather_object(self, value: Any) -> list[Any]:
-        """All ranks' values, in rank order."""
-        return list(hvd.allgather_object(value))
+        """All ranks' values, in rank order (one name on every rank, as ``broadcast_object``)."""
+        return list(hvd.allgather_object(value, name="entrypoint.gather_object"))
 
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sum over ranks."""

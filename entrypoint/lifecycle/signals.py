@@ -148,6 +148,17 @@ class StopRequest:
         finally:
             self.region, self._patience, self._held_since = previous
 
+    @contextlib.contextmanager
+    def uninterrupted(self) -> Iterator[None]:
+        """Within the block no stop raises ``Interrupted`` (a wait that must end: a write's commit before a failure's
+        last line); the region before it is restored after, and a stop that came meanwhile counts from then on."""
+        previous = (self.region, self._patience, self._held_since)
+        try:
+            self.region = None
+            yield
+        finally:
+            self.region, self._patience, self._held_since = previous
+
     def nudge(self) -> None:
         """From another thread: signal the main thread again once a region has held a stop past its patience (a
         stop that came before the region, or a wait that outlasted the patience)."""

@@ -82,8 +82,10 @@ def eval_step_from_loss(compute_loss: Callable[..., torch.Tensor]) -> Callable[.
 
 
 def param_digest(model: nn.Module) -> str:
-    """A digest of every parameter's bytes: equal on every rank when replicas are in sync."""
+    """A digest of every parameter's bytes on this rank (a sharded parameter's local shard): equal on every rank when
+    replicas are in sync."""
     h = hashlib.sha256()
     for p in model.parameters():
-        h.update(p.detach().float().cpu().numpy().tobytes())
+        local = p.to_local() if hasattr(p, "to_local") else p
+        h.update(local.detach().float().cpu().numpy().tobytes())
     return h.hexdigest()[:16]

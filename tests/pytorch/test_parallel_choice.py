@@ -47,6 +47,20 @@ def test_a_forced_strategy_wins_and_a_single_process_has_nothing_to_shard() -> N
     assert parallel.choose("horovod", False, 10**12, GIB, 2, 2, 1, HOROVOD).name == "horovod"
 
 
+@pytest.mark.parametrize(("world", "nodes", "local", "expected"), [
+    (4, 2, 2, "hsdp"),  # two nodes of two processes: replicated across, sharded within
+    (2, 1, 2, "fsdp"),  # one node: one way to shard
+    (2, 2, 1, "fsdp"),  # nodes of one process: nothing to shard within a node
+    (6, 2, 2, "fsdp"),  # ranks that are not nodes x processes per node: no 2-D mesh
+])
+def test_hsdp_that_cannot_be_is_fsdp_in_the_choice_itself(world: int, nodes: int, local: int, expected: str) -> None:
+    """The choice is final: the layout built from it shards as it says (the summary's strategy is the mesh's)."""
+    choice = parallel.choose("hsdp", True, 10, 80 * GIB, world, nodes, local, PYTORCH)
+    assert choice.name == expected
+    assert choice.reason == ("--strategy hsdp" if expected == "hsdp" else
+                             "--strategy hsdp; HSDP needs several nodes of several processes: FSDP")
+
+
 def test_the_default_units_are_the_repeated_blocks_and_a_hook_naming_others_is_one_line() -> None:
     model = GPT(vocab=64, block=16, width=32, layers=3, heads=2)
     assert parallel.default_units(model) == list(model.blocks)

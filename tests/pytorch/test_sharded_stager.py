@@ -42,7 +42,7 @@ model = parallel.Sharded(parallel.Choice("fsdp", "test"), torch.device("cpu"), 1
 optimizer = torch.optim.AdamW(model.parameters())
 model(torch.randn(2, 4)).sum().backward()
 optimizer.step()
-io = ShardedCheckpointIO(1, 0, True, 60, False)
+io = ShardedCheckpointIO(1, 0, "async", 60, False)
 for step in (1, 2, 3):
     meta = {"step": step, "epoch": 0, "batch": step, "sample": step, "framework": "pytorch", "world_size": 1,
             "sharded": True}

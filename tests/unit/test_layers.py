@@ -13,6 +13,7 @@
   bar the names an outside API fixes (``FRAMEWORK_NAMES_ALLOWED``, each with its reason).
 - Every checkpoint writer's ``load`` is reached from resume: ``LoopCheckpoints.load`` loads through the format, and
   each format's ``load`` through its writers' readers.
+- The hooks loop and the resume policy hold no test of the parallel layout (decided once: ``layout.py``).
 """
 
 from __future__ import annotations
@@ -241,7 +242,7 @@ def _calls_in(path: Path, cls: str, method: str) -> set[str]:
 
 def test_every_checkpoint_writers_load_is_reached_from_resume() -> None:
     pytorch = PACKAGE / "pytorch" / "checkpoints"
-    assert "self._format().load" in _calls_in(pytorch / "resume.py", "LoopCheckpoints", "load")
+    assert "self.format.load" in _calls_in(pytorch / "resume.py", "LoopCheckpoints", "load")
     replicated = _calls_in(pytorch / "formats.py", "ReplicatedFormat", "load")
     sharded = _calls_in(pytorch / "formats.py", "ShardedFormat", "load")
     assert "self.io.load" in replicated and "self.io.load" in sharded  # each format's own writer
@@ -255,6 +256,56 @@ def test_every_checkpoint_writers_load_is_reached_from_resume() -> None:
         reached = {call.rsplit(".", 1)[-1] for call in replicated | sharded
                    if call.count(".") and call.split(".")[-2] in ("io", cls)}
         assert loads <= reached, f"{cls}: {sorted(loads - reached)} not reached from a format's load"
+
+
+# docs/ARCHITECTURE.md, "Rules the code keeps": the layout is decided once; these modules read its facts, never test it
+LAYOUT_BLIND = ("pytorch/loop/trainer.py", "pytorch/loop/evaluation.py", "pytorch/checkpoints/resume.py")
+LAYOUT_CLASSES = {"Replicated", "Sharded", "ReplicatedFormat", "ShardedFormat", "Layout", "Choice"}
+LAYOUT_FACTS = {"collective", "sharded", "choice", "every_rank"}  # attributes that would say which layout it is
+LAYOUT_NAMES = {"default", "ddp", "fsdp", "hsdp", "horovod", "replicated", "sharded"}  # strategies', formats' names
+
+
+def layout_tests(tree: ast.AST) -> list[tuple[int, str]]:
+    """Every test of the layout in a source: ``isinstance`` of a layout or format class, and a condition (``if``,
+    ``while``, ``assert``, a conditional expression, a comparison or boolean operation) that reads a format's
+    ``collective`` or ``sharded``, a layout's ``choice``, a name of a layout class, or compares with a strategy's or
+    format's name."""
+    found: list[tuple[int, str]] = []
+    conditions: list[ast.AST] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "isinstance" and \
+                len(node.args) == 2 and {n.id if isinstance(n, ast.Name) else n.attr for n in ast.walk(node.args[1])
+                                         if isinstance(n, (ast.Name, ast.Attribute))} & LAYOUT_CLASSES:
+            found.append((node.lineno, "isinstance"))
+        if isinstance(node, (ast.If, ast.While, ast.IfExp, ast.Assert)):
+            conditions.append(node.test)
+        elif isinstance(node, (ast.Compare, ast.BoolOp)):
+            conditions.append(node)
+        elif isinstance(node, ast.comprehension):
+            conditions.extend(node.ifs)
+    for condition in conditions:
+        for part in ast.walk(condition):
+            if isinstance(part, ast.Attribute) and part.attr in LAYOUT_FACTS:
+                found.append((part.lineno, f".{part.attr}"))
+            elif isinstance(part, ast.Name) and part.id in LAYOUT_FACTS | LAYOUT_CLASSES:  # a local holding a fact
+                found.append((part.lineno, part.id))
+            elif isinstance(part, ast.Constant) and isinstance(part.value, str) and part.value in LAYOUT_NAMES:
+                found.append((part.lineno, repr(part.value)))
+    return sorted(set(found))
+
+
+@pytest.mark.parametrize("relative", LAYOUT_BLIND)
+def test_the_loop_and_the_resume_policy_hold_no_test_of_the_layout(relative: str) -> None:
+    found = layout_tests(ast.parse((PACKAGE / relative).read_text()))
+    assert not found, f"{relative} tests which layout it has (read the layout's facts: layout.py): {found}"
+
+
+def test_the_layout_rule_sees_what_it_looks_for() -> None:
+    source = ("if layout.format.collective: pass\nx = a if self.parallel.choice.sharded else b\n"
+              "ok = isinstance(p, parallel.Sharded)\nassert fmt.name == 'sharded'\n"
+              "y = layout.evaluates_in_lockstep\nmeta = {'sharded': self.format.sharded}\nif collective: pass\n")
+    assert layout_tests(ast.parse(source)) == [(1, ".collective"), (2, ".choice"), (2, ".sharded"),
+                                               (3, "isinstance"), (4, "'sharded'"), (7, "collective")]
 
 
 # docs/ARCHITECTURE.md, "The tree": a framework package past ~15 modules is grouped by concern, each group a floor

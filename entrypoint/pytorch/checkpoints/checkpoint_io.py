@@ -13,6 +13,7 @@ A checkpoint loads with one line: ``torch.load("ckpt-00000100/state.pt", weights
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import logging
@@ -20,7 +21,6 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Callable
 from typing import IO, Any
 
 import torch
@@ -31,6 +31,7 @@ from entrypoint.outputs.storage import Location, RemotePath, StorageError
 
 log = logging.getLogger("entrypoint.pytorch")
 STATE_FILE = "state.pt"
+MODES = ("async", "sync")  # --checkpoint-mode: written in the writer's thread, or in the training thread
 LOAD_WITH = 'torch.load("<checkpoint>/state.pt", weights_only=False)["model"]'
 
 
@@ -125,25 +126,90 @@ class HostBuffers:
 
 
 class BackgroundWriter:
-    """What every writer of the hooks loop shares: at most one write in flight, in a thread of its own (not a
-    daemon: the process's exit waits for it), whose failure is raised at the next ``check`` (every step boundary)
-    or ``wait``; how long training was blocked and how long writes took; the retention of committed checkpoints."""
+    """What every writer of the hooks loop shares: the save's template (``save``: the part training waits for, then
+    the write and the commit, in the writer's thread or, ``--checkpoint-mode sync``, in the training thread), at most
+    one write in flight (its thread is not a daemon: the process's exit waits for it), a failed write raised at the
+    next ``check`` (every step boundary) or ``wait`` with its partial files removed, how long training was blocked and
+    how long writes took, the commit's log line, and the retention of committed checkpoints (its committer prunes).
 
-    def __init__(self, keep: int) -> None:
+    A writer gives ``_stage`` (what training waits for: a copy into host memory), ``_write`` (every file, then the
+    marker, last) and ``_failure`` (the error the training thread raises, once what the write left is removed)."""
+
+    def __init__(self, keep: int, mode: str) -> None:
+        if mode not in MODES:
+            raise ValueError(f"checkpoint mode {mode!r}: one of {', '.join(MODES)}")
+        self.mode, self.background = mode, mode == "async"
         self.retention = checkpoints.Retention(keep)
         self.blocked_seconds = 0.0
         self.write_seconds = 0.0
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
 
-    def _in_background(self, path: Location, write: Callable[..., None], *args: Any) -> None:
-        """Start ``write(*args)`` in the writer's thread (the previous write has ended: ``save`` waited)."""
-        self._thread = threading.Thread(target=write, args=args, name=f"checkpoint-{path.name}")
+    @property
+    def is_chief(self) -> bool:
+        """The writer that commits, prunes and says so."""
+        return True
+
+    def save(self, path: Location, state: dict[str, Any], meta: dict[str, Any]) -> None:
+        """Write ``state`` as the checkpoint at ``path`` and commit it, once the previous write ended: in the
+        background after ``_stage`` (the only part the training step waits for), or inline (sync)."""
+        self.wait()
+        started = time.perf_counter()
+        staged = self._stage(state)
+        blocked = time.perf_counter() - started
+        if not self.background:
+            self._commit(path, staged, meta, started)
+            self.check()
+            return
+        self.blocked_seconds += blocked
+        self._thread = threading.Thread(target=self._commit, args=(path, staged, meta, started, blocked),
+                                        name=f"checkpoint-{path.name}")
         self._thread.start()
 
-    def _failed(self, exc: BaseException) -> None:
-        """Keep a background write's failure for the training thread (``check``, ``wait``)."""
-        self._error = exc
+    def _commit(self, path: Location, staged: Any, meta: dict[str, Any], started: float,
+                blocked: float | None = None) -> None:
+        """Write and commit ``staged``, prune, and say what training waited for (``blocked``; None: the whole save,
+        in the training thread); a failure is kept for the training thread."""
+        began = time.perf_counter()
+        try:
+            self._write(path, staged, meta)
+        except BaseException as exc:
+            self._error = self._failure(path, exc)
+            where = " in the background" if self.background else ""
+            log.error("checkpoint %s failed%s: %s", path.name, where, " ".join(str(self._error).split())[:300])
+            return
+        try:  # the checkpoint is committed: a failed prune leaves it (and older ones) as they are
+            if self.is_chief:
+                self.retention.verified(path)
+                self.retention.prune(path.parent)
+        except BaseException as exc:
+            self._error = exc
+            return
+        written = time.perf_counter() - began
+        self.write_seconds += written
+        if blocked is None:
+            blocked = time.perf_counter() - started
+            self.blocked_seconds += blocked
+        if self.is_chief:
+            how = "in the background" if self.background else "in the training thread"
+            log.info("checkpoint %s committed%s: training blocked %.2f s, written in %.2f s %s", path.name,
+                     self._by(), blocked, written, how)
+
+    def _stage(self, state: dict[str, Any]) -> Any:
+        """What the write needs of ``state``, independent of training from here on (async)."""
+        raise NotImplementedError
+
+    def _write(self, path: Location, staged: Any, meta: dict[str, Any]) -> None:
+        """Every file of the checkpoint, then its marker (last)."""
+        raise NotImplementedError
+
+    def _failure(self, path: Location, exc: BaseException) -> BaseException:
+        """The error the training thread raises for a failed write of ``path`` (what it left removed)."""
+        raise NotImplementedError
+
+    def _by(self) -> str:
+        """Who wrote a committed checkpoint, for its log line (nothing: the chief alone)."""
+        return ""
 
     def wait(self) -> None:
         """Block until the write in flight (if any) is committed; raise its failure."""
@@ -167,57 +233,29 @@ class ReplicatedCheckpointIO(BackgroundWriter):
     """The whole state in one file, ``state.pt``, written by the chief: inline (``--checkpoint-mode sync``), or
     copied into host buffers in the training thread and written, committed and pruned in the background (async)."""
 
-    def __init__(self, keep: int, background: bool = True) -> None:
-        super().__init__(keep)
-        self.background = background
+    def __init__(self, keep: int, mode: str = "async") -> None:
+        super().__init__(keep, mode)
         self._host = HostBuffers()
 
-    def save(self, path: Location, state: dict[str, Any], meta: dict[str, Any]) -> None:
-        """Write ``state`` as ``path/state.pt`` and commit it; in the background, once the previous write ended and
-        ``state`` is copied (the only part the training step waits for)."""
-        self.wait()
-        started = time.perf_counter()
-        if not self.background:
-            self._write(path, state, meta)
-            elapsed = time.perf_counter() - started
-            self.blocked_seconds += elapsed
-            self.write_seconds += elapsed
-            log.info("checkpoint %s committed: training blocked %.2f s (synchronous write)", path.name, elapsed)
-            return
-        copy = self._host.copy(state)
-        blocked = time.perf_counter() - started
-        self.blocked_seconds += blocked
-        self._in_background(path, self._background, path, copy, meta, blocked)
-
-    def _background(self, path: Location, state: dict[str, Any], meta: dict[str, Any], blocked: float) -> None:
-        started = time.perf_counter()
-        try:
-            self._write(path, state, meta)
-        except BaseException as exc:
-            self._failed(exc)
-            log.error("checkpoint %s failed in the background: %s", path.name, exc)
-            return
-        elapsed = time.perf_counter() - started
-        self.write_seconds += elapsed
-        log.info("checkpoint %s committed: training blocked %.2f s, written in %.2f s in the background",
-                 path.name, blocked, elapsed)
+    def _stage(self, state: dict[str, Any]) -> Any:
+        """A copy into host buffers kept between saves (async); the live state itself when written inline."""
+        return self._host.copy(state) if self.background else state
 
     def _write(self, path: Location, state: dict[str, Any], meta: dict[str, Any]) -> None:
-        try:
-            if path.exists():  # a rerun reached the same step: replace, never mix two saves
-                if isinstance(path, RemotePath):
-                    storage.rmtree(path)
-                else:
-                    shutil.rmtree(path)
-            files = {STATE_FILE: write_file(state, path / STATE_FILE)}
-            checkpoints.commit(path, meta, files)
-            checkpoints.check_sizes(path)
-        except BaseException as exc:
-            if not isinstance(path, RemotePath) or not isinstance(exc, StorageError):
-                storage.rmtree(path)  # a store that failed would fail this too: what is uncommitted is skipped
-            raise output_error(exc, path) from None
-        self.retention.verified(path)
-        self.retention.prune(path.parent)
+        if path.exists():  # a rerun reached the same step: replace, never mix two saves
+            if isinstance(path, RemotePath):
+                storage.rmtree(path)
+            else:
+                shutil.rmtree(path)
+        files = {STATE_FILE: write_file(state, path / STATE_FILE)}
+        checkpoints.commit(path, meta, files)
+        checkpoints.check_sizes(path)
+
+    def _failure(self, path: Location, exc: BaseException) -> BaseException:
+        if not isinstance(path, RemotePath) or not isinstance(exc, StorageError):
+            with contextlib.suppress(Exception):  # a store that failed would fail this too: uncommitted is skipped
+                storage.rmtree(path)
+        return output_error(exc, path)
 
     @staticmethod
     def load(path: Location, device: torch.device | str) -> dict[str, Any]:
@@ -231,4 +269,4 @@ class ReplicatedCheckpointIO(BackgroundWriter):
 
 def make_io(mode: str, keep: int) -> checkpoints.CheckpointWriter:
     """The replicated checkpoint I/O for ``--checkpoint-mode`` (mypy checks that it implements the interface)."""
-    return ReplicatedCheckpointIO(keep, background=mode == "async")
+    return ReplicatedCheckpointIO(keep, mode)

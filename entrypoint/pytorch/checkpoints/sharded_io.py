@@ -19,13 +19,11 @@ its own files; loading downloads the checkpoint once per process. The checkpoint
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
 import logging
 import os
 import shutil
 import tempfile
-import time
 import warnings
 from collections.abc import Iterator
 from datetime import timedelta
@@ -42,7 +40,6 @@ from entrypoint.pytorch.checkpoints.checkpoint_io import BackgroundWriter, outpu
 log = logging.getLogger("entrypoint.pytorch")
 EXTRA_FILE = "extra.pt"
 METADATA_FILE = ".metadata"
-_CHUNK = 1 << 20
 warnings.filterwarnings("ignore", message="Detected an existing checkpoint in", category=UserWarning)
 
 
@@ -108,20 +105,12 @@ def disk_error(exc: BaseException) -> BaseException | None:
     return None
 
 
-def _digest(path: Path) -> dict[str, Any]:
-    sha = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(_CHUNK):
-            sha.update(chunk)
-    return {"size": path.stat().st_size, "sha256": sha.hexdigest()}
-
-
 class ShardedCheckpointIO(BackgroundWriter):
     """Every rank saves its shards (in the background by default); the chief commits the marker last."""
 
-    def __init__(self, keep: int, rank: int, background: bool, timeout: float, cuda: bool) -> None:
-        super().__init__(keep)
-        self.rank, self.background, self.cuda = rank, background, cuda
+    def __init__(self, keep: int, rank: int, mode: str, timeout: float, cuda: bool) -> None:
+        super().__init__(keep, mode)
+        self.rank, self.cuda = rank, cuda
         self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout))  # every rank, once
         # Kept for the whole run: its staging buffers are reused from one save to the next.
         self.stager = self._new_stager()
@@ -132,36 +121,29 @@ class ShardedCheckpointIO(BackgroundWriter):
         return DefaultStager(StagingOptions(use_pinned_memory=self.cuda, use_shared_memory=False,
                                             use_async_staging=False, use_non_blocking_copy=self.cuda))
 
-    def _stage(self, shards: dict[str, Any]) -> dict[str, Any]:
-        """``shards`` copied into host memory; a stager this torch closed after the copy is replaced for the next."""
-        staged: dict[str, Any] = self.stager.stage(shards)  # synchronous (no Future)
+    def _stage(self, state: dict[str, Any]) -> Any:
+        """``state["shards"]`` copied into host memory (with ``state["extra"]``); a stager this torch closed after the
+        copy is replaced for the next."""
+        staged = self.stager.stage(state["shards"])  # synchronous (no Future)
         if stager_closed_itself(self.stager):
             self.stager.close()
             self.stager = self._new_stager()
-        return staged
+        return staged, state.get("extra")
 
     @property
     def is_chief(self) -> bool:
         """The rank that commits and prunes."""
         return self.rank == 0
 
-    def save(self, path: Location, state: dict[str, Any], meta: dict[str, Any]) -> None:
-        """Stage ``state`` (``{"shards": {...}, "extra": {...}}``), then write and commit it (in the background)."""
-        self.wait()
-        started = time.perf_counter()
-        staged = self._stage(state["shards"])
-        blocked = time.perf_counter() - started
-        self.blocked_seconds += blocked
-        if not self.background:
-            self._write(path, staged, state.get("extra"), meta, blocked)
-            self.check()
-            return
-        self._in_background(path, self._write, path, staged, state.get("extra"), meta, blocked)
+    def _by(self) -> str:
+        return f" (sharded over {dist.get_world_size(self.group)} ranks)"
 
-    def _write(self, path: Location, shards: dict[str, Any], extra: Any, meta: dict[str, Any], blocked: float) -> None:
+    def _write(self, path: Location, staged: Any, meta: dict[str, Any]) -> None:
+        """Every rank its shards (``dcp.save`` over the writer's gloo group), then the chief ``extra.pt`` and the
+        marker listing every rank's files."""
         import torch.distributed.checkpoint as dcp
 
-        started = time.perf_counter()
+        shards, extra = staged
         local = Path(tempfile.mkdtemp(prefix="trainer-shards-")) if isinstance(path, RemotePath) else None
         try:
             if self.is_chief and path.exists():  # a rerun reached the same step: replace, never mix two saves
@@ -179,23 +161,16 @@ class ShardedCheckpointIO(BackgroundWriter):
                 files[EXTRA_FILE] = write_file(extra, path / EXTRA_FILE)
                 checkpoints.commit(path, meta, files)
                 checkpoints.check_sizes(path)
-        except BaseException as exc:  # CheckpointException is a BaseException
-            cause = disk_error(exc) or (exc if isinstance(exc, Exception) else RuntimeError(str(exc)))
-            self._failed(output_error(cause, path))
-            log.error("checkpoint %s failed: %s", path.name, " ".join(str(cause).split())[:300])
-            self._discard(path)
-            return
         finally:
             if local is not None:
                 shutil.rmtree(local, ignore_errors=True)
-        elapsed = time.perf_counter() - started
-        self.write_seconds += elapsed
-        if self.is_chief:
-            self.retention.verified(path)
-            self.retention.prune(path.parent)
-            how = "written in %.2f s in the background" if self.background else "written in %.2f s"
-            log.info(f"checkpoint %s committed (sharded over %d ranks): training blocked %.2f s, {how}",
-                     path.name, dist.get_world_size(self.group), blocked, elapsed)
+
+    def _failure(self, path: Location, exc: BaseException) -> BaseException:
+        """The disk's own error where a rank's write met one (ENOSPC: ``disk_full``), else what failed (a
+        ``CheckpointException`` is a BaseException); what the save left removed."""
+        cause = disk_error(exc) or (exc if isinstance(exc, Exception) else RuntimeError(str(exc)))
+        self._discard(path)
+        return output_error(cause, path)
 
     def _discard(self, path: Location) -> None:
         """A failed save leaves no partial checkpoint (a full disk stays full otherwise): every rank removes its own
@@ -215,7 +190,7 @@ class ShardedCheckpointIO(BackgroundWriter):
         a string saying what failed otherwise."""
         try:
             root = Path(str(target))
-            found = {p.name: _digest(p) for p in sorted(root.iterdir())
+            found = {p.name: checkpoints.file_digest(p) for p in sorted(root.iterdir())
                      if p.name.startswith(f"__{self.rank}_") or (self.is_chief and p.name == METADATA_FILE)}
             if local is not None and isinstance(path, RemotePath):
                 storage.upload_tree(local, path)  # its private directory holds this rank's files only

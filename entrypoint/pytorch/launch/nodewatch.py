@@ -1,6 +1,6 @@
 """Which node left a script's job: every node's heartbeat in the job's store, read when a collective fails.
 
-The hooks loop names a lost rank by its heartbeats (``resilience.py``). A script has none, and gloo names a lost
+The hooks loop names a lost rank by its heartbeats (``recovery/guard.py``). A script has none, and gloo names a lost
 peer by an address and an ephemeral port: a worker that leaves early (its script's ``os._exit(0)``, a killed
 node) left the chief's last line blaming the chief itself. So while a script runs on a node of several, the node
 publishes a heartbeat in the job's store (``lifecycle/peers.py``, a prefix of its own) and its replica's name;

@@ -31,7 +31,7 @@ log = logging.getLogger("entrypoint.pytorch")
 
 
 class Guard(Protocol):
-    """What the loop's guard does around an evaluation (``Resilience.evaluation``)."""
+    """What the loop's guard does around an evaluation (``StepGuard.evaluating``)."""
 
     def rounds(self) -> AbstractContextManager[None]:
         """Around the evaluation's rounds (a stop may end them where a batch is read or evaluated)."""

@@ -9,9 +9,11 @@ its shards' bytes in mesh order, so the chief writes its own shard, then receive
 (``DTensor.full_tensor()``, or the tensor itself when replicated) and appended. A sharded model is never gathered
 whole on one rank, and the chief's host memory grows by at most the largest shard (or unsharded tensor).
 
-A replicated model (DDP, Horovod, one process) also keeps ``model.pt`` (the whole module) and
-``state_dict.pt``. A module's own ``export(model, model_dir, ctx)`` hook replaces all of this (on the chief for a
-replicated model; on every rank for a sharded one, whose hook gathers what it needs).
+How a layout exports is an ``Export`` (``layout.py`` holds one): ``WHOLE``, a replicated model (DDP, Horovod, one
+process), is exported by the chief alone from its whole copy on the host, which also keeps ``model.pt`` (the whole
+module) and ``state_dict.pt``; ``SHARDS``, a sharded model, by every rank, each streaming its shards. A module's own
+``export(model, model_dir, ctx)`` hook replaces the files (on the ranks that take part: every rank of a sharded
+model, whose hook gathers what it needs).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import os
 import struct
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -33,6 +36,26 @@ from entrypoint.outputs.storage import Location, RemotePath
 from entrypoint.pytorch.checkpoints.checkpoint_io import output_error, write_file
 
 SAFETENSORS_FILE = "model.safetensors"
+
+
+@dataclass(frozen=True)
+class Export:
+    """How a layout's model is exported: by every rank (each its shards, streamed to the chief) or by the chief alone
+    from its whole copy on the host, and which files of the whole model it keeps beside ``model.safetensors``."""
+
+    every_rank: bool
+    beside: tuple[str, ...]  # "state_dict.pt" (the state dict), "model.pt" (the whole module)
+
+    def model(self, model: torch.nn.Module, is_chief: bool) -> torch.nn.Module | None:
+        """``model`` as this rank exports it (in eval mode; the chief's whole copy on the host); None where this rank
+        takes no part."""
+        if self.every_rank:
+            return model.eval()
+        return model.to("cpu").eval() if is_chief else None
+
+
+WHOLE = Export(every_rank=False, beside=("state_dict.pt", "model.pt"))  # a replicated model: the chief's copy
+SHARDS = Export(every_rank=True, beside=())  # a sharded model: never whole on one rank
 _DTYPES = {
     torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
     torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
@@ -179,12 +202,12 @@ def _writer_rank(state: dict[str, torch.Tensor], writer: bool) -> int:
 
 
 def export_model(model: torch.nn.Module, model_dir: Location, custom: Callable[..., Any] | None, ctx: Any,
-                 sharded: bool = False) -> None:
-    """The final export (every rank calls it for a sharded model; only the chief for a replicated one).
+                 how: Export = WHOLE) -> None:
+    """The final export (on the ranks ``how`` says: every rank of a sharded model; only the chief of a replicated one).
 
-    The user's ``export`` hook, else ``model.safetensors`` (and, for a replicated model, ``model.pt`` and
-    ``state_dict.pt``). On an object store the user's hook writes into a local staging directory (it may call
-    ``torch.save`` on paths, as on disk), uploaded to ``model_dir`` once the hook returns.
+    The user's ``export`` hook, else ``model.safetensors`` (and the files ``how`` keeps beside it: for a replicated
+    model ``model.pt`` and ``state_dict.pt``). On an object store the user's hook writes into a local staging
+    directory (it may call ``torch.save`` on paths, as on disk), uploaded to ``model_dir`` once the hook returns.
     """
     chief = bool(getattr(ctx, "is_chief", True))
     if isinstance(model_dir, RemotePath) and callable(custom):
@@ -208,10 +231,10 @@ def export_model(model: torch.nn.Module, model_dir: Location, custom: Callable[.
         return
     state = model.state_dict()
     write_safetensors(state, model_dir / SAFETENSORS_FILE, chief)
-    if not sharded:
-        for name, obj in (("state_dict.pt", state), ("model.pt", model)):
-            write_file(obj, partial(model_dir / name))
-            try:
-                publish(partial(model_dir / name), model_dir / name)
-            except OSError as exc:
-                raise output_error(exc, model_dir / name) from None
+    whole = {"state_dict.pt": state, "model.pt": model}
+    for name in how.beside:
+        write_file(whole[name], partial(model_dir / name))
+        try:
+            publish(partial(model_dir / name), model_dir / name)
+        except OSError as exc:
+            raise output_error(exc, model_dir / name) from None

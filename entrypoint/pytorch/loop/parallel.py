@@ -1,6 +1,7 @@
 """How the model is spread over the ranks: replicated (DDP, Horovod) or sharded (FSDP2, HSDP), chosen once per run.
 
-``choose`` decides after ``build_model``: an explicit ``--strategy`` wins; otherwise DDP while the model's
+``choose`` decides after ``build_model`` (``layout.py`` calls it, with every mesh fact): an explicit ``--strategy``
+wins (HSDP where it cannot be, on one node or on nodes of one process, is FSDP); otherwise DDP while the model's
 parameters, gradients and Adam state (16 bytes a parameter in fp32) fit in half of one device's memory, FSDP
 when they do not (HSDP across nodes when a node's devices hold them together). The first log line and the
 training summary say which and why.
@@ -20,7 +21,6 @@ training summary say which and why.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
 import os
 from collections.abc import Callable, Iterable
@@ -35,9 +35,7 @@ from entrypoint.cluster import envvars as ev
 from entrypoint.cluster.environments.settings import user_overrides
 from entrypoint.errors import ConfigError
 from entrypoint.planning.registry import Framework
-from entrypoint.pytorch.checkpoints.checkpoint_io import LOAD_WITH, ReplicatedCheckpointIO
-from entrypoint.pytorch.checkpoints.formats import ReplicatedFormat, ShardedFormat
-from entrypoint.pytorch.checkpoints.sharded_io import ShardedCheckpointIO
+from entrypoint.pytorch.checkpoints.checkpoint_io import LOAD_WITH
 from entrypoint.pytorch.defaults import param_digest
 from entrypoint.pytorch.loop import pretrained
 
@@ -85,13 +83,16 @@ def choose(planned: str, forced: bool, parameters: int, memory: int, world_size:
     words = f"{parameters / 1e6:,.1f}M parameters need {need / 2**30:.1f} GiB for weights, gradients and Adam state"
     if world_size == 1 and planned in SHARDED:
         return Choice("default", f"--strategy {planned} on a single process: nothing to shard")
+    hsdp = num_nodes > 1 and local_world_size > 1 and world_size == num_nodes * local_world_size
+    if forced and planned == "hsdp" and not hsdp:  # one node, or nodes of one process: one way to shard
+        return Choice("fsdp", "--strategy hsdp; HSDP needs several nodes of several processes: FSDP")
     if forced or world_size == 1 or "fsdp" not in framework.strategies:
         return Choice(planned, f"--strategy {planned}" if forced else ("a single process" if world_size == 1 else
                                                                          f"{framework.name}: replicated"))
     fits = need <= FIT_FRACTION * memory
     if fits:
         return Choice("ddp", f"{words}, within half of one device's {memory / 2**30:.1f} GiB: DDP")
-    if num_nodes > 1 and local_world_size > 1 and need / local_world_size <= FIT_FRACTION * memory:
+    if hsdp and need / local_world_size <= FIT_FRACTION * memory:
         return Choice("hsdp", f"{words}, more than half of one device's {memory / 2**30:.1f} GiB but within a "
                               f"node's {local_world_size}: HSDP (sharded within a node, replicated across nodes)")
     return Choice("fsdp", f"{words}, more than half of one device's {memory / 2**30:.1f} GiB: FSDP over all "
@@ -156,14 +157,8 @@ def same_weights_everywhere(model: nn.Module, comm: Any) -> None:
 class Replicated:
     """Every rank holds the whole model (DDP over torch.distributed, or Horovod); gradients are averaged."""
 
-    evaluates_in_lockstep = False  # each rank evaluates its own share of the batches
-    survives_lost_peer = True  # every other rank holds what a lost one held: survivors may keep training
-    every_rank_exports = False  # the chief exports its whole copy
-    load_with = LOAD_REPLICATED
-
-    def __init__(self, choice: Choice, comm: Any, device: torch.device, bucket_cap_mb: int, compile: bool) -> None:
-        self.choice, self.comm, self.device, self.bucket_cap_mb, self.compile = \
-            choice, comm, device, bucket_cap_mb, compile
+    def __init__(self, comm: Any, device: torch.device, bucket_cap_mb: int, compile: bool) -> None:
+        self.comm, self.device, self.bucket_cap_mb, self.compile = comm, device, bucket_cap_mb, compile
 
     def shard(self, model: nn.Module, units: Callable[[nn.Module], list[nn.Module]] | None) -> nn.Module:
         """The model on this rank's device (nothing to shard)."""
@@ -183,33 +178,20 @@ class Replicated:
         """A digest of every parameter: equal on every rank when the replicas are in sync."""
         return param_digest(model)
 
-    def checkpoint_format(self, keep: int, background: bool, timeout: float) -> ReplicatedFormat:
-        """``state.pt`` by the chief (``formats.py``)."""
-        return ReplicatedFormat(ReplicatedCheckpointIO(keep, background), self.device)
-
 
 class Sharded:
     """FSDP2 (``fully_shard``) over every rank, or HSDP: sharded within a node, replicated across nodes."""
-
-    evaluates_in_lockstep = True  # the evaluation's forward pass is a collective: every rank runs as many batches
-    survives_lost_peer = False  # a lost rank takes its shards with it: the job restarts from its checkpoint
-    every_rank_exports = True  # every rank gives its shards, tensor by tensor
-    load_with = LOAD_SHARDED
 
     def __init__(self, choice: Choice, device: torch.device, num_nodes: int, local_world_size: int, bf16: bool,
                  compile: bool) -> None:
         from torch.distributed.device_mesh import init_device_mesh
 
-        self.choice, self.device, self.compile = choice, device, compile
-        world = dist.get_world_size()
-        if choice.name == "hsdp" and num_nodes > 1 and world == num_nodes * local_world_size:
+        self.device, self.compile = device, compile
+        if choice.name == "hsdp":  # ``choose`` made it FSDP where the ranks are not nodes x processes per node
             self.mesh = init_device_mesh(device.type, (num_nodes, local_world_size),
                                          mesh_dim_names=("replicate", "shard"))
         else:
-            if choice.name == "hsdp":  # one node, or nodes of one process: there is only one way to shard
-                self.choice = Choice("fsdp", f"{choice.reason}; HSDP needs several nodes of several processes: FSDP")
-                log.info("strategy %s", self.choice.reason)
-            self.mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("shard",))
+            self.mesh = init_device_mesh(device.type, (dist.get_world_size(),), mesh_dim_names=("shard",))
         self.bf16 = bf16 and device.type == "cuda"
         if device.type == "cpu" and give_large_buffers_back() and dist.get_rank() == 0:  # every rank does, one says
             log.info("sharded on CPU: allocations from %d KiB up are given back to the system when freed (mallopt; "
@@ -238,21 +220,9 @@ class Sharded:
         """Nothing to wrap: the sharded model reduces its own gradients."""
         return model, optimizer
 
-    def checkpoint_format(self, keep: int, background: bool, timeout: float) -> ShardedFormat:
-        """Every rank its shards with torch.distributed.checkpoint, over a gloo group of its own (``formats.py``)."""
-        return ShardedFormat(ShardedCheckpointIO(keep, dist.get_rank(), background, timeout,
-                                                 self.device.type == "cuda"))
-
     def digest(self, model: nn.Module) -> str:
         """A digest of this rank's shards (ranks hold different shards: compare one rank across runs)."""
-        h = hashlib.sha256()
-        for p in model.parameters():
-            local = p.to_local() if hasattr(p, "to_local") else p
-            h.update(local.detach().float().cpu().numpy().tobytes())
-        return h.hexdigest()[:16]
-
-
-Parallel = Replicated | Sharded
+        return param_digest(model)
 
 
 def compile_forward(unit: nn.Module) -> None:

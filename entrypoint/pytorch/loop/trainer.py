@@ -1,11 +1,13 @@
 """The hooks-mode training loop the entrypoint owns: build, resume, for each epoch and batch a step, finish.
 
-Shared by PyTorch (torch.distributed) and Horovod through ``Collectives``. The loop reads as training; what
-keeps each step safe (stop signals in every phase, agreed at a step where they can be, non-finite losses, hangs,
-heartbeats, survivors that keep training after a lost peer) is ``Resilience`` (``resilience.py``), called before a
-step, after it, around a batch's wait and an evaluation, at a checkpoint and on a failure. Checkpoints go through
-the seam (``checkpoint_io.py``, asynchronous by default) and a resumed run sees exactly the batches and random
-streams of an uninterrupted one (``data.py``, ``state.py``).
+Shared by PyTorch (torch.distributed) and Horovod through ``Collectives``. The loop reads as training. The parallel
+layout is decided once, after ``build_model`` (``layout.py``: a frozen value, read for its facts). What keeps each
+step safe is the guard, in two parts: ``RunGuard`` from the first hook (stop signals in every phase, hangs, the
+advance notice, the ledger's phases, the group and naming a lost peer: ``guard.py``) and ``StepGuard``, built with
+the layout (the step vote, non-finite losses, saves and stops, survivors that keep training: ``steps.py``), which
+the loop calls at the start, for each batch, before the update, after the step, around the evaluation, at the
+epoch's end and at the finish. Checkpoints go through the layout's format (``formats.py``, asynchronous by default)
+and a resumed run sees exactly the batches and random streams of an uninterrupted one (``data.py``, ``state.py``).
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from entrypoint import failures
-from entrypoint.cluster.placement import Placement
 from entrypoint.errors import ConfigError
 from entrypoint.options import DEFAULT_BATCH_SIZE, DEFAULT_EPOCHS
 from entrypoint.outputs import storage
@@ -30,35 +31,26 @@ from entrypoint.outputs.hypertune import MetricReporter
 from entrypoint.outputs.locations import ensure_writable, local_path
 from entrypoint.outputs.progress import Progress
 from entrypoint.outputs.summary import TrainingSummary, write_summary
-from entrypoint.planning import registry
 from entrypoint.planning.plan import Plan
 from entrypoint.planning.usercode import load_hooks, module_default, parse_user_args
 from entrypoint.pytorch.checkpoints.checkpoint_io import LOAD_WITH
 from entrypoint.pytorch.checkpoints.resume import LoopCheckpoints
-from entrypoint.pytorch.defaults import HookContext, default_eval_step, default_loss, eval_step_from_loss, param_digest
-from entrypoint.pytorch.framework import BUCKET_CAP_MB_DEFAULT
+from entrypoint.pytorch.defaults import HookContext, default_eval_step, default_loss, eval_step_from_loss
 from entrypoint.pytorch.launch.collectives import Collectives, TorchDistributed
 from entrypoint.pytorch.launch.membership import Membership
 from entrypoint.pytorch.loop import compile_cache, hub_export, parallel, pretrained
 from entrypoint.pytorch.loop.data import TrainBatches, to_device
 from entrypoint.pytorch.loop.evaluation import check_evaluation_set, evaluate
 from entrypoint.pytorch.loop.export import export_model
-from entrypoint.pytorch.loop.parallel import Parallel
-from entrypoint.pytorch.recovery.resilience import Resilience
+from entrypoint.pytorch.loop.layout import Layout, lay_out
+from entrypoint.pytorch.recovery.guard import RunGuard, check_placement
+from entrypoint.pytorch.recovery.steps import StepGuard
 from entrypoint.pytorch.recovery.survivors import InPlace
 from entrypoint.pytorch.state import TrainState, reseed
 
 log = logging.getLogger("entrypoint.pytorch")
 LOAD_HUB = ("transformers' AutoModel...from_pretrained(model_dir) (config.json, safetensors with an index past "
             f"max_shard_size); a checkpoint: {LOAD_WITH}")
-
-
-def check_placement(placed: Placement, comm: Collectives) -> None:
-    """The framework's own rank and world size (``dist.get_rank()``, ``hvd.rank()``) must be the plan's."""
-    if (comm.rank, comm.world_size) != (placed.rank, placed.world_size):
-        raise ConfigError(comm.rank_variable, f"{comm.name} placed this process at rank {comm.rank} of "
-                          f"{comm.world_size}, but the job's layout places it at rank {placed.rank} of "
-                          f"{placed.world_size}")
 
 
 class Trainer:
@@ -81,13 +73,11 @@ class Trainer:
         self.batch_size = int(options.batch_size or module_default(self.module, "batch_size", DEFAULT_BATCH_SIZE))
         self.metric_name = options.hypertune_metric or getattr(self.module, "HYPERTUNE_METRIC", None)
         self.reporter = MetricReporter(self.ctx.is_chief, topo.trial, asked=options.hypertune_metric is not None)
-        self.checkpoints = LoopCheckpoints(plan, comm, self.ctx)  # in the layout's format once the model is placed
-        self.parallel: Parallel | None = None
-        inplace = None
+        survivors = None
         if membership is not None:
             assert isinstance(comm, TorchDistributed), "survivors keep training over torch.distributed only"
-            inplace = InPlace(membership, comm, self.checkpoints, plan, (topo.replica_name, socket.gethostname()))
-        self.resilience = Resilience(plan, comm, self.ctx, self.checkpoints, failure_context, inplace)
+            survivors = InPlace(membership, comm, plan, (topo.replica_name, socket.gethostname()))
+        self.guard = RunGuard(plan, comm, self.ctx, failure_context, survivors)  # from the first hook on
         self.writer: Any = None
         self.digests: dict[str, list[Any]] = {}
         self.hub = False  # exported as a transformers model (from_pretrained)
@@ -98,22 +88,22 @@ class Trainer:
     # ---- the loop ----------------------------------------------------------------------------
     def fit(self) -> None:
         """Train for the configured epochs, resuming from the newest committed checkpoint that loads."""
-        with self.resilience.running() as guard:
-            guard.form_group()
-            state, batches, eval_set = self._build()
-            start_step, start_epoch = self._resume(state)
+        with self.guard.running():
+            state, batches, eval_set, layout, steps = self._build()
+            start_step, start_epoch = self._start(state, layout, steps)
             planned = self._planned_steps(state, batches)
-            self.resilience.record.total = planned
+            self.guard.record.total = planned
             self._announce(batches.steps_per_epoch)
             progress = Progress(planned, self.batch_size * self.ctx.world_size, start_step=state.step)
             started = time.time()
-            for attempt in guard.attempts(state):  # once, unless a lost peer is replaced in place
+            for attempt in steps.attempts(state):  # once, unless a lost peer is replaced in place
                 with attempt:
-                    self._wrap(state)
+                    self._wrap(state, layout)
                     for epoch in range(state.epoch, self.epochs):
-                        self._train_epoch(state, batches, epoch, progress)
-                        self._end_epoch(state, eval_set, epoch)
-            self._finish(state, start_step, start_epoch, planned, time.time() - started)
+                        self._train_epoch(state, batches, epoch, progress, steps)
+                        self._end_epoch(state, eval_set, epoch, layout, steps)
+            steps.finishing(state)
+            self._finish(state, layout, start_step, start_epoch, planned, time.time() - started)
 
     def _planned_steps(self, state: TrainState, batches: TrainBatches) -> int:
         """The step this run ends at: the rest of the current epoch (at this world size), then whole epochs."""
@@ -122,9 +112,10 @@ class Trainer:
         later = (self.epochs - state.epoch - 1) * batches.steps_per_epoch
         return state.step + batches.steps_left(state.sample) + later
 
-    def _build(self) -> tuple[TrainState, TrainBatches, Dataset[Any]]:
-        """The user's datasets, model (replicated or sharded: ``parallel.py``) and optimizer; this rank's batches."""
-        ctx, opts, phase = self.ctx, self.options, self.resilience.doing
+    def _build(self) -> tuple[TrainState, TrainBatches, Dataset[Any], Layout, StepGuard]:
+        """The user's datasets, model and optimizer; the parallel layout (``layout.py``), decided once the model
+        exists, and the step guard built with it; this rank's batches."""
+        ctx, opts, phase = self.ctx, self.options, self.guard.doing
         if ctx.is_chief:
             phase("checking the output directories")
             ensure_writable([ctx.model_dir, ctx.checkpoint_dir, ctx.tensorboard_dir])
@@ -137,37 +128,18 @@ class Trainer:
         with pretrained.meta_parameters() if opts.init_from else nullcontext():  # its weights come after placing
             model = self.module.build_model(self.args, ctx)
         phase("placing the model (sharding it, or moving it to its device)")
-        self.parallel = layout = self._parallel(model)
-        self.checkpoints.use(layout.checkpoint_format(opts.keep_checkpoints, opts.checkpoint_mode == "async",
-                                                      opts.timeout))
-        if not layout.survives_lost_peer:
-            self.resilience.restart_on_loss()
-        model = layout.shard(model, self._units())
+        self.compiled = compile_cache.load(self.plan, ctx, model, self.module)  # --compile's caches (job dir)
+        layout = lay_out(model, self.plan, self.comm, ctx.device, self.compiled.on)
+        model = layout.model.shard(model, self._units())
         phase("building the optimizer")
         state = TrainState(model, *self._optimizer(model))
         batches = TrainBatches(train_set, self.batch_size, ctx.rank, ctx.world_size, opts.seed, self._workers(),
                                ctx.device.type == "cuda")
         if batches.steps_per_epoch == 0:
             raise ConfigError("--batch-size", f"{self.batch_size} x {ctx.world_size} replicas exceeds the training set")
-        self.checkpoints.batch_size = self.batch_size
-        return state, batches, eval_set
-
-    def _parallel(self, model: nn.Module) -> Parallel:
-        """DDP, FSDP or HSDP for this model (``parallel.choose``): the layout, which gives its checkpoint format."""
-        ctx, opts, topo, placed = self.ctx, self.options, self.plan.topology, self.plan.placed
-        choice = parallel.choose(self.plan.strategy, opts.strategy is not None,
-                                 sum(p.numel() for p in model.parameters()),
-                                 parallel.device_memory(ctx.device, placed.local_world_size), ctx.world_size,
-                                 max(topo.num_nodes, 1), placed.local_world_size, registry.get(self.plan.framework))
-        if ctx.is_chief:
-            log.info("strategy %s: %s", choice.name, choice.reason)
-        self.compiled = compile_cache.load(self.plan, ctx, model, self.module)  # --compile's caches (job dir)
-        if not choice.sharded:
-            bucket_cap_mb = opts.framework_option("bucket_cap_mb", BUCKET_CAP_MB_DEFAULT)
-            return parallel.Replicated(choice, self.comm, ctx.device, bucket_cap_mb, self.compiled.on)
-        parallel.same_weights_everywhere(model, self.comm)
-        return parallel.Sharded(choice, ctx.device, max(topo.num_nodes, 1), placed.local_world_size, opts.bf16,
-                                self.compiled.on)
+        saver = LoopCheckpoints(self.plan, self.comm, ctx, layout.checkpoints, self.batch_size)
+        steps = StepGuard(self.guard, saver, layout.evaluates_in_lockstep, layout.survives_lost_peer)
+        return state, batches, eval_set, layout, steps
 
     def _units(self) -> Callable[[nn.Module], list[nn.Module]] | None:
         """The module's ``shard_units(model, ctx)`` hook, checked; None for the default units."""
@@ -176,53 +148,49 @@ class Trainer:
             return None
         return lambda model: parallel.named_units(model, hook(model, self.ctx))
 
-    def _resume(self, state: TrainState) -> tuple[int, int]:
+    def _start(self, state: TrainState, layout: Layout, steps: StepGuard) -> tuple[int, int]:
         """Join the group; resume from the newest checkpoint (or, as a replacement, from rank 0's live state)."""
-        joined = self.resilience.join(state)
-        check_placement(self.plan.placed, self.comm)  # the group exists: its ranks must be the plan's
-        if joined is None:  # the group's first generation: every member starts here, from the newest checkpoint
-            self.resilience.starting("resuming from the newest checkpoint")
-            with self.resilience.phase("restore"):
-                resumed = self.checkpoints.resume(state)
-            if not resumed and self.options.init_from:  # the job's own checkpoints win
-                self._init_from(state)
-            self.resilience.restored(state.step)
-            self.digests["init"] = self.comm.gather_object(self._digest(state.model))
-            self.resilience.started()
+        if steps.start(state, self._first_weights) is None:  # the group's first generation
+            self.digests["init"] = self.comm.gather_object(layout.model.digest(state.model))
         else:  # a replacement: it does what the survivors do next, no more (collectives must pair up)
             self.digests.update(init=[], start=[])
-        self.resilience.beat(state)
         return state.step, state.epoch
 
-    def _wrap(self, state: TrainState) -> None:
-        """Data parallelism over the (current) group: rank 0's parameters reach every rank."""
-        assert self.parallel is not None
-        check_placement(self.plan.placed, self.comm)  # again after an in-place recovery re-formed the group
-        self.resilience.doing("wrapping the model for data parallelism")
-        state.wrapped, state.optimizer = self.parallel.wrap(state.model, state.optimizer)
-        self.digests.setdefault("start", self.comm.gather_object(self.parallel.digest(state.model)))
+    def _first_weights(self, state: TrainState) -> None:
+        """No checkpoint to resume from: the first weights from ``--init-from`` (the job's own checkpoints win)."""
+        if self.options.init_from:
+            self._init_from(state)
 
-    def _train_epoch(self, state: TrainState, batches: TrainBatches, epoch: int, progress: Progress) -> None:
-        """An epoch's steps. A step is ten things, as nanoGPT's: batches, guard (``Resilience``), state, precision (and
+    def _wrap(self, state: TrainState, layout: Layout) -> None:
+        """Data parallelism over the (current) group: rank 0's parameters reach every rank."""
+        check_placement(self.plan.placed, self.comm)  # again after an in-place recovery re-formed the group
+        self.guard.doing("wrapping the model for data parallelism")
+        state.wrapped, state.optimizer = layout.model.wrap(state.model, state.optimizer)
+        self.digests.setdefault("start", self.comm.gather_object(layout.model.digest(state.model)))
+
+    def _train_epoch(self, state: TrainState, batches: TrainBatches, epoch: int, progress: Progress,
+                     steps: StepGuard) -> None:
+        """An epoch's steps. A step is ten things, as nanoGPT's: batches, guard (``StepGuard``), state, precision (and
         random streams), loss, optimizer, backward, the agreed update, the progress report, the checkpoint schedule."""
-        guard = self.resilience
-        for batch in guard.fetching(batches.epoch(epoch, state.sample), state):  # a slow batch does not hold a stop
-            guard.before_step()
-            loss, applied = self._step(state, batch)
+        for batch in steps.batches(batches.epoch(epoch, state.sample), state):  # a slow batch does not hold a stop
+            loss = self._step(state, batch, steps)
             state.advance(batches.samples_per_step)
             self._report(state, loss, epoch, progress)
-            guard.after_step(state, loss if applied is None else None)
+            steps.after_step(state, loss, save=self._checkpoint_due(state, batches))
             self.compiled.after_step(state)  # the chief keeps --compile's caches in the job dir once they grew
-            if self._checkpoint_due(state, batches):
-                guard.checkpoint(state)
 
-    def _step(self, state: TrainState, batch: Any) -> tuple[torch.Tensor, bool | None]:
-        """One optimizer step; the loss, and whether the update was applied (None: checked by the vote later)."""
+    def _step(self, state: TrainState, batch: Any, steps: StepGuard) -> torch.Tensor:
+        """One optimizer step (its update dropped where every rank agreed to skip it); its loss."""
         with self._precision(state.step + 1):
             loss = self._loss(state, batch)
         state.optimizer.zero_grad()  # set_to_none is the default (Horovod's optimizer takes no argument)
         loss.backward()
-        return loss, self._apply(state, loss)
+        if steps.agree_finite(state, loss):
+            if self.options.clip_grad_norm:
+                assert state.wrapped is not None
+                torch.nn.utils.clip_grad_norm_(state.wrapped.parameters(), self.options.clip_grad_norm)
+            state.optimizer.step()
+        return loss
 
     def _precision(self, step: int) -> Any:
         """The step's random streams (reseeded from the seed, the rank and the step: ``state.reseed``) and autocast."""
@@ -247,31 +215,16 @@ class Trainer:
         every = self.options.checkpoint_every
         return bool(every) and state.step % every == 0 and batches.steps_left(state.sample) > 0
 
-    def _apply(self, state: TrainState, loss: torch.Tensor) -> bool | None:
-        """The optimizer step, unless every rank agreed to skip it (``Resilience.agree_finite``). Returns None when
-        the loss is checked later by the step vote (``fail``), else whether the update was applied (``skip``)."""
-        agreed = self.resilience.agree_finite(state, loss)
-        if agreed is False:
-            return False
-        if self.options.clip_grad_norm:
-            assert state.wrapped is not None
-            torch.nn.utils.clip_grad_norm_(state.wrapped.parameters(), self.options.clip_grad_norm)
-        state.optimizer.step()
-        return agreed
-
-    def _end_epoch(self, state: TrainState, eval_set: Dataset[Any], epoch: int) -> None:
-        ctx, guard = self.ctx, self.resilience
-        guard.settle(state)
-        guard.doing("evaluating")
-        with guard.phase("evaluation"):  # a stop in it commits the epoch's training, the restart evaluates again
+    def _end_epoch(self, state: TrainState, eval_set: Dataset[Any], epoch: int, layout: Layout,
+                   steps: StepGuard) -> None:
+        ctx = self.ctx
+        with steps.evaluating(state) as rounds:  # a stop in it commits the epoch's training, the restart evaluates
             state.metrics = evaluate(state.model, eval_set, self._eval_step(), ctx, self.comm, self.batch_size,
-                                     self._workers(), self._autocast, self.parallel is not None and
-                                     self.parallel.evaluates_in_lockstep, guard.evaluation(state))
+                                     self._workers(), self._autocast, layout.evaluates_in_lockstep, rounds)
         if state.scheduler is not None:  # after the evaluation, whose stop commits the epoch's trained state
             state.scheduler.step()
         for key, value in state.metrics.items():
             state.history.setdefault(key, []).append(value)
-        self.resilience.record.metrics = dict(state.metrics)
         state.epoch, state.batch, state.sample = epoch + 1, 0, 0
         if ctx.is_chief:
             log.info("epoch %d/%d eval %s", epoch + 1, self.epochs,
@@ -279,38 +232,36 @@ class Trainer:
             self._scalars("eval", state.metrics, state.step)
             if self.metric_name in state.metrics:
                 self.reporter.report(str(self.metric_name), state.metrics[str(self.metric_name)], state.step)
-        guard.checkpoint(state)
-        guard.beat(state)
+        steps.epoch_done(state)
 
-    def _finish(self, state: TrainState, start_step: int, start_epoch: int, total: int, seconds: float) -> None:
-        self.resilience.finishing(state)
-        digests = self.comm.gather_object(self._digest(state.model))
+    def _finish(self, state: TrainState, layout: Layout, start_step: int, start_epoch: int, total: int,
+                seconds: float) -> None:
+        """Every write committed (``StepGuard.finishing``): the export as the layout exports, the summary."""
+        digests = self.comm.gather_object(layout.model.digest(state.model))
         ranks = self.comm.gather_object(self.ctx.rank)
         steps = self.comm.gather_object(state.step - start_step)
         if self.writer is not None:
             with storage.store_errors(self.ctx.tensorboard_dir):
                 self.writer.close()
-        hook = getattr(self.module, "export", None)
-        self.checkpoints.close()  # the last write committed (``finishing`` waited), the writer's buffers released
-        if self.parallel is not None and self.parallel.every_rank_exports:  # each its shards, tensor by tensor
-            self._export(state.model.eval(), hook, sharded=True)
-        elif self.ctx.is_chief:
-            self._export(state.model.to("cpu").eval(), hook, sharded=False)
+        exported = layout.export.model(state.model, self.ctx.is_chief)  # None where this rank takes no part
+        if exported is not None:
+            self._export(exported, layout)
         if self.ctx.is_chief:
             if self.metric_name and start_epoch >= self.epochs:  # a rerun at the final checkpoint: report it again
                 self.reporter.report_final(str(self.metric_name), state.history, state.step)
-            self._summarize(state, start_step, start_epoch, total, seconds, digests, ranks, steps)
+            self._summarize(state, layout, start_step, start_epoch, total, seconds, digests, ranks, steps)
         # The replicas leave together, after the export: a chief lost while exporting finds its peers still
         # there when it is restarted, so its restart (from the final checkpoint) exports again.
         self.comm.gather_object(None)
 
     # ---- pieces ------------------------------------------------------------------------------
-    def _export(self, model: nn.Module, hook: Callable[..., Any] | None, sharded: bool) -> None:
+    def _export(self, model: nn.Module, layout: Layout) -> None:
         """The module's ``export`` hook; else a transformers model as ``from_pretrained`` opens it
-        (``hub_export.py``); else ``model.safetensors`` (``export.py``)."""
+        (``hub_export.py``); else ``model.safetensors`` (``export.py``), as the layout exports."""
+        hook = getattr(self.module, "export", None)
         self.hub = not callable(hook) and hub_export.is_pretrained(model)
         if not self.hub:
-            export_model(model, self.ctx.model_dir, hook, self.ctx, sharded=sharded)
+            export_model(model, self.ctx.model_dir, hook, self.ctx, layout.export)
             return
         limit = int(module_default(self.module, "max_shard_size", hub_export.MAX_SHARD_SIZE))
         hub_export.export_pretrained(model, self.ctx.model_dir, self.ctx.is_chief, limit)
@@ -318,7 +269,7 @@ class Trainer:
     def _init_from(self, state: TrainState) -> None:
         """The first weights from ``--init-from`` (a Hugging Face safetensors checkpoint), this rank's part only."""
         source = str(self.options.init_from)
-        self.resilience.doing(f"loading the first weights from {source} (--init-from)")
+        self.guard.doing(f"loading the first weights from {source} (--init-from)")
         started = time.time()
         read = pretrained.load(state.model, source)
         total = self.comm.all_reduce_sum(torch.tensor([float(read)], device=self.ctx.device)).item()
@@ -366,30 +317,24 @@ class Trainer:
                 for key, value in values.items():
                     self.writer.add_scalar(f"{prefix}/{key}", value, step)
 
-    def _digest(self, model: nn.Module) -> str:
-        """This rank's parameters' digest (equal on every rank of a replicated model; its shards' when sharded)."""
-        return self.parallel.digest(model) if self.parallel is not None else param_digest(model)
-
-    def _summarize(self, state: TrainState, start_step: int, start_epoch: int, total: int, seconds: float,
-                   digests: list[Any], ranks: list[Any], steps: list[Any]) -> None:
-        ctx = self.ctx
-        choice = self.parallel.choice if self.parallel is not None else None
+    def _summarize(self, state: TrainState, layout: Layout, start_step: int, start_epoch: int, total: int,
+                   seconds: float, digests: list[Any], ranks: list[Any], steps: list[Any]) -> None:
+        ctx, choice, written = self.ctx, layout.choice, layout.checkpoints.io
         global_batch = self.batch_size * ctx.world_size
         write_summary(ctx.model_dir, TrainingSummary(
-            framework=self.plan.framework, strategy=choice.name if choice else self.plan.strategy,
-            backend=self.comm.name,
+            framework=self.plan.framework, strategy=choice.name, backend=self.comm.name,
             device=str(ctx.device), world_size=ctx.world_size, replicas_in_sync=ctx.world_size,
             global_batch_size=global_batch, epochs=self.epochs, start_epoch=start_epoch, start_step=start_step,
             final_step=state.step, expected_steps=total, steps_per_replica=steps, metrics=state.metrics,
             history=state.history, seconds=round(seconds, 2),
             samples_per_second=round((state.step - start_step) * global_batch / max(seconds, 1e-9), 1),
-            checkpoint_blocked_seconds=round(self.checkpoints.io.blocked_seconds, 3),
-            checkpoint_write_seconds=round(self.checkpoints.io.write_seconds, 3), trial=ctx.trial,
+            checkpoint_blocked_seconds=round(written.blocked_seconds, 3),
+            checkpoint_write_seconds=round(written.write_seconds, 3), trial=ctx.trial,
             hypertune_file=self.reporter.path, ranks=ranks, param_digests=digests, recoveries=state.recoveries,
-            goodput=self.resilience.goodput_so_far(), image=self.plan.image.to_dict(),
-            load_with=LOAD_HUB if self.hub else self.parallel.load_with if self.parallel else parallel.LOAD_REPLICATED,
+            goodput=self.guard.goodput_so_far(), image=self.plan.image.to_dict(),
+            load_with=LOAD_HUB if self.hub else layout.load_with,
             details={"init_param_digests": self.digests["init"], "start_param_digests": self.digests["start"],
-                     "strategy_reason": choice.reason if choice else self.plan.reason,
+                     "strategy_reason": choice.reason,
                      "compile_seconds": round(parallel.compile_seconds(), 2),
                      **({"skipped_nonfinite_steps": state.skipped} if state.skipped else {})},
         ))

@@ -3,7 +3,7 @@ deadline, the platform's advance notice, the job ledger's phases, and naming a l
 
 It exists before anything is built (``running()`` wraps the whole loop), so no phase is left without it:
 
-- **Signals.** SIGTERM/SIGINT set a flag that the step vote reads (``resilience.py``: every rank stops at the same
+- **Signals.** SIGTERM/SIGINT set a flag that the step vote reads (``steps.py``: every rank stops at the same
   step and the chief commits it). Where nothing is half done and nothing new is trained (the start-up: building,
   forming the group, the restore; and the export, after the final checkpoint), the phase is an interruptible region
   (``signals.StopRequest``): the signal ends it at once, and the record and last line say that nothing was trained
@@ -13,8 +13,12 @@ It exists before anything is built (``running()`` wraps the whole loop), so no p
   record: ``watchdog.record_margin``) whatever holds it, and its record says what is committed (``holding``): a
   node of one process enforces its grace period as a launcher does for its workers.
 - **Hangs and live phases**: the watchdog's clocks; what the datasets read feeds it (``progress``).
-- **Peers**: every rank's heartbeat, so that a lost peer is named; a peer that stopped on a signal says so in the job's
-  store (``post_stop``), so the ranks it left in a collective stop with it instead of calling it lost.
+- **Peers**: the group (survivors keep training: its first generation formed before anything is built, a
+  replacement joining once its model exists, ``survivors.py``); every rank's heartbeat, so that a lost peer is named;
+  a peer that stopped on a signal says so in the job's store (``post_stop``), so the ranks it left in a collective stop
+  with it instead of calling it lost.
+
+What comes with the parallel layout (the vote, non-finite steps, saves and stops, in-place recovery) is ``steps.py``.
 """
 
 from __future__ import annotations
@@ -25,11 +29,12 @@ import logging
 import signal
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from entrypoint import errors, failures
-from entrypoint.errors import Interrupted, PeerError, StopRequested
+from entrypoint.cluster.placement import Placement
+from entrypoint.errors import ConfigError, Interrupted, PeerError, StopRequested
 from entrypoint.lifecycle import peers, recorder
 from entrypoint.lifecycle.peers import KeyValue
 from entrypoint.lifecycle.signals import StopRequest
@@ -40,18 +45,29 @@ from entrypoint.planning.plan import Plan
 from entrypoint.pytorch.defaults import HookContext
 from entrypoint.pytorch.launch.collectives import Collectives
 from entrypoint.pytorch.recovery.notices import AdvanceNotice
+from entrypoint.pytorch.recovery.survivors import Healing, InPlace
+from entrypoint.pytorch.state import TrainState
 
 log = logging.getLogger("entrypoint.pytorch")
 START_UP = "the start-up"  # the interruptible region from the first hook to the first batch
 EXPORT = "the export"  # the interruptible region after the final checkpoint
 
 
+def check_placement(placed: Placement, comm: Collectives) -> None:
+    """The framework's own rank and world size (``dist.get_rank()``, ``hvd.rank()``) must be the plan's."""
+    if (comm.rank, comm.world_size) != (placed.rank, placed.world_size):
+        raise ConfigError(comm.rank_variable, f"{comm.name} placed this process at rank {comm.rank} of "
+                          f"{comm.world_size}, but the job's layout places it at rank {placed.rank} of "
+                          f"{placed.world_size}")
+
+
 class RunGuard:
     """Signals, watchdogs, the advance notice, the ledger's phases and the peers' heartbeats of one training run."""
 
     def __init__(self, plan: Plan, comm: Collectives, ctx: HookContext, failure_context: failures.FailureContext,
-                 writes_done: Callable[[], None]) -> None:
+                 survivors: InPlace | None = None) -> None:
         self.plan, self.comm, self.ctx, self.failure_context = plan, comm, ctx, failure_context
+        self.survivors = survivors  # survivors keep training: the group's generations (``survivors.py``)
         # The job ledger (the chief's; a no-op elsewhere): phases, steps, saves, restores, recoveries (goodput).
         self.record = recorder.for_training(plan.outputs.job_dir, plan.topology.replica_name, ctx.rank, ctx.is_chief)
         self.request = StopRequest()
@@ -61,13 +77,13 @@ class RunGuard:
         self.notice = AdvanceNotice(plan, ctx)  # the platform's advance notice (``notices.py``)
         self.board: peers.PeerBoard | None = None
         self.store: KeyValue | None = None  # the job's key-value store once the group exists (None: one process)
-        self._writes_done = writes_done  # waits for the checkpoint write in flight
 
     # ---- the run ------------------------------------------------------------------------------
     @contextlib.contextmanager
     def running(self) -> Iterator[RunGuard]:
         """Stop signals (the start-up ended at once by one), the hang watchdog and the stop's deadline for the whole
-        run; a failure's last words say what a stop committed, or name a lost peer."""
+        run, the group's first generation formed (survivors keep training); a failure's last words say what a stop
+        committed, or name a lost peer."""
         self.request.install()
         self.request.enter(START_UP)
         self.watchdog.phase = "starting the training loop"
@@ -75,15 +91,14 @@ class RunGuard:
         self.notice.start()
         self.record.enter("preparation")
         try:
+            if self.survivors is not None:  # before anything is built (a replacement joins in ``join``)
+                self.starting("forming the process group")
+                self.survivors.form()
             yield self
             self.record.close("finished")
         except BaseException as exc:
             region = self.request.region
             self.request.enter(None)
-            # A write still in flight ends (and says how) before the failure's last line, not after it: the
-            # process's exit would wait for its thread anyway, and the last line names the root cause.
-            with contextlib.suppress(BaseException):
-                self._writes_done()
             final = self.explain(exc, region)
             self.record.close("stopped" if isinstance(final, StopRequested) else "failed")
             if final is not exc:
@@ -181,6 +196,19 @@ class RunGuard:
         self.request.enter(EXPORT)
 
     # ---- peers ------------------------------------------------------------------------------------
+    def join(self, state: TrainState) -> Healing | None:
+        """Every rank built its model: publish this rank's heartbeat (None: the group's first generation), or join a
+        job in progress as a replacement, healed from rank 0's live state (how); the framework's ranks checked."""
+        self.starting("forming the process group")
+        joined = self.survivors.enter(state) if self.survivors is not None else None
+        if joined is None:
+            self.meet()
+        members = self.join_board(joined.members if joined is not None else None)
+        if self.survivors is not None and members is not None:
+            self.survivors.membership.names = lambda rank: members[rank].replica
+        check_placement(self.plan.placed, self.comm)  # the group exists: its ranks must be the plan's
+        return joined
+
     def meet(self) -> None:
         """Every rank built its datasets and model before the first collective; the ranks still building are
         named every 20 s and, at ``--timeout``, in the failure (a collective's timeout names nobody)."""

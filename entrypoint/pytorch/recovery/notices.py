@@ -3,7 +3,7 @@
 Every node's metadata server speaks for its own VM, so each node's training process at local rank 0 watches it
 (``lifecycle/notice.py``). A notice it hears goes into the next per-step vote (``vote.py``: two more integers,
 still one all-reduce; between evaluation batches too), so every rank learns of it at the same step, wherever it was
-heard; there ``Resilience`` commits a checkpoint of that step at once (outside ``--checkpoint-every``), once per
+heard; there ``StepGuard`` commits a checkpoint of that step at once (outside ``--checkpoint-every``), once per
 notice, and training goes on until the signal (whose own save may then be cut short by the grace period without
 losing more than the steps since the notice).
 

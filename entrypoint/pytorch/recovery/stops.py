@@ -13,8 +13,10 @@ meet it. So:
   ``post_stop``) and wait, within the grace period, until that checkpoint is committed. Each says what is committed.
 - **A sharded model** (FSDP, HSDP): every rank must write its own shards, with collectives. The ranks that were
   interrupted waiting for a batch meet in the job's store: when every rank waits there at the same step, the
-  chief says so and they commit together (the usual stop, ``Resilience._stop``); when one does not come within a
-  few seconds (it is inside the next step's collectives), nothing newer can be committed, and each says so.
+  chief says so and they commit together (the usual stop, ``StepGuard.stop_agreed``); when one does not come within
+  a few seconds (it is inside the next step's collectives), nothing newer can be committed, and each says so.
+
+Which of the two is the layout's fact, given once (``together``: its ranks each write their shards).
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ MEET_SECONDS = 5.0  # at most, for every rank of a sharded model to come to a st
 
 
 class Loop(Protocol):
-    """What a stop outside a step uses of the loop's guard (``Resilience``)."""
+    """What a stop outside a step uses of the loop's guard (``StepGuard``)."""
 
     plan: Plan
     comm: Collectives
@@ -64,10 +66,11 @@ class Loop(Protocol):
 
 
 class OffStep:
-    """The stops that the step vote cannot agree on (``Resilience`` holds one)."""
+    """The stops that the step vote cannot agree on (``StepGuard`` holds one): the chief commits alone, or (with
+    ``together``: every rank writes its shards) the ranks meet first."""
 
-    def __init__(self, loop: Loop) -> None:
-        self.r = loop
+    def __init__(self, loop: Loop, together: bool) -> None:
+        self.r, self.together = loop, together
 
     @property
     def guard(self) -> RunGuard:
@@ -79,7 +82,7 @@ class OffStep:
         allows, say what is committed, raise ``StopRequested``."""
         r = self.r
         r.watchdog.phase = f"saving before stopping ({where})"
-        if r.saver.format is not None and r.saver.format.collective and r.ctx.world_size > 1:
+        if self.together:
             if self._meet(state.step):
                 r.stop_agreed(state)  # every rank waits at this step: the usual stop, with its collectives
             self.guard.post_stop(state.step)

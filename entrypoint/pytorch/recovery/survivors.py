@@ -22,7 +22,7 @@ from typing import Any
 from entrypoint.lifecycle import lost_work
 from entrypoint.planning.plan import Plan
 from entrypoint.planning.usercode import module_source
-from entrypoint.pytorch.checkpoints.resume import LoopCheckpoints, adopt
+from entrypoint.pytorch.checkpoints.resume import adopt, live_state
 from entrypoint.pytorch.defaults import param_digest
 from entrypoint.pytorch.launch.collectives import TorchDistributed
 from entrypoint.pytorch.launch.membership import Membership, fingerprint
@@ -58,15 +58,14 @@ class Healing:
     seconds: float
 
 
-def heal(comm: TorchDistributed, checkpoints: LoopCheckpoints, state: TrainState, joining: bool,
-         me: tuple[str, str]) -> Healing:
+def heal(comm: TorchDistributed, state: TrainState, joining: bool, me: tuple[str, str]) -> Healing:
     """Every rank whose (step, parameters) differ from rank 0's, and every replacement, gets rank 0's live state."""
     started = time.perf_counter()
     views = comm.gather_object((state.step, param_digest(state.model), joining, me))
     reference = views[0][:2]
     healed = [r for r, (step, digest, new, _) in enumerate(views) if r and (new or (step, digest) != reference)]
     if comm.rank == 0 and healed:
-        payload = checkpoints.payload(state)
+        payload = live_state(state, comm.world_size)
         for rank in healed:
             comm.send_object(payload, rank)
     elif comm.rank in healed:
@@ -78,9 +77,8 @@ def heal(comm: TorchDistributed, checkpoints: LoopCheckpoints, state: TrainState
 class InPlace:
     """Survivors keep training: the group's generations, and what each recovery cost."""
 
-    def __init__(self, membership: Membership, comm: TorchDistributed, checkpoints: LoopCheckpoints,
-                 plan: Plan, me: tuple[str, str]) -> None:
-        self.membership, self.comm, self.checkpoints, self.plan, self.me = membership, comm, checkpoints, plan, me
+    def __init__(self, membership: Membership, comm: TorchDistributed, plan: Plan, me: tuple[str, str]) -> None:
+        self.membership, self.comm, self.plan, self.me = membership, comm, plan, me
         self.fingerprint: dict[str, Any] = {}
         self.joining = False
 
@@ -99,7 +97,7 @@ class InPlace:
             return None
         self.membership.join(self.fingerprint)
         self.comm.form_group(self.membership.pg_store())
-        done = heal(self.comm, self.checkpoints, state, True, self.me)
+        done = heal(self.comm, state, True, self.me)
         log.info("joined the group (generation %d) at step %d, healed from rank 0 in %.2f s",
                  self.membership.generation, state.step, done.seconds)
         return done
@@ -118,7 +116,7 @@ class InPlace:
                     ", ".join(lost) or "a peer", step, self.membership.generation + 1)
         verdict = self.membership.reform(step)
         self.comm.form_group(self.membership.pg_store())
-        done = heal(self.comm, self.checkpoints, state, False, self.me)
+        done = heal(self.comm, state, False, self.me)
         # each rank of a replica names the replica: one name per replica lost (two processes a node named it twice)
         names = list(dict.fromkeys([self.membership.names(r) for r in sorted(verdict.joiners)] or lost or ["a peer"]))
         reached = max(done.steps)

@@ -1,24 +1,32 @@
-"""The hooks loop's fault tolerance behind one object: the loop calls it before a step, after a step, and on failure.
+"""What keeps a step safe, built with the parallel layout: the vote, non-finite steps, saves and stops, recovery.
 
-``Resilience`` owns what keeps a step safe, so that the training loop reads as training. What exists from the first
-hook (stop signals and the regions a stop ends at once, the hang watchdog and the stop's deadline, the advance
-notice, the ledger's phases, naming a lost peer) is its ``guard`` (``guard.py``); the rest comes with the layout:
+The hooks loop's guard comes in two parts. What exists from the first hook (stop signals and the regions a stop ends
+at once, the hang watchdog and the stop's deadline, the advance notice, the ledger's phases, the group and naming a
+lost peer) is ``RunGuard`` (``guard.py``). ``StepGuard`` comes with the layout, given its facts (its checkpoint
+format, whether its evaluation runs in lockstep, whether survivors may keep training after a lost peer), and the
+loop calls it at a handful of points:
 
-- ``before_step`` / ``after_step(state, loss)``: the watchdog's phases and beats, a failed background checkpoint
-  write, and the per-step vote (``vote.py``): every rank learns at the same step that a signal arrived
-  anywhere (the chief commits that step, every rank exits 128 + N), that a loss was not finite, or that the
-  platform gave a node an advance notice (``notices.py``: that step is committed at once, training goes on).
+- ``start(state, fresh)``: join the group and resume from the newest checkpoint (``fresh`` when there is none), or, as
+  a replacement, from rank 0's live state.
+- ``batches(batches, state)``: the epoch's batches, each the start of a step; a wait for one does not hold a stop
+  (``stops.py`` commits the last trained step).
 - ``agree_finite(state, loss)``: ``--on-nonfinite skip`` (every rank agrees the loss is finite before the update,
   or drops it); ``fail`` leaves it to the vote.
-- ``checkpoint(state)`` and ``settle(state)``: the vote in flight is finished before anything is saved,
-  evaluated or exported, so no checkpoint holds the state of a step whose loss was not finite; a stop that came
-  during a save is agreed on right after it (the save in flight is finished and committed, then every rank stops).
-- ``fetching(batches, state)``: a wait for a batch does not hold a stop (``stops.py`` commits the last trained step).
-- ``evaluation(state)``: the vote between evaluation batches: every rank abandons it at the same batch on a stop
-  (the trained step is committed; the restart evaluates again), or commits at once on a notice; each batch beats.
-- ``attempts(state)``: the training runs once; with survivors-keep-training on (``survivors.py``), a lost peer
-  re-forms the group with its replacement and the training runs again from rank 0's position; a stop while the
-  survivors wait for it commits the last trained step (``stops.py``).
+- ``after_step(state, loss, save)``: the watchdog's beats, a failed background checkpoint write, and the per-step
+  vote (``vote.py``): every rank learns at the same step that a signal arrived anywhere (the chief commits that step,
+  every rank exits 128 + N), that a loss was not finite, or that the platform gave a node an advance notice
+  (``notices.py``: that step is committed at once, training goes on); then the scheduled checkpoint (``save``). The
+  vote in flight is finished before anything is saved, evaluated or exported, so no checkpoint holds the state of a
+  step whose loss was not finite; a stop that came during a save is agreed on right after it (the save in flight is
+  finished and committed, then every rank stops).
+- ``evaluating(state)`` and ``epoch_done(state)``: the vote between evaluation batches (every rank abandons it at the
+  same batch on a stop: the trained step is committed, the restart evaluates again; or commits at once on a
+  notice; each batch beats), then the epoch's checkpoint.
+- ``attempts(state)``: the training runs once; with survivors-keep-training on (``survivors.py``) and a layout in which
+  every rank holds the whole model, a lost peer re-forms the group with its replacement and the training runs again
+  from rank 0's position; a stop while the survivors wait for it commits the last trained step (``stops.py``). A
+  failure ends the checkpoint write in flight before the failure's last line.
+- ``finishing(state)``: every write committed, the writer closed; the export is a region a stop ends at once.
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ import contextlib
 import logging
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
 import torch
@@ -35,10 +43,7 @@ import torch
 from entrypoint import failures
 from entrypoint.errors import Interrupted, NonFiniteLoss, StopRequested
 from entrypoint.outputs import checkpoints
-from entrypoint.planning.plan import Plan
 from entrypoint.pytorch.checkpoints.resume import LoopCheckpoints
-from entrypoint.pytorch.defaults import HookContext
-from entrypoint.pytorch.launch.collectives import Collectives
 from entrypoint.pytorch.recovery.guard import RunGuard
 from entrypoint.pytorch.recovery.stops import OffStep
 from entrypoint.pytorch.recovery.survivors import Healing, InPlace
@@ -58,90 +63,51 @@ def patience(grace: float) -> float:
     return min(1.0, grace / 10)
 
 
-class Resilience:
-    """Stop signals, non-finite losses, hangs, heartbeats and in-place recovery around the hooks loop's steps."""
+class StepGuard:
+    """The vote, non-finite steps, saves and stops, and in-place recovery around the hooks loop's steps."""
 
-    def __init__(self, plan: Plan, comm: Collectives, ctx: HookContext, checkpoints: LoopCheckpoints,
-                 failure_context: failures.FailureContext, inplace: InPlace | None) -> None:
-        self.plan, self.comm, self.ctx, self.saver = plan, comm, ctx, checkpoints
-        self.guard = RunGuard(plan, comm, ctx, failure_context, lambda: self.saver.io.wait())
-        self.record, self.watchdog, self.notice = self.guard.record, self.guard.watchdog, self.guard.notice
-        self.request = self.guard.request
-        self.failure_context, self.inplace = failure_context, inplace
-        self.vote = StepVote(comm, self.request, ctx.device)
-        self.in_place_allowed = True
-        self.off_step = OffStep(self)  # a stop the step vote cannot agree on (``stops.py``)
-        self.patience = patience(plan.options.grace_period)
+    def __init__(self, guard: RunGuard, saver: LoopCheckpoints, lockstep: bool, survives_lost_peer: bool) -> None:
+        self.guard, self.saver = guard, saver
+        self.plan, self.comm, self.ctx = guard.plan, guard.comm, guard.ctx
+        self.record, self.watchdog, self.notice, self.request = guard.record, guard.watchdog, guard.notice, \
+            guard.request
+        self.survivors: InPlace | None = guard.survivors if survives_lost_peer else None
+        if guard.survivors is not None and not survives_lost_peer:
+            log.info("survivors keep training is off for a sharded model: a lost peer restarts the job from its "
+                     "newest sharded checkpoint")
+        self.skips_nonfinite = self.plan.options.on_nonfinite == "skip"
+        self.vote = StepVote(self.comm, self.request, self.ctx.device)
+        # A stop the step vote cannot agree on (``stops.py``): ranks that each write their shards meet first.
+        self.off_step = OffStep(self, together=saver.format.collective and self.ctx.world_size > 1)
+        self.patience = patience(self.plan.options.grace_period)
+        # A replicated model's evaluation has no collective but the vote: a stop does not wait for a slow batch.
+        self.evaluation_patience = None if lockstep else self.patience
         self._recoveries_at: list[int] = []  # the step of each in-place recovery
         self._step_started = time.monotonic()
         self._noticed_at: tuple[int, int] | None = None  # (step, epoch) of the last checkpoint a notice asked for
 
-    # ---- the run (the guard's: ``guard.py``) -------------------------------------------------------
-    @contextlib.contextmanager
-    def running(self) -> Iterator[Resilience]:
-        """The guard for the whole run (``RunGuard.running``)."""
-        with self.guard.running():
-            yield self
-
-    def starting(self, what: str) -> None:
-        """The loop starts ``what`` (``RunGuard.starting``)."""
-        self.guard.starting(what)
-
-    def doing(self, what: str) -> None:
-        """The loop is now doing ``what`` (the clock keeps running: the step before and this share it)."""
-        self.guard.doing(what)
-
-    def beat(self, state: TrainState) -> None:
-        """Training goes on at ``state``'s step (after the start-up, the step clock starts now)."""
+    # ---- the start ---------------------------------------------------------------------------
+    def start(self, state: TrainState, fresh: Callable[[TrainState], None]) -> Healing | None:
+        """Join the group; resume from the newest checkpoint (``fresh(state)`` when there is none), and let
+        replacements join from now on; or, as a replacement, take rank 0's live state (how: ``Healing``)."""
+        joined = self.guard.join(state)
+        if joined is None:  # the group's first generation: every member starts here, from the newest checkpoint
+            self.guard.starting("resuming from the newest checkpoint")
+            with self.record.phase("restore"):
+                resumed = self.saver.resume(state)
+            if not resumed:
+                fresh(state)
+            self.guard.restored(state.step)
+            if self.survivors is not None:
+                self.survivors.started()
         self.guard.beat(state.step)
-
-    def phase(self, name: str) -> contextlib.AbstractContextManager[None]:
-        """A phase of the job ledger (``evaluation``) around the loop's block."""
-        return self.guard.phase(name)
-
-    def goodput_so_far(self) -> dict[str, Any]:
-        """The job's goodput so far, this attempt's steps included (the training summary's ``goodput``)."""
-        return self.guard.goodput_so_far()
-
-    def restored(self, step: int) -> None:
-        """The training goes on after ``step`` (what the newest checkpoint held; 0 for a fresh start)."""
-        self.guard.restored(step)
-
-    def form_group(self) -> None:
-        """Survivors keep training: form the group's first generation before anything is built (a replacement of a
-        lost process joins in ``join`` instead, once its model exists)."""
-        if self.inplace is not None:
-            self.starting("forming the process group")
-            self.inplace.form()
-
-    def restart_on_loss(self) -> None:
-        """The model is sharded: a lost peer takes its shards with it, so the job restarts from its checkpoint."""
-        if self.inplace is not None:
-            log.info("survivors keep training is off for a sharded model: a lost peer restarts the job from its "
-                     "newest sharded checkpoint")
-        self.in_place_allowed = False
-
-    def join(self, state: TrainState) -> Healing | None:
-        """Publish this rank's heartbeat (None: the group's first generation), or join a job in progress as a
-        replacement, healed from rank 0's live state (how)."""
-        self.starting("forming the process group")
-        joined = self.inplace.enter(state) if self.inplace is not None else None
-        if joined is None:
-            self.guard.meet()
-        members = self.guard.join_board(joined.members if joined is not None else None)
-        if self.inplace is not None and members is not None:
-            self.inplace.membership.names = lambda rank: members[rank].replica
         return joined
 
-    def started(self) -> None:
-        """The group's first generation trains: replacements may join from now on."""
-        if self.inplace is not None and self.in_place_allowed:
-            self.inplace.started()
-
     # ---- a step ------------------------------------------------------------------------------
-    def fetching(self, batches: Iterator[Any], state: TrainState) -> Iterator[Any]:
-        """The epoch's batches. A stop does not wait for one that is slow to come (more than ``patience``): this
-        rank commits the last trained step, which every rank voted on, as its layout allows (``stops.py``)."""
+    def batches(self, batches: Iterator[Any], state: TrainState) -> Iterator[Any]:
+        """The epoch's batches, each the start of a step (the first one is part of the start-up: first imports,
+        compilation). A stop does not wait for one that is slow to come (more than ``patience``): this rank commits
+        the last trained step, which every rank voted on, as its layout allows (``stops.py``)."""
         request = self.request
         while True:
             try:
@@ -152,21 +118,18 @@ class Resilience:
                 self.off_step.stop(state, WAITING)
             if batch is _END:
                 return
+            self.watchdog.phase = "in the first training step (first imports, compilation)" \
+                if self.watchdog.starting_up else "in a training step"
+            self._step_started = time.monotonic()
+            self.record.step_begin()
             yield batch
 
-    def before_step(self) -> None:
-        """A training step starts (the first one is part of the start-up: first imports, compilation)."""
-        self.watchdog.phase = "in the first training step (first imports, compilation)" if self.watchdog.starting_up \
-            else "in a training step"
-        self._step_started = time.monotonic()
-        self.record.step_begin()
-
-    def agree_finite(self, state: TrainState, loss: Any) -> bool | None:
-        """Before the update, ``--on-nonfinite``: ``fail`` lets it through unchecked (None: the step vote checks the
-        loss later, without a collective of its own); ``skip`` has every rank agree the loss is finite first (one
-        small synchronous all-reduce), and drops the step's update everywhere when it is not (False)."""
-        if self.plan.options.on_nonfinite != "skip":
-            return None
+    def agree_finite(self, state: TrainState, loss: torch.Tensor) -> bool:
+        """Whether to apply the step's update. ``--on-nonfinite fail`` lets it through unchecked (the step vote
+        checks the loss after the step, without a collective of its own); ``skip`` has every rank agree the loss is
+        finite first (one small synchronous all-reduce), and drops the step's update everywhere when it is not."""
+        if not self.skips_nonfinite:
+            return True
         bad = int(self.comm.all_reduce_sum(nonfinite(loss)).item())
         if not bad:
             return True
@@ -177,14 +140,33 @@ class Resilience:
                         "skip; %d skipped so far)", state.step + 1, bad, self.ctx.world_size, len(state.skipped))
         return False
 
-    def after_step(self, state: TrainState, loss: Any) -> None:
-        """A step ended (``loss`` None: its finiteness was agreed on already): beat, vote, stop or fail as agreed.
-        The first one ends the start-up: ``--hang-timeout`` holds from here on."""
+    def after_step(self, state: TrainState, loss: torch.Tensor, save: bool) -> None:
+        """A step ended: beat, vote (on ``loss`` unless every rank agreed on it before the update), stop or fail as
+        agreed; then commit it if ``save`` (the checkpoint schedule). The first one ends the start-up:
+        ``--hang-timeout`` holds from here on."""
         self.record.step_end(state.step)
         self.watchdog.trained(state.step, WAITING)
         self.saver.io.check()
-        self._act(state, self.vote.poll(state.step, loss, self.notice.for_vote()))
+        self._act(state, self.vote.poll(state.step, None if self.skips_nonfinite else loss, self.notice.for_vote()))
         self.notice.after_step(state.saved_step, self.saver.io.write_seconds)
+        if save:
+            self.checkpoint(state)
+
+    @contextlib.contextmanager
+    def evaluating(self, state: TrainState) -> Iterator[Evaluation]:
+        """Around the epoch's evaluation (the ledger's ``evaluation``), once the vote in flight is settled: what it
+        calls between its batches (``evaluation.py``). A stop in it commits the epoch's training; the restart
+        evaluates again."""
+        self.settle(state)
+        self.guard.doing("evaluating")
+        with self.record.phase("evaluation"):
+            yield Evaluation(self, state)
+
+    def epoch_done(self, state: TrainState) -> None:
+        """The epoch ended (its metrics are ``state.metrics``): commit it, and go on."""
+        self.record.metrics = dict(state.metrics)
+        self.checkpoint(state)
+        self.guard.beat(state.step)
 
     def settle(self, state: TrainState) -> None:
         """Finish the vote in flight (before saving, evaluating or exporting); stop or fail as it says."""
@@ -202,18 +184,15 @@ class Resilience:
         if int(self.comm.all_reduce_sum(flag).item()):
             self.stop_agreed(state)
 
-    def evaluation(self, state: TrainState) -> Evaluation:
-        """What the evaluation calls between its batches (``evaluation.py``)."""
-        return Evaluation(self, state)
-
     def finishing(self, state: TrainState) -> None:
         """Training is complete: a stop asked for at the very end commits nothing more (the final step is);
-        every write is committed; from now on a stop ends the export at once."""
+        every write is committed and the writer's buffers released; from now on a stop ends the export at once."""
         verdict = self.vote.drain()
         if verdict is not None and verdict.nonfinite:
             self.fail_nonfinite(state, verdict)
         with self.record.phase("checkpoint"):
             self.saver.io.wait()
+        self.saver.close()
         self.guard.exporting()
 
     def _act(self, state: TrainState, verdict: StepVerdict | None, where: str = "") -> None:
@@ -296,7 +275,7 @@ class Resilience:
             return False
         if self.request.requested or self.guard.peer_stopped() is not None:
             self.off_step.stop(state, f"{self.watchdog.phase} (a stopping peer left the group)")
-        if self.inplace is None or not self.in_place_allowed:
+        if self.survivors is None:
             return False
         self._recoveries_at.append(state.step)
         if self._recoveries_at.count(state.step) > MAX_RECOVERIES_AT_ONE_STEP:
@@ -311,11 +290,18 @@ class Resilience:
         self.vote = StepVote(self.comm, self.request, self.ctx.device)
         try:
             with self.request.interruptible("waiting for a lost peer's replacement"):
-                self.inplace.recover(state, in_flight, lost)
+                self.survivors.recover(state, in_flight, lost)
         except Interrupted:
             self.off_step.stop(state, "waiting for a lost peer's replacement")
         self.watchdog.beat(state.step, WAITING)
         return True
+
+    def writes_done(self) -> None:
+        """A failure: the checkpoint write in flight ends (and says how) before the failure's last line, not after it
+        (the process's exit would wait for its thread anyway, and the last line names the root cause); no stop
+        interrupts the wait."""
+        with self.request.uninterrupted(), contextlib.suppress(BaseException):
+            self.saver.io.wait()
 
 
 class Evaluation:
@@ -324,10 +310,9 @@ class Evaluation:
     own), so a stop does not wait for a slow batch there (read or evaluated: after ``patience``): the chief commits the
     trained step alone (``stops.py``). A sharded model's forward passes are collectives: the vote alone decides."""
 
-    def __init__(self, resilience: Resilience, state: TrainState) -> None:
-        self.r, self.state = resilience, state
-        collective = resilience.saver.format is not None and resilience.saver.format.collective
-        self.patience = None if collective else resilience.patience
+    def __init__(self, guard: StepGuard, state: TrainState) -> None:
+        self.r, self.state = guard, state
+        self.patience = guard.evaluation_patience
 
     def _enter(self) -> None:
         if self.patience is not None:
@@ -358,10 +343,11 @@ class Evaluation:
 
 
 class Attempt:
-    """One run of the training: a lost peer ends it recovered (in place) or re-raised."""
+    """One run of the training: a lost peer ends it recovered (in place) or re-raised, once the checkpoint write in
+    flight ended."""
 
-    def __init__(self, resilience: Resilience, state: TrainState) -> None:
-        self.resilience, self.state = resilience, state
+    def __init__(self, guard: StepGuard, state: TrainState) -> None:
+        self.guard, self.state = guard, state
         self.recovered = False
 
     def __enter__(self) -> Attempt:
@@ -370,5 +356,9 @@ class Attempt:
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, _tb: object) -> bool:
         if exc is None:
             return False
-        self.recovered = self.resilience.recover(self.state, exc)
+        try:
+            self.recovered = self.guard.recover(self.state, exc)
+        finally:
+            if not self.recovered:
+                self.guard.writes_done()
         return self.recovered
