@@ -363,15 +363,16 @@ def _output_dir(given: str | None, command: Sequence[str]) -> str:
     """``--output-dir``, else the replica command's own ``--job-dir`` (before its ``--``), else ``./outputs``: local
     sets every replica's ``AIP_*`` directories from it (Vertex's baseOutputDirectory), so a ``run --job-dir`` of its
     own is taken as the job's, or the model and the job's records would land in two places."""
-    ours = split_user_args(command[1:])[0]
-    named = [ours[i + 1] for i, arg in enumerate(ours[:-1]) if arg == "--job-dir"]
-    named += [arg.split("=", 1)[1] for arg in ours if arg.startswith("--job-dir=")]
+    try:
+        named = parse_options(command[0], command[1:]).job_dir
+    except ConfigError:  # the replicas say what is wrong with their command
+        named = None
     if not named:
         return given or "./outputs"
-    if given is not None and _output_base(given) != _output_base(named[-1]):
-        raise ConfigError("local", f"--output-dir {given} and the replica command's --job-dir {named[-1]} name two "
+    if given is not None and _output_base(given) != _output_base(named):
+        raise ConfigError("local", f"--output-dir {given} and the replica command's --job-dir {named} name two "
                           "job dirs: give one (local's --output-dir sets every replica's)")
-    return named[-1]
+    return named
 
 
 def restart_policy(args: argparse.Namespace, kind: str = "vertex") -> RestartPolicy:
