@@ -295,7 +295,7 @@ def framework(name: str, version: str | None, here: tuple[str, ...], where: str,
     """The job's framework in this Python (found, never imported): what ``run`` refuses before anything runs (a
     hooks or module job), or runs with a warning (a script may need nothing of it)."""
     if version is not None:
-        return Finding("framework", "ok", f"{name} {version} installed in this Python".replace("  ", " "))
+        return Finding("framework", "ok", " ".join(filter(None, (name, version, "installed in this Python"))))
     message = f"{name} is not installed in this Python (installed here: {', '.join(here) or 'none'})"
     if script:
         return Finding("framework", "warning", f"{message}; the script runs as it is", fix=where)
