@@ -87,32 +87,33 @@ def _wanted() -> str:
     return wanted
 
 
-def _broken(argv: Sequence[str]) -> str | None:
-    """None when ``argv info`` works, else why not (its last line of output)."""
+def _broken(argv: Sequence[str], patience: float = 60) -> str | None:
+    """None when ``argv info`` works, else why not (its last line of output). ``info`` waits for the storage
+    lock that a build beside it holds while it commits a layer: ``patience`` is how long that may take."""
     if not shutil.which(argv[0]):
         return "not installed"
     try:
-        proc = subprocess.run([*argv, "info"], capture_output=True, text=True, timeout=60, check=False)
+        proc = subprocess.run([*argv, "info"], capture_output=True, text=True, timeout=patience, check=False)
     except subprocess.TimeoutExpired:
-        return "`info` timed out"
+        return f"`info` did not answer in {patience:.0f} s"
     return None if proc.returncode == 0 else (proc.stderr.strip().splitlines() or ["`info` failed"])[-1]
 
 
-def find_engine() -> tuple[Engine | None, list[str]]:
+def find_engine(patience: float = 60) -> tuple[Engine | None, list[str]]:
     """Docker where `docker info` works, else podman where it works (CONTAINER_ENGINE picks one), and
-    why each engine passed over was."""
+    why each engine passed over was; ``patience``: see _broken."""
     wanted, reasons = _wanted(), list[str]()
     for name, argv in (("docker", ("docker",)), ("podman", _podman_argv())):
         if wanted in ("", name):
-            why = _broken(argv)
+            why = _broken(argv, patience)
             if why is None:
                 return Engine(name, argv), reasons
             reasons.append(f"{name}: {why}")
     return None, reasons
 
 
-def detect_engine() -> Engine | None:
-    return find_engine()[0]
+def detect_engine(patience: float = 60) -> Engine | None:
+    return find_engine(patience)[0]
 
 
 def install_engine() -> None:
