@@ -29,7 +29,7 @@ from tests.conftest import ROOT
 PACKAGE = ROOT / "entrypoint"
 # docs/ARCHITECTURE.md, "The tree": the first matching prefix gives a module's layer.
 LAYERS: list[tuple[str, int]] = [
-    ("entrypoint.errors", 0), ("entrypoint.options", 0),
+    ("entrypoint.errors", 0), ("entrypoint.options", 0), ("entrypoint.periodic", 0),
     ("entrypoint.cluster", 1),
     ("entrypoint.outputs", 2),
     ("entrypoint.failures", 3),

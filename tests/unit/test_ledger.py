@@ -114,9 +114,7 @@ def roundtrip_on_a_store(job_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
     writer.close()
     found = ledger.read(job_dir)
     assert ([r["kind"] for r in found.records], found.files, found.warnings) == (["start", "end"], 1, [])
-    assert writer._uploader is not None
-    writer._uploader.join(timeout=30)  # its upload thread ends with it
-    assert not writer._uploader.is_alive()
+    assert writer._uploader.started and not writer._uploader.alive  # its upload thread ended with it
 
 
 def test_a_ledger_in_memory(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -133,7 +131,7 @@ def test_a_ledger_on_a_bucket(emulator: Emulator, monkeypatch: pytest.MonkeyPatc
 
 
 def test_an_upload_in_flight_at_close_never_replaces_the_newest(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ledger, "REMOTE_EVERY", 0.0)  # the thread uploads at once
+    monkeypatch.setattr(ledger, "REMOTE_EVERY", 0.05)  # the thread uploads at once
     started, closed = threading.Event(), threading.Event()
 
     class Slow(storage.RemotePath):
@@ -150,8 +148,7 @@ def test_an_upload_in_flight_at_close_never_replaces_the_newest(monkeypatch: pyt
     writer.add("end", t=T0 + 1, code=0)
     writer.close()
     closed.set()
-    assert writer._uploader is not None
-    writer._uploader.join(timeout=30)
+    writer._uploader.stop(30)
     try:
         assert [json.loads(line)["kind"] for line in writer.location.read_text().splitlines()] == ["start", "end"]
     finally:
