@@ -104,7 +104,7 @@ def _goodput(argv: Sequence[str]) -> int:
         print(report)
         return ExitCode.OK
     if args.plot:
-        from entrypoint.outputs.goodput_plot import write_plot
+        from entrypoint.outputs.goodput.plot import write_plot
 
         write_plot(args.plot, report.timeline())
     print(json.dumps(report.to_dict(), indent=2, sort_keys=True) if args.json else report.text())

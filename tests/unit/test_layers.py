@@ -314,6 +314,8 @@ def test_the_layout_rule_sees_what_it_looks_for() -> None:
 GROUPS: dict[str, list[tuple[str, ...]]] = {
     "entrypoint.pytorch": [("__init__", "framework", "state", "defaults"), ("launch",), ("checkpoints",),
                            ("recovery",), ("loop",)],
+    "entrypoint.outputs": [("__init__", "storage", "conditional", "locations", "checkpoints", "staging", "summary",
+                            "hypertune", "redaction", "logs", "progress", "sbom"), ("goodput",)],
     "entrypoint.jobs": [("__init__", "args", "images", "machines", "model", "network", "pinning", "planned",
                          "replicaenv", "specdoc", "yamltext"), ("vertex",), ("kubeflow",), ("cli",)],
 }

@@ -1,6 +1,7 @@
-"""The job ledger (entrypoint/outputs/ledger.py) and what the processes write to it (entrypoint/lifecycle/recorder.py):
-many writers read back as one ledger, torn and bad lines skipped with a warning, object stores through the storage
-seam, a ledger that cannot be written or is fenced never stopping the training, the recorders' records."""
+"""The job ledger (entrypoint/outputs/goodput/ledger.py) and what the processes write to it
+(entrypoint/lifecycle/recorder.py): many writers read back as one ledger, torn and bad lines skipped with a warning,
+object stores through the storage seam, a ledger that cannot be written or is fenced never stopping the training, the
+recorders' records."""
 
 from __future__ import annotations
 
@@ -21,8 +22,9 @@ from entrypoint.cluster.environments.settings import PlatformSettings
 from entrypoint.lifecycle import recorder, runner
 from entrypoint.lifecycle.recorder import NodeRecorder, PlatformRecorder, Recorder
 from entrypoint.options import RunOptions
-from entrypoint.outputs import checkpoints, ledger, storage
-from entrypoint.outputs.ledger import LEDGER_DIR, Ledger
+from entrypoint.outputs import checkpoints, storage
+from entrypoint.outputs.goodput import ledger
+from entrypoint.outputs.goodput.ledger import LEDGER_DIR, Ledger
 from entrypoint.planning.plan import make_plan
 from tests.gcs import Emulator, gs_dir
 

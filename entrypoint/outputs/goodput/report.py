@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from entrypoint.outputs.goodput_model import BUCKETS, ML_GOODPUT, Attempt
+from entrypoint.outputs.goodput.model import BUCKETS, ML_GOODPUT, Attempt
 
 
 @dataclass
