@@ -154,7 +154,7 @@ def _one_line_errors(command: Callable[[Sequence[str]], int], argv: Sequence[str
 
 
 def _run(options: RunOptions, ctx: failures.FailureContext) -> int:
-    from entrypoint.lifecycle import jobrecord
+    from entrypoint.lifecycle.jobdir import jobrecord
     from entrypoint.lifecycle.runner import describe_failures, refuse_if_in_use, refused_records, run_node
 
     settings = read_settings()

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from entrypoint.cluster.environments.settings import goodput_job_name, ledger_attempt
 from entrypoint.errors import ConfigError
 from entrypoint.failures.records import read_records
-from entrypoint.lifecycle import jobrecord, lease
+from entrypoint.lifecycle.jobdir import jobrecord, lease
 from entrypoint.outputs import checkpoints, goodput, storage
 from entrypoint.outputs.goodput import Report, ledger
 from entrypoint.outputs.goodput.ledger import Ledger, attempt_id, process_start_time

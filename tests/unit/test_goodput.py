@@ -14,7 +14,7 @@ import pytest
 from entrypoint.cli import main
 from entrypoint.failures.records import FailureRecord, store_record
 from entrypoint.lifecycle import recorder
-from entrypoint.lifecycle.lease import JobLease
+from entrypoint.lifecycle.jobdir.lease import JobLease
 from entrypoint.outputs import checkpoints, goodput
 from entrypoint.outputs.goodput import IN_PLACE, KILLED, ledger
 from entrypoint.outputs.goodput.model import BUCKETS, Witness

@@ -21,7 +21,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from entrypoint.lifecycle.signals import shield_loader_worker
-from entrypoint.lifecycle.watchdog import reads
+from entrypoint.lifecycle.watch.watchdog import reads
 
 
 class EpochSampler(Sampler[int]):

@@ -24,8 +24,8 @@ margin for its record (``record_margin``), whatever holds it, and its record and
 (the caller's words); a node of one process enforces its grace period this way, as a launcher does for its workers.
 
 The start deadline: TensorFlow's cluster start holds the GIL while it waits for a lost peer, so no thread of
-the process can act. A small watcher process (``python -m entrypoint.lifecycle.watchdog``, prepared before the wait)
-writes the failure record and the job's last line at the deadline, then ends the waiting process with
+the process can act. A small watcher process (``python -m entrypoint.lifecycle.watch.watchdog``, prepared before the
+wait) writes the failure record and the job's last line at the deadline, then ends the waiting process with
 SIGALRM (exit 142); the kernel's own alarm stays as a backstop.
 """
 
@@ -47,8 +47,9 @@ from typing import Any
 
 from entrypoint import errors, failures
 from entrypoint.failures.records import FailureRecord
-from entrypoint.lifecycle import peers, signals
-from entrypoint.lifecycle.peers import PeerBoard
+from entrypoint.lifecycle import signals
+from entrypoint.lifecycle.watch import peers
+from entrypoint.lifecycle.watch.peers import PeerBoard
 from entrypoint.periodic import Periodic
 
 BACKSTOP = 3.0  # seconds after the watcher's deadline: the kernel's alarm, should the watcher be gone
@@ -227,7 +228,7 @@ def start_deadline(seconds: float, ctx: failures.FailureContext, failure: failur
     """End this process with ``failure`` (record, last line, exit 142) if the block outlasts ``seconds``."""
     job = {"pid": os.getpid(), "seconds": seconds, "record": failures.make_record(ctx, failure).to_json(),
            "context": context_json(ctx)}
-    watcher = subprocess.Popen([sys.executable, "-m", "entrypoint.lifecycle.watchdog"], stdin=subprocess.PIPE,
+    watcher = subprocess.Popen([sys.executable, "-m", "entrypoint.lifecycle.watch.watchdog"], stdin=subprocess.PIPE,
                                preexec_fn=signals.child_preexec)
     assert watcher.stdin is not None
     with contextlib.suppress(OSError):  # a watcher that could not start leaves the backstop to end the wait
