@@ -22,6 +22,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -145,6 +146,7 @@ def _elastic(plan: Plan, store: NodeStore) -> int:
 
 
 _PR_SET_CHILD_SUBREAPER = 36
+LEFTOVER_GRACE = 5.0  # seconds a process a rank left behind has to end by itself before it is killed
 
 
 @contextlib.contextmanager
@@ -156,11 +158,22 @@ def adopting_leftovers() -> Iterator[None]:
     try:
         yield
     finally:
-        for pid in leftovers():
+        deadline = time.monotonic() + LEFTOVER_GRACE
+        while (left := [pid for pid in leftovers() if not _reaped(pid)]) and time.monotonic() < deadline:
+            time.sleep(0.05)  # what ends with its rank (a DataLoader's fork server, its workers) ends by itself
+        for pid in left:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
                 log.warning("killed process %d a rank left behind", pid)
                 os.waitpid(pid, 0)
+
+
+def _reaped(pid: int) -> bool:
+    """Whether the child ``pid`` has ended (and is reaped now)."""
+    try:
+        return os.waitpid(pid, os.WNOHANG)[0] == pid
+    except ChildProcessError:
+        return True
 
 
 def leftovers() -> list[int]:
