@@ -49,6 +49,11 @@ def _local(value: Any) -> Any:
     return value.to_local() if hasattr(value, "to_local") else value
 
 
+def _copy(value: Any) -> Any:
+    """A tensor's local part, copied to host memory (what is sent shares nothing with the training state)."""
+    return _local(value).detach().to("cpu", copy=True) if isinstance(value, torch.Tensor) else value
+
+
 def _bytes(tensor: torch.Tensor) -> bytes:
     return bytes(_local(tensor).detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
 
@@ -70,13 +75,13 @@ def state_digest(state: TrainState) -> str:
 
 
 def live_shards(state: TrainState, world_size: int) -> dict[str, Any]:
-    """This rank's live state as local tensors (a sharded model's shards and their optimizer state)."""
+    """This rank's live state as local tensors in host memory (a sharded model's shards, their optimizer state)."""
     optimizer = state.optimizer.state_dict()
     dtensors = [[index, key] for index, entry in optimizer["state"].items() for key, value in entry.items()
                 if hasattr(value, "to_local")]
-    optimizer["state"] = {index: {key: _local(value) for key, value in entry.items()}
+    optimizer["state"] = {index: {key: _copy(value) for key, value in entry.items()}
                           for index, entry in optimizer["state"].items()}
-    model = {name: _local(tensor).detach().cpu() for name, tensor in state.model.state_dict().items()}
+    model = {name: _copy(tensor) for name, tensor in state.model.state_dict().items()}
     return {"model": model, "optimizer": optimizer, "dtensors": dtensors, **extra(state, world_size)}
 
 
