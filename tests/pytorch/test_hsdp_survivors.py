@@ -47,6 +47,7 @@ def test_a_lost_hsdp_node_is_healed_from_the_live_replica_and_the_survivors_neve
         job.wait_for("checkpoint ckpt-00000004 committed")
         job.wait_for_step(9)
         survivor = replica_group(job, "workerpool0-0")
+        committed = max(step for step, _ in checkpoints.committed(out / "checkpoints"))
         assert spoil(out / "checkpoints"), "no checkpoint was committed before the loss"
         vanish(job, "workerpool1-0")
         healed = job.wait_for(HEALED, timeout=240)
@@ -75,7 +76,30 @@ def test_a_lost_hsdp_node_is_healed_from_the_live_replica_and_the_survivors_neve
     assert lost["how"] == "in_place" and lost["replica"] == "workerpool1-0", lost
     assert lost["lost_steps"] <= 1 and lost["resumed_from_step"] >= 9 and lost["resumed_from_step"] == \
         int(healed.group(1))
+    assert lost["resumed_from_step"] >= committed  # 0 committed steps lost: the job went on past its newest commit
     assert (out / "model" / "model.safetensors").is_file()
     report = json.loads(entrypoint("goodput", str(out), "--json").stdout)
     assert report["disruptions"].get(IN_PLACE) == 1, report["disruptions"]
     assert report["steps"]["lost"] <= 1, report["steps"]
+
+
+def test_a_lost_chief_under_hsdp_restarts_every_node_from_the_newest_sharded_checkpoint(tmp_path: Path) -> None:
+    """The chief hosts the job's store: its loss is the checkpoint path, and the checkpoints of HSDP by node (each
+    node's shards of one replica) load into the restarted job's replicas."""
+    out = tmp_path / "job"
+    job = Job("local", "--workers", "2", "--output-dir", str(out), "--", *RUN, "--", "--step-sleep", "0.2")
+    try:
+        job.wait_for("checkpoint ckpt-00000004 committed")
+        job.wait_for_step(6)
+        vanish(job, "workerpool0-0")
+        assert job.wait(300) == 0, job.output()[-4000:]
+        assert wait_gone(job.marker) == []
+    finally:
+        job.cleanup()
+    output = job.output()
+    assert re.search(r"\[workerpool0-0#1\] .*resumed from \S*ckpt-\d+ at step ([4-9]|\d\d)", output), output[-4000:]
+    result = summary(out / "model")
+    assert result["final_step"] == result["expected_steps"]
+    digests = result["param_digests"]
+    assert digests[0] == digests[2] and digests[1] == digests[3], digests
+    assert (out / "model" / "model.safetensors").is_file()

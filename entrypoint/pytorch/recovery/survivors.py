@@ -1,11 +1,14 @@
-"""The hooks loop's side of "survivors keep training": form or join the group, heal from rank 0, recover in place.
+"""The hooks loop's side of "survivors keep training": form or join the group, heal from a live replica, recover in
+place.
 
 A surviving process that loses a peer keeps its interpreter, its model and its data: it drops the broken
 process group, waits with the others for the replacement (``membership.py``), forms the next generation,
-and every rank whose state differs from rank 0's (the replacement, or a survivor that got one step
-further or less) receives rank 0's live state: model, optimizer, scheduler, position, history. Each step
-draws its randomness from (seed, rank, step) (``state.reseed``), so the replayed step and the
-replacement's steps draw exactly what an uninterrupted run would: at most the step in flight is lost.
+and every rank whose state differs from its source's (the replacement, or a survivor that got one step
+further or less) receives its source's live state (``healing.py``: rank 0's for a replicated model, under HSDP the
+same local rank of the first node): model, optimizer, scheduler, position, history. A replacement asks to join
+once its model is built, before placing it (HSDP places it on groups of the job's). Each step draws its randomness
+from (seed, rank, step) (``state.reseed``), so the replayed step and the replacement's steps draw exactly what an
+uninterrupted run would: at most the step in flight is lost.
 """
 
 from __future__ import annotations
