@@ -88,6 +88,7 @@ class TorchDistributed:
         self._links: dict[int, str] = {}  # the connections the current group opened (to shut down if it breaks)
         self._store_port: int | None = None
         self.replicas: NodeReplicas | None = None  # HSDP whose replicas survive a lost node (``replicas.py``)
+        self._replica_links: dict[int, str] = {}  # the connections of the current generation's replica groups
 
     def by_node(self, local_rank: int, local_size: int) -> NodeReplicas:
         """Shard within this node's own group and average across replicas on groups re-formed with the job's."""
@@ -96,15 +97,17 @@ class TorchDistributed:
         return self.replicas
 
     def average_replicas(self, grads: list[torch.Tensor]) -> None:
-        """Average this rank's gradient shards across the replicas (``NodeReplicas.average``); the connections a
-        generation's replica groups open are shut down with its group's when a peer is lost."""
+        """Average this rank's gradient shards across the replicas (``NodeReplicas.average``). The connections of a
+        generation's replica groups are shut down with its group's when a peer is lost, and at once by a rank whose
+        average failed: a peer further along the ring, blocked on it, fails then too instead of at ``--timeout``."""
         assert self.replicas is not None, "average_replicas without by_node"
-        before = _sockets() if self.replicas.replica_group is None else None
-        try:
-            self.replicas.average(grads)
-        finally:
-            if before is not None:
-                self._links.update({fd: link for fd, link in _sockets().items() if before.get(fd) != link})
+        if self.replicas.replica_group is None:
+            before = _sockets()
+            self.replicas.replicas()
+            opened = {fd: link for fd, link in _sockets().items() if before.get(fd) != link}
+            self._links.update(opened)
+            self._replica_links = opened
+        self.replicas.average(grads, broken=lambda: _shut_down(self._replica_links, self._store_port))
 
     @property
     def active(self) -> bool:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -80,10 +81,11 @@ class NodeReplicas:
         """How many replicas the gradients are averaged over (the nodes of the current group)."""
         return dist.get_world_size() // self.local_size
 
-    def average(self, grads: list[torch.Tensor]) -> None:
+    def average(self, grads: list[torch.Tensor], broken: Callable[[], None] = lambda: None) -> None:
         """Average ``grads`` (this rank's local shards) over the replicas, in place; on a node that agrees it did.
 
-        Raises PeerError on every rank of this node when any of its ranks could not (a replica was lost)."""
+        Raises PeerError on every rank of this node when any of its ranks could not (a replica was lost); a rank
+        whose all-reduce failed calls ``broken`` first (its replica group's connections shut down)."""
         failed: BaseException | None = None
         if grads:
             flat = torch.cat([g.reshape(-1) for g in grads])
@@ -91,6 +93,8 @@ class NodeReplicas:
                 dist.all_reduce(flat, group=self.replicas())
             except Exception as exc:  # a peer of this rank's replica group is gone: its node must know
                 failed = exc
+                with contextlib.suppress(Exception):
+                    broken()
             else:
                 flat /= self.replica_count()
                 offset = 0
