@@ -67,17 +67,21 @@ def test_fsdp_at_world_2_trains_the_weights_ddp_trains_and_commits_every_ranks_s
 
 
 def test_hsdp_across_two_nodes_of_two_processes_trains_what_ddp_trains(tmp_path: Path) -> None:
+    """HSDP by node (survivors keep training: FSDP within the node, the loop's own average across the replicas) and
+    FSDP2's own 2-D mesh (``--recovery restart``) both train what DDP trains."""
     runs = {}
-    for strategy in ("ddp", "hsdp"):
-        out = tmp_path / strategy
+    for name, strategy, recovery in (("ddp", "ddp", "in-place"), ("hsdp", "hsdp", "in-place"),
+                                     ("hsdp-2d", "hsdp", "restart")):
+        out = tmp_path / name
         proc = entrypoint("local", "--workers", "2", "--output-dir", str(out), "--", "run", *HOOKS,
-                          "--nproc-per-node", "2", "--strategy", strategy, "--epochs", "1", "--", "--sgd",
-                          timeout=900)
+                          "--nproc-per-node", "2", "--strategy", strategy, "--recovery", recovery, "--epochs", "1",
+                          "--", "--sgd", timeout=900)
         assert proc.returncode == 0, failure_text(proc)
-        runs[strategy] = out
-    assert summary(runs["hsdp"] / "model")["world_size"] == 4
-    assert summary(runs["hsdp"] / "model")["strategy"] == "hsdp"
-    assert_close(weights(runs["ddp"]), weights(runs["hsdp"]), atol=1e-5)  # 4 ranks reduce in another order
+        runs[name] = out
+    for name in ("hsdp", "hsdp-2d"):
+        assert summary(runs[name] / "model")["world_size"] == 4
+        assert summary(runs[name] / "model")["strategy"] == "hsdp"
+        assert_close(weights(runs["ddp"]), weights(runs[name]), atol=1e-5)  # 4 ranks reduce in another order
 
 
 def consumed(record: Path, steps: int | None = None) -> list[list[int]]:
