@@ -13,14 +13,13 @@ seconds are equal. ``load`` is the chief's: the loop hands what it loaded to the
 
 from __future__ import annotations
 
-import shutil
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from entrypoint.outputs.checkpoints import CheckpointWriter, Retention, check_sizes, commit, read_marker
+from entrypoint.outputs.checkpoints import CheckpointWriter, Retention, check_sizes, commit, read_marker, write_beside
 from entrypoint.outputs.staging import Staging
 from entrypoint.outputs.storage import Location
 
@@ -88,20 +87,15 @@ class JaxCheckpointIO:
         arrays = model_state(state)
         if self.is_chief:
             local = self.local_dir / path.name
+
+            def write(partial: Path) -> None:
+                _checkpointer().save(partial / STATE, arrays)
+                commit(partial, meta)
+                check_sizes(partial)
+
             # Written whole beside it first: a checkpoint of this step already committed (a notice's, the epoch's
             # end then saving the same step with its new position) stays until the new one is, never mixed with it
-            partial = self.local_dir / f".partial-{path.name}"
-            shutil.rmtree(partial, ignore_errors=True)
-            partial.mkdir(parents=True)
-            _checkpointer().save(partial / STATE, arrays)
-            commit(partial, meta)
-            check_sizes(partial)
-            if local.exists():
-                replaced = local.rename(self.local_dir / f".replaced-{path.name}")
-                partial.rename(local)
-                shutil.rmtree(replaced, ignore_errors=True)
-            else:
-                partial.rename(local)
+            write_beside(local, write)
             final: Location = self.staging.push_checkpoint(local) if self.staging is not None else local
             self.retention.verified(final)
             self.retention.prune(final.parent)

@@ -9,6 +9,12 @@ Retention (``Retention``) never deletes the newest checkpoint known to verify (t
 or one this process committed since), and deletes the ones known not to load before any good one:
 at every moment at least one checkpoint that loads remains.
 
+A checkpoint written again at a step that already has one (a rerun, a notice's save then the epoch's end at the
+same step) is written whole beside it and swapped in (``write_beside``): the committed one stays loadable until the
+new one is committed, whatever ends the process in between. On a file system that cannot exchange two names at
+once, the old one waits as ``.replaced-ckpt-<step>`` for the moment between two renames, and counts as its step's
+checkpoint while no ``ckpt-<step>`` exists.
+
 ``CheckpointWriter`` is the one typed interface the training loops save and load through, whatever the
 framework: PyTorch's ``ReplicatedCheckpointIO`` (``pytorch/checkpoints/checkpoint_io.py``, shared by Horovod) and
 ``ShardedCheckpointIO`` (``pytorch/checkpoints/sharded_io.py``), and Keras' ``KerasCheckpointIO``
@@ -18,12 +24,17 @@ framework: PyTorch's ``ReplicatedCheckpointIO`` (``pytorch/checkpoints/checkpoin
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import hashlib
 import json
 import logging
+import os
 import re
+import shutil
+import sys
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from entrypoint.errors import ConfigError
@@ -32,6 +43,9 @@ from entrypoint.outputs.storage import Location
 
 MARKER = "COMMITTED"
 _NAME = re.compile(r"^ckpt-(\d{8,})$")
+_REPLACED = re.compile(r"^\.replaced-ckpt-(\d{8,})$")  # an old checkpoint while a new one of its step is renamed in
+PARTIAL = ".partial-"  # the prefix of a checkpoint being written beside its place
+_RENAME_EXCHANGE = 2  # renameat2's flag: both names swapped in one step
 _CHUNK = 1 << 20
 log = logging.getLogger("entrypoint.checkpoints")
 T = TypeVar("T")
@@ -131,20 +145,23 @@ def verify(path: str | Location, share: tuple[int, int] = (0, 1)) -> None:
 
 
 def committed(checkpoint_dir: str | Location, warn: bool = True) -> list[tuple[int, Location]]:
-    """Committed checkpoints, oldest first; torn ones (no marker) are skipped with a warning."""
+    """Committed checkpoints, oldest first; torn ones (no marker) are skipped with a warning. A step's
+    ``.replaced-`` checkpoint counts while the step has no committed ``ckpt-<step>`` (``write_beside``)."""
     root = storage.path(checkpoint_dir)
     if not root.is_dir():
         return []
-    found = []
+    found: dict[int, Location] = {}
     for child in root.iterdir():
-        match = _NAME.match(child.name)
+        match = _NAME.match(child.name) or _REPLACED.match(child.name)
         if not match or not child.is_dir():
             continue
+        step = int(match.group(1))
         if is_committed(child):
-            found.append((int(match.group(1)), child))
-        elif warn:
+            if step not in found or _NAME.match(child.name):
+                found[step] = child
+        elif warn and _NAME.match(child.name):
             log.warning("skipping torn checkpoint %s (no %s marker)", child, MARKER)
-    return sorted(found)
+    return sorted(found.items())
 
 
 def latest(checkpoint_dir: str | Location) -> Location | None:
@@ -268,8 +285,44 @@ class Retention:
 
 
 def _step_of(path: Location) -> int:
-    match = _NAME.match(path.name)
+    match = _NAME.match(path.name) or _REPLACED.match(path.name)
     return int(match.group(1)) if match else -1
+
+
+def write_beside(target: Path, write: Callable[[Path], None]) -> None:
+    """Write the checkpoint directory ``target`` (local) with ``write``, which commits it, whole beside it first
+    (``.partial-<name>``) and swap it in: a committed checkpoint already at ``target`` stays loadable until then
+    (a failure or a kill mid-write leaves it as it was), and is removed after."""
+    partial = target.with_name(PARTIAL + target.name)
+    replaced = target.with_name(f".replaced-{target.name}")
+    shutil.rmtree(partial, ignore_errors=True)  # what an earlier attempt left
+    partial.mkdir(parents=True)
+    write(partial)
+    if not target.exists():
+        partial.rename(target)
+    elif _exchange(partial, target):
+        shutil.rmtree(partial, ignore_errors=True)  # the old checkpoint, now under the partial name
+    else:  # two renames: between them the old one counts as its step's (``committed``)
+        shutil.rmtree(replaced, ignore_errors=True)
+        target.rename(replaced)
+        partial.rename(target)
+    shutil.rmtree(replaced, ignore_errors=True)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap the names ``a`` and ``b`` at once (Linux's ``renameat2``); False where the system or the file system
+    cannot."""
+    if not sys.platform.startswith("linux"):
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    renameat2 = getattr(libc, "renameat2", None)
+    if renameat2 is None:
+        return False
+    at_cwd = -100
+    done = renameat2(at_cwd, os.fsencode(a), at_cwd, os.fsencode(b), _RENAME_EXCHANGE) == 0
+    if not done and ctypes.get_errno() not in (22, 38, 95):  # EINVAL, ENOSYS, EOPNOTSUPP: not here
+        raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()), str(b))
+    return done
 
 
 class CheckpointWriter(Protocol):

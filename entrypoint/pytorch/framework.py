@@ -56,8 +56,9 @@ CUDA_MAJOR = 13
 # The hooks loop's DataLoader workers per process (2 on a GPU, 0 on CPU), and what a script is assumed to start.
 DATA_LOADER = DataLoaderDefaults(gpu=2, cpu=0, script=1)
 FLAGS = (
-    Flag("--recovery", "a lost peer (PyTorch hooks across nodes): in-place: the survivors keep training with its "
-         "replacement (default); restart: every process exits, the job restarts from its checkpoint",
+    Flag("--recovery", "a lost peer (PyTorch hooks across nodes, DDP or HSDP): in-place: the survivors keep "
+         "training with its replacement, healed from a live replica (default); restart: every process exits, the "
+         "job restarts from its checkpoint",
          choices=("in-place", "restart")),
     Flag("--bucket-cap-mb", f"DDP gradient bucket size (default {BUCKET_CAP_MB_DEFAULT})", positive_int),
     Flag("--compile", "torch.compile the model (each shard unit under FSDP/HSDP); the summary reports the compile "

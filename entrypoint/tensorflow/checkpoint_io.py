@@ -1,20 +1,21 @@
 """Keras checkpoints behind the same typed interface as PyTorch's writers (``checkpoints.CheckpointWriter``).
 
-``save`` runs on every worker (MultiWorkerMirroredStrategy may run collectives while saving, so a save only
-the chief entered would hang): the chief writes ``ckpt-<step>/weights`` and commits the marker last, the
-others write into a scratch directory removed at once. With ``staging`` (gs:// checkpoints without the FUSE
-mount) TensorFlow writes and the chief commits in the local staging directory, then uploads the checkpoint,
-marker last, before pruning on the store. Everything is synchronous: the blocked and written seconds are equal.
+``save`` runs on every worker (MultiWorkerMirroredStrategy may run collectives while saving, so a save only the
+chief entered would hang): the chief writes ``ckpt-<step>/weights`` and commits the marker last (whole beside the
+place first, then swapped in: ``checkpoints.write_beside``, so a checkpoint of the same step already committed stays
+loadable until the new one is), the others write into a scratch directory removed at once. With ``staging`` (gs://
+checkpoints without the FUSE mount) TensorFlow writes and the chief commits in the local staging directory, then
+uploads the checkpoint, marker last, before pruning on the store. Everything is synchronous: the blocked and written
+seconds are equal.
 """
 
 from __future__ import annotations
 
-import shutil
 import time
 from pathlib import Path
 from typing import Any
 
-from entrypoint.outputs.checkpoints import CheckpointWriter, Retention, check_sizes, commit, read_marker
+from entrypoint.outputs.checkpoints import CheckpointWriter, Retention, check_sizes, commit, read_marker, write_beside
 from entrypoint.outputs.staging import Staging
 from entrypoint.outputs.storage import Location
 from entrypoint.tensorflow.export import save_on_every_worker
@@ -39,17 +40,23 @@ class KerasCheckpointIO:
         it when staged, marker last) and prunes."""
         started = time.monotonic()
         local = self.local_dir / path.name  # TensorFlow writes local (or /gcs) paths
-        if self.is_chief and local.exists():
-            shutil.rmtree(local)  # a re-run reached the same step: replace, never mix two saves
 
         def save(directory: Path) -> None:
             directory.mkdir(parents=True, exist_ok=True)
             state.save_weights(str(directory / WEIGHTS))
 
-        save_on_every_worker(save, local, self.is_chief)
-        if self.is_chief:
-            commit(local, meta)
-            check_sizes(local)
+        def write(directory: Path) -> None:
+            save_on_every_worker(save, directory, self.is_chief)
+            if self.is_chief:
+                commit(directory, meta)
+                check_sizes(directory)
+
+        if not self.is_chief:
+            write(local)  # into a scratch directory, removed at once
+        else:
+            # Written whole beside it first: a checkpoint of this step already committed (a rerun reached the same
+            # step, a notice's save then the epoch's end) stays loadable until the new one is, then replaced
+            write_beside(local, write)
             final: Location = self.staging.push_checkpoint(local) if self.staging is not None else local
             self.retention.verified(final)
             self.retention.prune(final.parent)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import PYTHON, ROOT, subprocess_env
-from tests.runs import Job, entrypoint, failure_text, processes_with
+from tests.runs import Job, entrypoint, failure_text, last_line, processes_with
 
 pytest.importorskip("torch")
 pytestmark = [pytest.mark.pytorch, pytest.mark.slow]
@@ -126,3 +126,13 @@ end(3)
     assert proc.stdout == "bye"
     assert (tmp_path / "unflushed.txt").read_text() == "written, never flushed nor closed"
     assert (tmp_path / "atexit.txt").read_text() == "ran"
+
+
+def test_a_process_a_rank_left_behind_is_killed_and_the_node_ends_with_the_ranks_cause(tmp_path: Path) -> None:
+    left = tmp_path / "left.pid"
+    proc = entrypoint(*RUN, "--nproc-per-node", "2", "--job-dir", str(tmp_path / "job"), "--script",
+                      "tests/pytorch/orphan_script.py", "--", str(left), timeout=120)  # the one left sleeps 300 s
+    assert proc.returncode == 3, failure_text(proc)
+    assert "rank 0 leaves" in proc.stdout and "user_code" in last_line(proc), failure_text(proc)
+    assert f"killed process {left.read_text()} a rank left behind" in proc.stdout + proc.stderr
+    assert not Path(f"/proc/{left.read_text()}").exists()

@@ -24,7 +24,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.runs import Job, entrypoint, failure_text, replica_group
+from tests.runs import Job, entrypoint, failure_text, replica_group, summary
 
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.pytorch]
@@ -212,3 +212,5 @@ def test_a_restarted_job_loads_the_cache_on_every_fresh_disk(tmp_path: Path) -> 
     assert counters["aot_autograd"].get("autograd_cache_hit", 0) >= 1 and counters["kernels"], counters
     chief = [a for a in goodput(out)["attempts"] if a["chief"]]
     assert len(chief) == 2 and all(a["startup_seconds"] for a in chief), chief  # measured; compared in bench/
+    result = summary(out / "model")  # --compile with DDP reports its compile time (FSDP: tests/pytorch/test_sharded.py)
+    assert result["strategy"] == "ddp" and result["details"]["compile_seconds"] > 0, result

@@ -67,17 +67,21 @@ def test_fsdp_at_world_2_trains_the_weights_ddp_trains_and_commits_every_ranks_s
 
 
 def test_hsdp_across_two_nodes_of_two_processes_trains_what_ddp_trains(tmp_path: Path) -> None:
+    """HSDP by node (survivors keep training: FSDP within the node, the loop's own average across the replicas) and
+    FSDP2's own 2-D mesh (``--recovery restart``) both train what DDP trains."""
     runs = {}
-    for strategy in ("ddp", "hsdp"):
-        out = tmp_path / strategy
+    for name, strategy, recovery in (("ddp", "ddp", "in-place"), ("hsdp", "hsdp", "in-place"),
+                                     ("hsdp-2d", "hsdp", "restart")):
+        out = tmp_path / name
         proc = entrypoint("local", "--workers", "2", "--output-dir", str(out), "--", "run", *HOOKS,
-                          "--nproc-per-node", "2", "--strategy", strategy, "--epochs", "1", "--", "--sgd",
-                          timeout=900)
+                          "--nproc-per-node", "2", "--strategy", strategy, "--recovery", recovery, "--epochs", "1",
+                          "--", "--sgd", timeout=900)
         assert proc.returncode == 0, failure_text(proc)
-        runs[strategy] = out
-    assert summary(runs["hsdp"] / "model")["world_size"] == 4
-    assert summary(runs["hsdp"] / "model")["strategy"] == "hsdp"
-    assert_close(weights(runs["ddp"]), weights(runs["hsdp"]), atol=1e-5)  # 4 ranks reduce in another order
+        runs[name] = out
+    for name in ("hsdp", "hsdp-2d"):
+        assert summary(runs[name] / "model")["world_size"] == 4
+        assert summary(runs[name] / "model")["strategy"] == "hsdp"
+        assert_close(weights(runs["ddp"]), weights(runs[name]), atol=1e-5)  # 4 ranks reduce in another order
 
 
 def consumed(record: Path, steps: int | None = None) -> list[list[int]]:
@@ -86,7 +90,7 @@ def consumed(record: Path, steps: int | None = None) -> list[list[int]]:
             for line in f.read_text().splitlines()[:steps]]
 
 
-def test_sigterm_commits_every_shard_and_a_world_4_checkpoint_resumes_at_smaller_worlds(tmp_path: Path) -> None:
+def test_sigterm_commits_every_shard_and_a_world_4_checkpoint_resumes_at_world_3(tmp_path: Path) -> None:
     windows, batch = 256, 8  # world 4: 8 steps per epoch
     first = tmp_path / "job"
 
@@ -109,31 +113,33 @@ def test_sigterm_commits_every_shard_and_a_world_4_checkpoint_resumes_at_smaller
         ".metadata", "__0_0.distcp", "__1_0.distcp", "__2_0.distcp", "__3_0.distcp", "extra.pt"]
     before = consumed(tmp_path / "record")
     assert len(before) == 4 * stopped[0]  # every rank recorded exactly the committed steps
-    for world in (3, 2):  # each from a copy of the stopped job: one world 4 checkpoint, resumed twice
-        job_dir, record = tmp_path / f"world-{world}", tmp_path / f"record-{world}"
-        shutil.copytree(first, job_dir)
-        proc = entrypoint(*args(job_dir, world, record), timeout=900)
-        assert proc.returncode == 0, failure_text(proc)
-        assert f"resharded from world 4 to {world}" in proc.stdout
-        result = summary(job_dir / "model")
-        assert result["final_step"] == result["expected_steps"] and result["world_size"] == world
-        # The rest of epoch 1 over the new world: no sample seen twice, none skipped but the ragged end.
-        done = stopped[0] * 4 * batch
-        left = (windows - done) // world // batch
-        after = consumed(record, left)
-        seen = [i for step in before + after for i in step]
-        assert len(seen) == len(set(seen)) == done + left * world * batch, world
-        assert windows - len(seen) < world * batch, world  # only the ragged end, as drop_last leaves it
+    world = 3  # a world 4 checkpoint regrouped over 3 ranks: no shard maps whole onto a new rank
+    job_dir, record = tmp_path / f"world-{world}", tmp_path / f"record-{world}"
+    shutil.copytree(first, job_dir)  # a copy of the stopped job
+    proc = entrypoint(*args(job_dir, world, record), timeout=900)
+    assert proc.returncode == 0, failure_text(proc)
+    assert f"resharded from world 4 to {world}" in proc.stdout
+    result = summary(job_dir / "model")
+    assert result["final_step"] == result["expected_steps"] and result["world_size"] == world
+    # The rest of epoch 1 over the new world: no sample seen twice, none skipped but the ragged end.
+    done = stopped[0] * 4 * batch
+    left = (windows - done) // world // batch
+    after = consumed(record, left)
+    seen = [i for step in before + after for i in step]
+    assert len(seen) == len(set(seen)) == done + left * world * batch, world
+    assert windows - len(seen) < world * batch, world  # only the ragged end, as drop_last leaves it
 
 
-def test_sigterm_to_the_whole_group_with_loader_workers_commits_every_shard_and_the_restart_resumes(
+def test_sigterm_to_the_whole_group_with_loader_workers_commits_every_shard_and_a_corrupt_one_is_skipped(
         tmp_path: Path) -> None:
     """A preemption as tini -g delivers it: SIGTERM reaches every process of a sharded job, its DataLoader workers
-    included; the step every rank agreed on is committed with every rank's shard, the job exits 143, and the
-    restart resumes from it."""
+    included; the step every rank agreed on is committed with every rank's shard and the job exits 143. A shard of
+    that newest checkpoint corrupted afterwards (same size, other bytes: only the checksum tells), the restart names
+    it, resumes from the one before and trains to the end, its loader workers evaluating each epoch."""
     job_dir = tmp_path / "job"
     args = run_args(job_dir, "--nproc-per-node", "2", "--strategy", "fsdp", "--epochs", "2", "--checkpoint-every",
-                    "2", "--data-workers", "2", user=("--windows", "256", "--step-sleep", "0.2"))
+                    "2", "--keep-checkpoints", "5", "--data-workers", "2",
+                    user=("--windows", "256", "--step-sleep", "0.2"))
     job = Job(*args)
     try:
         job.wait_for("checkpoint ckpt-00000002 committed")
@@ -143,14 +149,22 @@ def test_sigterm_to_the_whole_group_with_loader_workers_commits_every_shard_and_
     finally:
         job.cleanup()
     assert "killed by signal" not in job.output()  # no loader worker died under a rank
-    step, path = checkpoints.committed(job_dir / "checkpoints")[-1]
+    (before, previous), (step, newest) = checkpoints.committed(job_dir / "checkpoints")[-2:]
     assert f"stopped by SIGTERM at step {step}" in last_line(job)
-    assert sorted(checkpoints.read_marker(path)["files"]) == [".metadata", "__0_0.distcp", "__1_0.distcp", "extra.pt"]
+    assert sorted(checkpoints.read_marker(newest)["files"]) == [".metadata", "__0_0.distcp", "__1_0.distcp",
+                                                                  "extra.pt"]
     assert {r["class"] for r in failure_records(job_dir)} == {"preempted"}
+    shard = newest / "__1_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
     proc = entrypoint(*args, timeout=600)
     assert proc.returncode == 0, failure_text(proc)
-    assert f"resumed from {path} at step {step}" in proc.stdout
+    assert f"checkpoint {newest} does not load (CheckpointError: __1_0.distcp does not match its checksum)" in \
+        proc.stdout + proc.stderr
+    assert f"resumed from {previous} at step {before}" in proc.stdout
     assert summary(job_dir / "model")["final_step"] == summary(job_dir / "model")["expected_steps"]
+    assert "a rank left behind" not in proc.stdout + proc.stderr  # the loaders' fork servers end with their ranks
 
 
 def test_a_ddp_checkpoint_resumes_sharded_and_a_sharded_one_replicated_as_if_uninterrupted(
@@ -200,17 +214,17 @@ def test_a_rank_killed_mid_save_leaves_a_torn_checkpoint_that_the_restart_skips(
         checkpoints.verify(path)
 
 
-def test_compile_with_ddp_and_with_fsdp_reports_the_compile_time(tmp_path: Path) -> None:
+def test_compile_with_fsdp_reports_the_compile_time(tmp_path: Path) -> None:
     # make test keeps Inductor's cache beside the venv (TEST_INDUCTOR_CACHE_DIR): the compiled kernels of the last run
-    # are reused, as a warm user job's are, and the C++ compiles (most of this test's CPU) are not paid twice
+    # are reused, as a warm user job's are, and the C++ compiles (most of this test's CPU) are not paid twice. DDP's
+    # compile time: tests/pytorch/test_compile_cache.py's restarted job (DDP over two replicas, compiled).
     cache = os.environ.get("TEST_INDUCTOR_CACHE_DIR") or str(tmp_path / "inductor")
-    for strategy in ("ddp", "fsdp"):
-        job_dir = tmp_path / strategy
-        proc = entrypoint(*run_args(job_dir, "--nproc-per-node", "2", "--strategy", strategy, "--compile",
-                                    "--epochs", "1", user=("--layers", "1", "--windows", "64")),
-                          env={"TORCHINDUCTOR_CACHE_DIR": cache}, timeout=900)
-        assert proc.returncode == 0, failure_text(proc)
-        assert summary(job_dir / "model")["details"]["compile_seconds"] > 0
+    job_dir = tmp_path / "fsdp"
+    proc = entrypoint(*run_args(job_dir, "--nproc-per-node", "2", "--strategy", "fsdp", "--compile", "--epochs", "1",
+                                user=("--layers", "1", "--windows", "64")),
+                      env={"TORCHINDUCTOR_CACHE_DIR": cache}, timeout=900)
+    assert proc.returncode == 0, failure_text(proc)
+    assert summary(job_dir / "model")["details"]["compile_seconds"] > 0
 
 
 def test_shard_units_naming_modules_not_in_the_model_is_one_line(tmp_path: Path) -> None:
@@ -242,29 +256,6 @@ def test_an_fsdp2_script_in_torchtitans_style_runs_unchanged(tmp_path: Path) -> 
         assert proc.returncode == 0, failure_text(proc)
         report = json.loads((tmp_path / args[0] / "report.json").read_text())
         assert report["world_size"] == 2 and report["sharded"] and report["loss_fell"]
-
-
-def test_a_corrupt_shard_in_the_newest_checkpoint_is_skipped_and_the_previous_one_resumes(tmp_path: Path) -> None:
-    job_dir = tmp_path / "job"
-    args = run_args(job_dir, "--nproc-per-node", "2", "--strategy", "fsdp", "--epochs", "2", "--checkpoint-every",
-                    "8", "--keep-checkpoints", "5")
-    job = Job(*args[:-1], "--", "--step-sleep", "0.1")
-    try:
-        job.wait_for("checkpoint ckpt-00000016 committed")
-        job.send(signal.SIGTERM)
-        assert job.wait(240) == 143, job.output()[-4000:]
-    finally:
-        job.cleanup()
-    newest = checkpoints.committed(job_dir / "checkpoints")[-1][1]
-    shard = newest / "__1_0.distcp"
-    data = bytearray(shard.read_bytes())
-    data[len(data) // 2] ^= 0xFF  # same size, other bytes: only the checksum tells
-    shard.write_bytes(bytes(data))
-    proc = entrypoint(*args, "--step-sleep", "0.1", timeout=600)
-    assert proc.returncode == 0, failure_text(proc)
-    assert f"checkpoint {newest} does not load (CheckpointError: __1_0.distcp does not match its checksum)" in \
-        proc.stdout + proc.stderr
-    assert "resumed from" in proc.stdout and newest.name not in proc.stdout.split("resumed from")[1].split("\n")[0]
 
 
 def test_sharded_checkpoints_and_the_export_go_to_gcs_and_a_restart_resumes_from_there(

@@ -110,8 +110,8 @@ class ShardedCheckpointIO(BackgroundWriter):
 
     def __init__(self, keep: int, rank: int, mode: str, timeout: float, cuda: bool) -> None:
         super().__init__(keep, mode)
-        self.rank, self.cuda = rank, cuda
-        self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout))  # every rank, once
+        self.rank, self.cuda, self.timeout = rank, cuda, timeout
+        self._group: Any = None  # the saves' gloo group: every rank forms it at its first save of a generation
         # Kept for the whole run: its staging buffers are reused from one save to the next.
         self.stager = self._new_stager()
 
@@ -121,9 +121,16 @@ class ShardedCheckpointIO(BackgroundWriter):
         return DefaultStager(StagingOptions(use_pinned_memory=self.cuda, use_shared_memory=False,
                                             use_async_staging=False, use_non_blocking_copy=self.cuda))
 
+    def _form_group(self) -> None:
+        """The saves' gloo group, formed at the first save (every rank saves at the same step, in the training
+        thread), and again after survivors re-formed the job's group (the old one went with it)."""
+        if self._group is None or self._group not in dist.distributed_c10d._world.pg_map:
+            self._group = dist.new_group(backend="gloo", timeout=timedelta(seconds=self.timeout))
+
     def _stage(self, state: dict[str, Any]) -> Any:
         """``state["shards"]`` copied into host memory (with ``state["extra"]``); a stager this torch closed after the
-        copy is replaced for the next."""
+        copy is replaced for the next. The saves' group is formed here, in the training thread."""
+        self._form_group()
         staged = self.stager.stage(state["shards"])  # synchronous (no Future)
         if stager_closed_itself(self.stager):
             self.stager.close()
@@ -136,7 +143,7 @@ class ShardedCheckpointIO(BackgroundWriter):
         return self.rank == 0
 
     def _by(self) -> str:
-        return f" (sharded over {dist.get_world_size(self.group)} ranks)"
+        return f" (sharded over {dist.get_world_size(self._group)} ranks)"
 
     def _write(self, path: Location, staged: Any, meta: dict[str, Any]) -> None:
         """Every rank its shards (``dcp.save`` over the writer's gloo group), then the chief ``extra.pt`` and the
@@ -149,10 +156,10 @@ class ShardedCheckpointIO(BackgroundWriter):
             if self.is_chief and path.exists():  # a rerun reached the same step: replace, never mix two saves
                 storage.rmtree(path)
             target = local or path
-            dcp.save(shards, storage_writer=_writer(str(target)), process_group=self.group)
+            dcp.save(shards, storage_writer=_writer(str(target)), process_group=self._group)
             mine = self._mine(target, local, path)
-            everyone: list[Any] = [None] * dist.get_world_size(self.group)
-            dist.all_gather_object(everyone, mine, group=self.group)
+            everyone: list[Any] = [None] * dist.get_world_size(self._group)
+            dist.all_gather_object(everyone, mine, group=self._group)
             failed = [f"rank {r}: {files}" for r, files in enumerate(everyone) if isinstance(files, str)]
             if failed:
                 raise OSError(f"a rank could not write its shards of {path.name}: {'; '.join(failed)}")

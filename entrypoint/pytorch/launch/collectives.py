@@ -17,6 +17,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from entrypoint.cluster import envvars as ev
 from entrypoint.lifecycle.watch.peers import KeyValue
+from entrypoint.pytorch.launch.replicas import NodeReplicas
 
 log = logging.getLogger("entrypoint.pytorch")
 
@@ -86,6 +87,27 @@ class TorchDistributed:
         self._rank, self._world_size, self.timeout = rank, world_size, timeout
         self._links: dict[int, str] = {}  # the connections the current group opened (to shut down if it breaks)
         self._store_port: int | None = None
+        self.replicas: NodeReplicas | None = None  # HSDP whose replicas survive a lost node (``replicas.py``)
+        self._replica_links: dict[int, str] = {}  # the connections of the current generation's replica groups
+
+    def by_node(self, local_rank: int, local_size: int) -> NodeReplicas:
+        """Shard within this node's own group and average across replicas on groups re-formed with the job's."""
+        if self.replicas is None:
+            self.replicas = NodeReplicas(self.name, self._rank, local_rank, local_size, self.timeout)
+        return self.replicas
+
+    def average_replicas(self, grads: list[torch.Tensor]) -> None:
+        """Average this rank's gradient shards across the replicas (``NodeReplicas.average``). The connections of a
+        generation's replica groups are shut down with its group's when a peer is lost, and at once by a rank whose
+        average failed: a peer further along the ring, blocked on it, fails then too instead of at ``--timeout``."""
+        assert self.replicas is not None, "average_replicas without by_node"
+        if self.replicas.replica_group is None:
+            before = _sockets()
+            self.replicas.replicas()
+            opened = {fd: link for fd, link in _sockets().items() if before.get(fd) != link}
+            self._links.update(opened)
+            self._replica_links = opened
+        self.replicas.average(grads, broken=lambda: _shut_down(self._replica_links, self._store_port))
 
     @property
     def active(self) -> bool:
@@ -110,6 +132,8 @@ class TorchDistributed:
                                 timeout=timedelta(seconds=self.timeout), device_id=self.device if cuda else None)
         self._links = {fd: link for fd, link in _sockets().items() if before.get(fd) != link}
         self._store_port = _store_port(store)
+        if self.replicas is not None:
+            self.replicas.attach()  # the node's group, kept through the loss, is registered again
 
     def drop_group(self) -> None:
         """Abandon the process group (a peer is lost) so that every peer notices at once, then destroy it.
@@ -123,6 +147,8 @@ class TorchDistributed:
             return
         abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
         try:
+            if self.replicas is not None:
+                self.replicas.detach()  # the node's group lives on: out of the abort's and destruction's reach
             if self.name == "nccl" and abort is not None:
                 abort()
             _shut_down(self._links, self._store_port)

@@ -226,11 +226,12 @@ class Membership:
 
 def applies(plan: Any) -> bool:
     """Whether survivors keep training in this job: the PyTorch hooks loop across nodes, ``--recovery in-place``,
-    processes placed by our launcher (not by the platform's own torchrun), a replicated model (a sharded one
-    restarts from its checkpoint: a lost rank takes its shards with it)."""
+    processes placed by our launcher (not by the platform's own torchrun), a replicated model or HSDP (a live node
+    holds a whole replica; a model sharded over every rank restarts from its checkpoint: a lost rank takes its
+    shards with it)."""
     topo, recovery = plan.topology, plan.options.framework_option("recovery", RECOVERY_DEFAULT)
     return bool(registry.get(plan.framework).survivors_regroup and recovery == "in-place" and topo.num_nodes >= 2
-                and plan.strategy not in ("fsdp", "hsdp")
+                and plan.strategy != "fsdp"
                 and topo.chief_host_port() is not None and not topo.processes_started_externally
                 and plan.require_code().kind == "hooks")
 

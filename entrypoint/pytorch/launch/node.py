@@ -7,18 +7,24 @@ any process starts and kept up until every node is done (the exit barrier). One 
 worker, so signals, exit codes, failure records and the rendezvous timeout are its own. Several
 processes per node: torch's elastic launcher (the engine behind ``torchrun``) over that store, each
 worker being ``python -m entrypoint.worker``, stopped with an explicit grace period on SIGTERM.
-Processes the platform placed itself (under its own torchrun) run as they are.
+Processes the platform placed itself (under its own torchrun) run as they are. A node of several processes adopts
+what they leave behind (a child subreaper): a process of a rank still running when its rank is gone (a DataLoader
+worker that never started, holding the job's output open) is killed before the node exits with its ranks' cause.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import os
 import shutil
+import signal
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 from entrypoint import failures
 from entrypoint.cluster import envvars as ev
@@ -129,10 +135,54 @@ def _elastic(plan: Plan, store: NodeStore) -> int:
     log.info("node %s/%s: starting %d processes, world size %d, rendezvous %s:%d (%s)", topo.node_rank,
              topo.num_nodes, plan.nproc_per_node, plan.world_size, store.host, store.port, plan.reason)
     try:
-        elastic_launch(config, sys.executable)("-m", "entrypoint.worker")
+        with adopting_leftovers():
+            elastic_launch(config, sys.executable)("-m", "entrypoint.worker")
     except ChildFailedError as exc:
         _rank, failure = exc.get_first_failure()
         return exit_code_of(failure.exitcode)
     except SignalException as exc:
         return signal_exit_code(exc.sigval)
     return ExitCode.OK
+
+
+_PR_SET_CHILD_SUBREAPER = 36
+LEFTOVER_GRACE = 5.0  # seconds a process a rank left behind has to end by itself before it is killed
+
+
+@contextlib.contextmanager
+def adopting_leftovers() -> Iterator[None]:
+    """While the ranks run, this process adopts their orphans (Linux); when they are done, every process left is
+    killed: nothing of a rank outlives it (its pipes would hold the job's output open) and the node ends with them."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    try:
+        yield
+    finally:
+        deadline = time.monotonic() + LEFTOVER_GRACE
+        while (left := [pid for pid in leftovers() if not _reaped(pid)]) and time.monotonic() < deadline:
+            time.sleep(0.05)  # what ends with its rank (a DataLoader's fork server, its workers) ends by itself
+        for pid in left:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+                log.warning("killed process %d a rank left behind", pid)
+                os.waitpid(pid, 0)
+
+
+def _reaped(pid: int) -> bool:
+    """Whether the child ``pid`` has ended (and is reaped now)."""
+    try:
+        return os.waitpid(pid, os.WNOHANG)[0] == pid
+    except ChildProcessError:
+        return True
+
+
+def leftovers() -> list[int]:
+    """This process's children but multiprocessing's resource tracker (its own, not a rank's)."""
+    from multiprocessing import resource_tracker
+
+    keep = getattr(getattr(resource_tracker, "_resource_tracker", None), "_pid", None)
+    pids: list[int] = []
+    for task in Path(f"/proc/{os.getpid()}/task").glob("*"):
+        with contextlib.suppress(OSError, ValueError):
+            pids.extend(int(pid) for pid in (task / "children").read_text().split())
+    return [pid for pid in pids if pid != keep]

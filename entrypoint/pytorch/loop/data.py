@@ -10,10 +10,19 @@
   which commits the agreed step while its loaders keep serving batches.
 - Every sample a dataset reads is counted (``watchdog.reads``, shared with the workers): a slow read that makes
   progress is not a hang.
+- Loader workers are started by a fork server (``loader_server.py``), never forked from the training process: that
+  process has threads (gloo's, the checkpoint's writer) and on Python 3.11 a fork while one of them creates its
+  thread state (gloo's threads take the GIL to free a finished collective) leaves the child blocked for ever on the
+  interpreter's lock before any of its code runs (CPython gh-112275; an evaluation's loader, started as a checkpoint
+  was written, never delivered its first batch). The dataset is pickled to the workers, as under ``spawn`` (macOS)
+  and Python 3.14's default; one that cannot be pickled is forked, with a warning saying why.
 """
 
 from __future__ import annotations
 
+import logging
+import multiprocessing
+import traceback
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,6 +31,9 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from entrypoint.lifecycle.signals import shield_loader_worker
 from entrypoint.lifecycle.watch.watchdog import reads
+
+log = logging.getLogger("entrypoint.pytorch")
+SERVER_MODULE = "entrypoint.pytorch.loop.loader_server"  # what the fork server imports first (stop signals ignored)
 
 
 class EpochSampler(Sampler[int]):
@@ -82,7 +94,7 @@ class TrainBatches:
         """The batches of ``epoch`` after the first ``offset`` samples the job consumed in it."""
         self.sampler.start(epoch, offset)
         seed_loader(self.loader, self.seed, epoch)
-        return iter(self.loader)
+        return start(self.loader)
 
 
 class Counted(Dataset[Any]):
@@ -111,10 +123,48 @@ class Counted(Dataset[Any]):
 
 def make_loader(dataset: Dataset[Any], batch_size: int, sampler: Sampler[int] | None, workers: int, cuda: bool,
                 train: bool) -> DataLoader[Any]:
-    """Training batches drop the ragged end (equal steps on every rank); evaluation keeps it."""
+    """Training batches drop the ragged end (equal steps on every rank); evaluation keeps it. Its workers come from
+    the fork server (``start`` forks them where the dataset cannot be pickled)."""
     return DataLoader(Counted(dataset), batch_size=batch_size, sampler=sampler, num_workers=workers, pin_memory=cuda,
                       drop_last=train, persistent_workers=workers > 0, generator=torch.Generator(),
-                      worker_init_fn=shield_loader_worker if workers > 0 else None)
+                      worker_init_fn=shield_loader_worker if workers > 0 else None,
+                      multiprocessing_context=fork_server(dataset) if workers > 0 else None)
+
+
+def fork_server(dataset: Dataset[Any]) -> Any:
+    """The fork server's context, which first imports torch, ``loader_server`` and the dataset's own module (its
+    workers start with them imported); None where there is none (not on Linux or macOS)."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return None
+    context = multiprocessing.get_context("forkserver")
+    modules = [SERVER_MODULE, __name__]
+    for cls in (type(dataset), *type(dataset).__mro__[1:]):
+        if cls.__module__ not in ("__main__", "builtins", "typing") and cls.__module__ not in modules:
+            modules.append(cls.__module__)
+    context.set_forkserver_preload(modules)  # read when the server starts (the first worker's start)
+    return context
+
+
+def start(loader: DataLoader[Any]) -> Iterator[Any]:
+    """``iter(loader)``; a dataset the fork server cannot be sent (it does not pickle: a lambda, an open file) has its
+    workers forked from this process instead, with a warning saying why."""
+    try:
+        return iter(loader)
+    except Exception as exc:
+        if loader.multiprocessing_context is None or not _in_pickling(exc):
+            raise
+        log.warning("DataLoader workers forked from the training process: the dataset cannot be sent to the fork "
+                    "server (%s: %s); a fork beside running threads can block a worker for ever on Python 3.11",
+                    type(exc).__name__, " ".join(str(exc).split())[:200])
+        loader.multiprocessing_context = "fork"
+        return iter(loader)
+
+
+def _in_pickling(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised while a worker's arguments were pickled for the fork server."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    return any(frame.filename.endswith(("multiprocessing/reduction.py", "multiprocessing/popen_forkserver.py"))
+               for frame in frames)
 
 
 def seed_loader(loader: DataLoader[Any], seed: int, epoch: int) -> None:

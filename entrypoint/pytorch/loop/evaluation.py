@@ -24,7 +24,7 @@ from torch.utils.data import Dataset, Subset
 
 from entrypoint.pytorch.defaults import HookContext
 from entrypoint.pytorch.launch.collectives import Collectives
-from entrypoint.pytorch.loop.data import make_loader, to_device
+from entrypoint.pytorch.loop.data import make_loader, start, to_device
 
 StepFn = Callable[..., dict[str, torch.Tensor]]
 log = logging.getLogger("entrypoint.pytorch")
@@ -64,7 +64,7 @@ def evaluate(model: nn.Module, dataset: Dataset[Any], step_fn: StepFn, ctx: Hook
     loader = make_loader(shard, batch_size, None, workers, ctx.device.type == "cuda", False)
     most, filler = rounds(size, ctx.world_size, batch_size), None
     with torch.no_grad(), autocast(), guard.rounds() if guard is not None else nullcontext():
-        batches = iter(loader)
+        batches = start(loader)
         for index in range(most):
             batch = next(batches, None)
             if batch is not None:

@@ -8,14 +8,15 @@ training summary say which and why.
 
 - ``Replicated``: every rank holds the whole model; ``Collectives.prepare`` wraps it (DDP over nccl/gloo, or
   Horovod's optimizer). ``--compile`` compiles the wrapped model (DDP's graph is split at its buckets).
-- ``Sharded``: ``fully_shard`` (FSDP2) over a 1-D mesh of every rank (``fsdp``), or a 2-D mesh replicating
-  across nodes and sharding within a node (``hsdp``). Each shard unit (the module's ``shard_units(model,
-  ctx)`` hook, else ``default_units``: the repeated blocks, as torchtitan shards each transformer block) is
-  sharded, then the root. ``--compile`` compiles each unit before it is sharded; ``--bf16`` on GPU keeps bf16
-  parameters for compute with fp32 gradient reductions (``MixedPrecisionPolicy``). On CPU, allocations from
-  128 KiB up are mapped and given back to the system when freed (glibc's ``mallopt``, unless the user set
-  ``MALLOC_MMAP_THRESHOLD_``): glibc's default keeps the freed full-size buffers of FSDP's all-gathers in its heap,
-  and a rank then holds as much as a DDP rank (docs/pytorch.md, measured).
+- ``Sharded``: ``fully_shard`` (FSDP2) over a 1-D mesh of every rank (``fsdp``), or a 2-D mesh replicating across
+  nodes and sharding within a node (``hsdp``); where survivors keep training, HSDP shards over the node's own group
+  and the loop averages across replicas itself (``reduce_gradients``; ``launch/replicas.py`` says why). Each shard
+  unit (the module's ``shard_units(model, ctx)`` hook, else ``default_units``: the repeated blocks, as torchtitan
+  shards each transformer block) is sharded, then the root. ``--compile`` compiles each unit before it is sharded;
+  ``--bf16`` on GPU keeps bf16 parameters for compute with fp32 gradient reductions (``MixedPrecisionPolicy``). On
+  CPU, allocations from 128 KiB up are mapped and given back to the system when freed (glibc's ``mallopt``, unless the
+  user set ``MALLOC_MMAP_THRESHOLD_``): glibc's default keeps the freed full-size buffers of FSDP's all-gathers in its
+  heap, and a rank then holds as much as a DDP rank (docs/pytorch.md, measured).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from entrypoint.errors import ConfigError
 from entrypoint.planning.registry import Framework
 from entrypoint.pytorch.checkpoints.checkpoint_io import LOAD_WITH
 from entrypoint.pytorch.defaults import param_digest
+from entrypoint.pytorch.launch.replicas import NodeReplicas
 from entrypoint.pytorch.loop import pretrained
 
 log = logging.getLogger("entrypoint.pytorch")
@@ -167,6 +169,9 @@ class Replicated:
             return model
         return model.to(self.device)
 
+    def reduce_gradients(self, model: nn.Module) -> None:
+        """Nothing after backward: the wrapper averaged the gradients in it."""
+
     def wrap(self, model: nn.Module, optimizer: Any) -> tuple[nn.Module, Any]:
         """The data-parallel wrapper (rank 0's parameters reach every rank), compiled with ``--compile``."""
         wrapped, optimizer = self.comm.prepare(model, optimizer, self.device, self.bucket_cap_mb)
@@ -183,11 +188,14 @@ class Sharded:
     """FSDP2 (``fully_shard``) over every rank, or HSDP: sharded within a node, replicated across nodes."""
 
     def __init__(self, choice: Choice, device: torch.device, num_nodes: int, local_world_size: int, bf16: bool,
-                 compile: bool) -> None:
-        from torch.distributed.device_mesh import init_device_mesh
+                 compile: bool, by_node: NodeReplicas | None = None,
+                 average: Callable[[list[torch.Tensor]], None] | None = None) -> None:
+        from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-        self.device, self.compile = device, compile
-        if choice.name == "hsdp":  # ``choose`` made it FSDP where the ranks are not nodes x processes per node
+        self.device, self.compile, self.average = device, compile, average  # average: across replicas (by node)
+        if by_node is not None:  # HSDP whose replicas survive a lost node: FSDP within the node (``replicas.py``)
+            self.mesh = DeviceMesh.from_group(by_node.form_node(), device.type, mesh_dim_names=("shard",))
+        elif choice.name == "hsdp":  # ``choose`` made it FSDP where the ranks are not nodes x processes per node
             self.mesh = init_device_mesh(device.type, (num_nodes, local_world_size),
                                          mesh_dim_names=("replicate", "shard"))
         else:
@@ -219,6 +227,15 @@ class Sharded:
     def wrap(self, model: nn.Module, optimizer: Any) -> tuple[nn.Module, Any]:
         """Nothing to wrap: the sharded model reduces its own gradients."""
         return model, optimizer
+
+    def reduce_gradients(self, model: nn.Module) -> None:
+        """After backward: HSDP by node averages the node's reduced gradient shards across the replicas (FSDP2's
+        own 2-D mesh did it in backward)."""
+        if self.average is not None:
+            from torch.distributed.tensor import DTensor
+
+            grads = [p.grad for p in model.parameters() if p.grad is not None]
+            self.average([g.to_local() if isinstance(g, DTensor) else g for g in grads])
 
     def digest(self, model: nn.Module) -> str:
         """A digest of this rank's shards (ranks hold different shards: compare one rank across runs)."""

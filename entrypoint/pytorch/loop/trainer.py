@@ -79,6 +79,7 @@ class Trainer:
             survivors = InPlace(membership, comm, plan, (topo.replica_name, socket.gethostname()))
         self.guard = RunGuard(plan, comm, self.ctx, failure_context, survivors)  # from the first hook on
         self.writer: Any = None
+        self.layout: Layout  # decided once the model is built (``_build``)
         self.digests: dict[str, list[Any]] = {}
         self.hub = False  # exported as a transformers model (from_pretrained)
         if self.ctx.is_chief:  # before the hang watchdog starts; TensorBoard's own file layer (fsspec) as in the
@@ -127,9 +128,11 @@ class Trainer:
         phase("building the model (build_model)")
         with pretrained.meta_parameters() if opts.init_from else nullcontext():  # its weights come after placing
             model = self.module.build_model(self.args, ctx)
+        healing = self.guard.admit(model)  # a replacement joins the job in progress before placing its model
         phase("placing the model (sharding it, or moving it to its device)")
         self.compiled = compile_cache.load(self.plan, ctx, model, self.module)  # --compile's caches (job dir)
-        layout = lay_out(model, self.plan, self.comm, ctx.device, self.compiled.on)
+        survivors = self.guard.survivors.comm if self.guard.survivors is not None else None
+        layout = self.layout = lay_out(model, self.plan, self.comm, ctx.device, self.compiled.on, survivors, healing)
         model = layout.model.shard(model, self._units())
         phase("building the optimizer")
         state = TrainState(model, *self._optimizer(model))
@@ -138,7 +141,8 @@ class Trainer:
         if batches.steps_per_epoch == 0:
             raise ConfigError("--batch-size", f"{self.batch_size} x {ctx.world_size} replicas exceeds the training set")
         saver = LoopCheckpoints(self.plan, self.comm, ctx, layout.checkpoints, self.batch_size)
-        steps = StepGuard(self.guard, saver, layout.evaluates_in_lockstep, layout.survives_lost_peer)
+        steps = StepGuard(self.guard, saver, layout.evaluates_in_lockstep, layout.survives_lost_peer,
+                          layout.replica_size)
         return state, batches, eval_set, layout, steps
 
     def _units(self) -> Callable[[nn.Module], list[nn.Module]] | None:
@@ -149,7 +153,7 @@ class Trainer:
         return lambda model: parallel.named_units(model, hook(model, self.ctx))
 
     def _start(self, state: TrainState, layout: Layout, steps: StepGuard) -> tuple[int, int]:
-        """Join the group; resume from the newest checkpoint (or, as a replacement, from rank 0's live state)."""
+        """Join the group; resume from the newest checkpoint (or, as a replacement, from a live replica's state)."""
         if steps.start(state, self._first_weights) is None:  # the group's first generation
             self.digests["init"] = self.comm.gather_object(layout.model.digest(state.model))
         else:  # a replacement: it does what the survivors do next, no more (collectives must pair up)
@@ -185,6 +189,7 @@ class Trainer:
             loss = self._loss(state, batch)
         state.optimizer.zero_grad()  # set_to_none is the default (Horovod's optimizer takes no argument)
         loss.backward()
+        self.layout.model.reduce_gradients(state.model)  # HSDP by node: across the replicas (``parallel.py``)
         if steps.agree_finite(state, loss):
             if self.options.clip_grad_norm:
                 assert state.wrapped is not None

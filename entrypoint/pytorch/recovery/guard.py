@@ -45,8 +45,9 @@ from entrypoint.outputs import checkpoints, goodput
 from entrypoint.planning.plan import Plan
 from entrypoint.pytorch.defaults import HookContext
 from entrypoint.pytorch.launch.collectives import Collectives
+from entrypoint.pytorch.recovery.healing import Healing
 from entrypoint.pytorch.recovery.notices import AdvanceNotice
-from entrypoint.pytorch.recovery.survivors import Healing, InPlace
+from entrypoint.pytorch.recovery.survivors import InPlace
 from entrypoint.pytorch.state import TrainState
 
 log = logging.getLogger("entrypoint.pytorch")
@@ -197,9 +198,18 @@ class RunGuard:
         self.request.enter(EXPORT)
 
     # ---- peers ------------------------------------------------------------------------------------
+    def admit(self, model: Any) -> bool:
+        """The model is built: a replacement joins the job in progress now, before its model is placed (whether it
+        is one: its weights then come from a live replica)."""
+        if self.survivors is None or not self.survivors.joining:
+            return False
+        self.starting("joining the job in progress")
+        self.survivors.admit(model)
+        return True
+
     def join(self, state: TrainState) -> Healing | None:
         """Every rank built its model: publish this rank's heartbeat (None: the group's first generation), or join a
-        job in progress as a replacement, healed from rank 0's live state (how); the framework's ranks checked."""
+        job in progress as a replacement, healed from a live replica's state (how); the framework's ranks checked."""
         self.starting("forming the process group")
         joined = self.survivors.enter(state) if self.survivors is not None else None
         if joined is None:

@@ -7,7 +7,7 @@ format, whether its evaluation runs in lockstep, whether survivors may keep trai
 loop calls it at a handful of points:
 
 - ``start(state, fresh)``: join the group and resume from the newest checkpoint (``fresh`` when there is none), or, as
-  a replacement, from rank 0's live state.
+  a replacement, from a live replica's state (``healing.py``).
 - ``batches(batches, state)``: the epoch's batches, each the start of a step; a wait for one does not hold a stop
   (``stops.py`` commits the last trained step).
 - ``agree_finite(state, loss)``: ``--on-nonfinite skip`` (every rank agrees the loss is finite before the update,
@@ -23,9 +23,10 @@ loop calls it at a handful of points:
   same batch on a stop: the trained step is committed, the restart evaluates again; or commits at once on a
   notice; each batch beats), then the epoch's checkpoint.
 - ``attempts(state)``: the training runs once; with survivors-keep-training on (``survivors.py``) and a layout in which
-  every rank holds the whole model, a lost peer re-forms the group with its replacement and the training runs again
-  from rank 0's position; a stop while the survivors wait for it commits the last trained step (``stops.py``). A
-  failure ends the checkpoint write in flight before the failure's last line.
+  a live replica holds every lost rank's state (every rank holds the whole model, or HSDP by node), a lost peer
+  re-forms the group with its replacement and the training runs again from the live replica's position; a stop
+  while the survivors wait for it commits the last trained step (``stops.py``). A failure ends the checkpoint write
+  in flight before the failure's last line.
 - ``finishing(state)``: every write committed, the writer closed; the export is a region a stop ends at once.
 """
 
@@ -45,8 +46,9 @@ from entrypoint.errors import Interrupted, NonFiniteLoss, StopRequested
 from entrypoint.outputs import checkpoints
 from entrypoint.pytorch.checkpoints.resume import LoopCheckpoints
 from entrypoint.pytorch.recovery.guard import RunGuard
+from entrypoint.pytorch.recovery.healing import Healing
 from entrypoint.pytorch.recovery.stops import OffStep
-from entrypoint.pytorch.recovery.survivors import Healing, InPlace
+from entrypoint.pytorch.recovery.survivors import InPlace
 from entrypoint.pytorch.recovery.vote import StepVerdict, StepVote, nonfinite
 from entrypoint.pytorch.state import TrainState
 
@@ -66,15 +68,18 @@ def patience(grace: float) -> float:
 class StepGuard:
     """The vote, non-finite steps, saves and stops, and in-place recovery around the hooks loop's steps."""
 
-    def __init__(self, guard: RunGuard, saver: LoopCheckpoints, lockstep: bool, survives_lost_peer: bool) -> None:
+    def __init__(self, guard: RunGuard, saver: LoopCheckpoints, lockstep: bool, survives_lost_peer: bool,
+                 replica_size: int = 1) -> None:
         self.guard, self.saver = guard, saver
         self.plan, self.comm, self.ctx = guard.plan, guard.comm, guard.ctx
         self.record, self.watchdog, self.notice, self.request = guard.record, guard.watchdog, guard.notice, \
             guard.request
         self.survivors: InPlace | None = guard.survivors if survives_lost_peer else None
+        if self.survivors is not None:
+            self.survivors.replica_size = replica_size  # a healed rank takes rank r % replica_size's state
         if guard.survivors is not None and not survives_lost_peer:
-            log.info("survivors keep training is off for a sharded model: a lost peer restarts the job from its "
-                     "newest sharded checkpoint")
+            log.info("survivors keep training is off for a model sharded over every rank (FSDP): a lost peer "
+                     "restarts the job from its newest sharded checkpoint")
         self.skips_nonfinite = self.plan.options.on_nonfinite == "skip"
         self.vote = StepVote(self.comm, self.request, self.ctx.device)
         # A stop the step vote cannot agree on (``stops.py``): ranks that each write their shards meet first.
@@ -89,7 +94,7 @@ class StepGuard:
     # ---- the start ---------------------------------------------------------------------------
     def start(self, state: TrainState, fresh: Callable[[TrainState], None]) -> Healing | None:
         """Join the group; resume from the newest checkpoint (``fresh(state)`` when there is none), and let
-        replacements join from now on; or, as a replacement, take rank 0's live state (how: ``Healing``)."""
+        replacements join from now on; or, as a replacement, take a live replica's state (how: ``Healing``)."""
         joined = self.guard.join(state)
         if joined is None:  # the group's first generation: every member starts here, from the newest checkpoint
             self.guard.starting("resuming from the newest checkpoint")
@@ -283,6 +288,9 @@ class StepGuard:
                         "the job restarts from its checkpoint instead", state.step, MAX_RECOVERIES_AT_ONE_STEP)
             return False
         in_flight = time.monotonic() - self._step_started
+        if self.saver.format.collective:  # a write of every rank's shards cannot end without the lost one
+            with contextlib.suppress(BaseException):
+                self.saver.io.wait()  # its failure is said once, in its log line; what it left is removed
         board = self.guard.board
         lost = [s.member.replica for s in board.silent()] if board is not None else []
         self.record.enter("recovery", t=self.record.last_step_end)  # from the last good step to training again

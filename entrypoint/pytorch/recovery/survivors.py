@@ -1,11 +1,14 @@
-"""The hooks loop's side of "survivors keep training": form or join the group, heal from rank 0, recover in place.
+"""The hooks loop's side of "survivors keep training": form or join the group, heal from a live replica, recover in
+place.
 
 A surviving process that loses a peer keeps its interpreter, its model and its data: it drops the broken
 process group, waits with the others for the replacement (``membership.py``), forms the next generation,
-and every rank whose state differs from rank 0's (the replacement, or a survivor that got one step
-further or less) receives rank 0's live state: model, optimizer, scheduler, position, history. Each step
-draws its randomness from (seed, rank, step) (``state.reseed``), so the replayed step and the
-replacement's steps draw exactly what an uninterrupted run would: at most the step in flight is lost.
+and every rank whose state differs from its source's (the replacement, or a survivor that got one step
+further or less) receives its source's live state (``healing.py``: rank 0's for a replicated model, under HSDP the
+same local rank of the first node): model, optimizer, scheduler, position, history. A replacement asks to join
+once its model is built, before placing it (HSDP places it on groups of the job's). Each step draws its randomness
+from (seed, rank, step) (``state.reseed``), so the replayed step and the replacement's steps draw exactly what an
+uninterrupted run would: at most the step in flight is lost.
 """
 
 from __future__ import annotations
@@ -15,17 +18,18 @@ import hashlib
 import json
 import logging
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
+
+from torch import nn
 
 from entrypoint.lifecycle import lost_work
 from entrypoint.planning.plan import Plan
 from entrypoint.planning.usercode import module_source
-from entrypoint.pytorch.checkpoints.resume import adopt, live_state
-from entrypoint.pytorch.defaults import param_digest
 from entrypoint.pytorch.launch.collectives import TorchDistributed
 from entrypoint.pytorch.launch.membership import Membership, fingerprint
+from entrypoint.pytorch.recovery.healing import Healing, heal
 from entrypoint.pytorch.state import TrainState
 
 log = logging.getLogger("entrypoint.pytorch")
@@ -42,36 +46,11 @@ def code_digest(plan: Plan) -> str:
     return digest.hexdigest()[:16]
 
 
-def model_fingerprint(state: TrainState, plan: Plan, world_size: int) -> dict[str, Any]:
-    """This process's fingerprint: world size, every parameter's name and shape, the code's digest."""
-    shapes = [(name, tuple(t.shape)) for name, t in state.model.state_dict().items()]
+def model_fingerprint(model: nn.Module, plan: Plan, world_size: int) -> dict[str, Any]:
+    """This process's fingerprint: world size, every parameter's name and shape (whole, as built), the code's
+    digest."""
+    shapes = [(name, tuple(t.shape)) for name, t in model.state_dict().items()]
     return fingerprint(world_size, shapes, code_digest(plan))
-
-
-@dataclass(frozen=True)
-class Healing:
-    """Who received rank 0's state, the step every rank had reached before, and who every rank is."""
-
-    healed: list[int]
-    steps: list[int]
-    members: list[tuple[str, str]]  # (replica, host) per rank
-    seconds: float
-
-
-def heal(comm: TorchDistributed, state: TrainState, joining: bool, me: tuple[str, str]) -> Healing:
-    """Every rank whose (step, parameters) differ from rank 0's, and every replacement, gets rank 0's live state."""
-    started = time.perf_counter()
-    views = comm.gather_object((state.step, param_digest(state.model), joining, me))
-    reference = views[0][:2]
-    healed = [r for r, (step, digest, new, _) in enumerate(views) if r and (new or (step, digest) != reference)]
-    if comm.rank == 0 and healed:
-        payload = live_state(state, comm.world_size)
-        for rank in healed:
-            comm.send_object(payload, rank)
-    elif comm.rank in healed:
-        adopt(state, comm.recv_object(0))
-    comm.gather_object(None)  # every rank holds rank 0's state before the group trains again
-    return Healing(healed, [int(v[0]) for v in views], [tuple(v[3]) for v in views], time.perf_counter() - started)
 
 
 class InPlace:
@@ -81,25 +60,35 @@ class InPlace:
         self.membership, self.comm, self.plan, self.me = membership, comm, plan, me
         self.fingerprint: dict[str, Any] = {}
         self.joining = False
+        self.replica_size = 1  # the layout's: ranks holding one replica together (``healing.py``)
 
     def form(self) -> bool:
         """Form generation 0 before anything is built, unless a job is in progress: then this process replaces a
-        lost one (True), and joins once its model exists (``enter``)."""
+        lost one (True), and joins once its model is built (``admit``)."""
         self.joining = self.membership.joining()
         if not self.joining:
             self.comm.form_group(self.membership.pg_store(0))
         return self.joining
 
-    def enter(self, state: TrainState) -> Healing | None:
-        """Generation 0 is formed (None), or join the job in progress as a replacement, healed from rank 0 (how)."""
-        self.fingerprint = model_fingerprint(state, self.plan, self.comm.world_size)
+    def admit(self, model: nn.Module) -> None:
+        """A replacement whose model is built (not yet placed: HSDP by node places it on groups of the job's) asks to
+        join the job in progress with its fingerprint, and is taken into the survivors' next generation."""
         if not self.joining:
-            return None
+            return
+        self.fingerprint = model_fingerprint(model, self.plan, self.comm.world_size)
         self.membership.join(self.fingerprint)
         self.comm.form_group(self.membership.pg_store())
-        done = heal(self.comm, state, True, self.me)
-        log.info("joined the group (generation %d) at step %d, healed from rank 0 in %.2f s",
-                 self.membership.generation, state.step, done.seconds)
+
+    def enter(self, state: TrainState) -> Healing | None:
+        """Generation 0 is formed (None), or, as a replacement taken in (``admit``), heal from a live replica
+        (how)."""
+        if not self.joining:
+            self.fingerprint = model_fingerprint(state.model, self.plan, self.comm.world_size)
+            return None
+        done = heal(self.comm, state, True, self.me, self.replica_size)
+        log.info("joined the group (generation %d) at step %d, healed %s in %.2f s from the live replica, nothing "
+                 "read from storage; fingerprints %s", self.membership.generation, state.step, done.words(),
+                 done.seconds, " ".join(done.fingerprints))
         return done
 
     def started(self) -> None:
@@ -116,7 +105,7 @@ class InPlace:
                     ", ".join(lost) or "a peer", step, self.membership.generation + 1)
         verdict = self.membership.reform(step)
         self.comm.form_group(self.membership.pg_store())
-        done = heal(self.comm, state, False, self.me)
+        done = heal(self.comm, state, False, self.me, self.replica_size)
         # each rank of a replica names the replica: one name per replica lost (two processes a node named it twice)
         names = list(dict.fromkeys([self.membership.names(r) for r in sorted(verdict.joiners)] or lost or ["a peer"]))
         reached = max(done.steps)
@@ -126,7 +115,5 @@ class InPlace:
             stalled_seconds=round(time.time() - failed_at, 3))
         state.recoveries.append(cost.to_dict())
         log.info("%s", cost.line())
-        log.info("group re-formed with %d replicas at step %d, healed %s from rank 0 in %.2f s",
-                 self.comm.world_size, state.step,
-                 ", ".join(f"rank {r}" for r in done.healed) or "nobody (every survivor held rank 0's state)",
-                 done.seconds)
+        log.info("group re-formed with %d replicas at step %d, healed %s in %.2f s; fingerprints %s",
+                 self.comm.world_size, state.step, done.words(), done.seconds, " ".join(done.fingerprints))
