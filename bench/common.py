@@ -113,7 +113,7 @@ def check(row: Row, op: str, limit: float, against: float | None = None, label: 
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 right now, picked as the entrypoint picks its own (below the ephemeral range, not
     handed out to another job on this host lately)."""
-    from entrypoint.lifecycle.ports import free_ports
+    from entrypoint.lifecycle.startup.ports import free_ports
 
     return free_ports(1)[0]
 

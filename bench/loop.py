@@ -126,7 +126,7 @@ def recorder_step_seconds(steps: int) -> float:
     import time
 
     from entrypoint.lifecycle.recorder import Recorder
-    from entrypoint.outputs.ledger import Ledger
+    from entrypoint.outputs.goodput.ledger import Ledger
 
     with tempfile.TemporaryDirectory() as job:
         record = Recorder(Ledger(job, "bench@host:1:0", "workerpool0-0", 0))

@@ -104,7 +104,7 @@ def _goodput(argv: Sequence[str]) -> int:
         print(report)
         return ExitCode.OK
     if args.plot:
-        from entrypoint.outputs.goodput_plot import write_plot
+        from entrypoint.outputs.goodput.plot import write_plot
 
         write_plot(args.plot, report.timeline())
     print(json.dumps(report.to_dict(), indent=2, sort_keys=True) if args.json else report.text())
@@ -154,7 +154,7 @@ def _one_line_errors(command: Callable[[Sequence[str]], int], argv: Sequence[str
 
 
 def _run(options: RunOptions, ctx: failures.FailureContext) -> int:
-    from entrypoint.lifecycle import jobrecord
+    from entrypoint.lifecycle.jobdir import jobrecord
     from entrypoint.lifecycle.runner import describe_failures, refuse_if_in_use, refused_records, run_node
 
     settings = read_settings()

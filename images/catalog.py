@@ -8,13 +8,16 @@ Cloud Build need to know about it. This module reads the folders; everything per
   ``.build/images.mk`` again whenever an ``image.toml`` changes),
 - the test tiers and their pytest markers (``tests/conftest.py`` registers each image's marker),
 - each image's size budget (``image_sizes.py``) and what its GPU variant must report (``local_build.py``),
-- ``cloudbuild.yaml`` (``python3 images/catalog.py cloudbuild > cloudbuild.yaml``; a test keeps it current).
+- ``cloudbuild.yaml`` (``python3 images/catalog.py cloudbuild > cloudbuild.yaml``; a test keeps it current),
+- each image's Dockerfile, from what is its own (``images/<name>/Dockerfile.in``) and the stages every image shares
+  (``images/Dockerfile.blocks``): ``python3 images/catalog.py dockerfiles`` writes them; a test keeps them current.
 
 Adding an image is its folder plus, inside ``entrypoint/``, its framework's package and registry line
 (docs/ARCHITECTURE.md); nothing else names it. Standard library only (Python >= 3.11, ``tomllib``).
 
     python3 images/catalog.py make          # the Make variables of every image
     python3 images/catalog.py cloudbuild    # cloudbuild.yaml
+    python3 images/catalog.py dockerfiles   # images/<name>/Dockerfile from its Dockerfile.in and the shared blocks
     python3 images/catalog.py check         # read every folder; one line naming what is wrong, exit 1
 """
 
@@ -42,6 +45,8 @@ SBOM_PATH = "/usr/share/trainer/sbom.cdx.json"  # every image's bill of material
 SBOM_LINE = f'RUN python -m entrypoint sbom write --variant "${{VARIANT}}" {SBOM_PATH}'
 OSV_EXPORTS = ("PyPI", "Ubuntu")  # osv.dev's exports the gate reads in Cloud Build (the images are Ubuntu's)
 ALLOWLIST = "images/vulnerability-allowlist.toml"
+BLOCKS = FOLDERS / "Dockerfile.blocks"  # the stages every image shares, written once: ``#@@ <name>`` starts one
+SOURCE = "Dockerfile.in"  # an image's own part of its Dockerfile; ``#@ <block> [argument]`` places a shared block
 
 
 class CatalogError(Exception):
@@ -319,9 +324,62 @@ def cloudbuild(found: tuple[Image, ...]) -> str:
     return "\n".join(out) + "\n"
 
 
+def blocks(path: Path = BLOCKS) -> dict[str, str]:
+    """The shared blocks by name (a block ends at the next ``#@@`` line; its trailing blank lines are dropped)."""
+    found: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in path.read_text().splitlines():
+        if line.startswith("#@@ "):
+            current = found.setdefault(line[4:].strip(), [])
+        elif current is not None:
+            current.append(line)
+    return {name: "\n".join(lines).rstrip("\n") for name, lines in found.items()}
+
+
+def dockerfile(image: Image, folder: Path | None = None, shared: dict[str, str] | None = None) -> str | None:
+    """The Dockerfile ``images/<name>/Dockerfile.in`` makes with the shared blocks (None: the image has no
+    Dockerfile.in, its Dockerfile is written by hand). In a block, ``@NAME@`` is the image's name, ``@FRAMEWORK@``
+    its framework and ``@ARG@`` the argument its ``#@`` line gives."""
+    source = (folder or FOLDERS / image.name) / SOURCE
+    if not source.is_file():
+        return None
+    found = blocks() if shared is None else shared
+
+    def expand(text: str, where: str, depth: int) -> list[str]:
+        out: list[str] = []
+        for line in text.split("\n"):
+            if not line.startswith("#@ "):
+                out.append(line)
+                continue
+            name, _, arg = line[3:].strip().partition(" ")
+            if name not in found:
+                raise CatalogError(f"{where}: no block {name!r} in {BLOCKS.name} (it has {', '.join(sorted(found))})")
+            block = found[name]
+            if ("@ARG@" in block) != bool(arg) or depth > 3:
+                raise CatalogError(f"{where}: block {name!r} " + ("nests too deep" if depth > 3 else
+                                   "takes an argument" if arg == "" else "takes no argument"))
+            block = block.replace("@NAME@", image.name).replace("@FRAMEWORK@", image.framework).replace("@ARG@", arg)
+            out += expand(block, f"{BLOCKS.name} block {name!r}", depth + 1)
+        return out
+
+    return "\n".join(expand(source.read_text(), f"images/{image.name}/{SOURCE}", 0))
+
+
+def write_dockerfiles(found: tuple[Image, ...]) -> list[str]:
+    """Write every generated Dockerfile that is not current; the ones written."""
+    written = []
+    for image in found:
+        text = dockerfile(image)
+        target = FOLDERS / image.name / "Dockerfile"
+        if text is not None and target.read_text() != text:
+            target.write_text(text)
+            written.append(str(target.relative_to(ROOT)))
+    return written
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) != 1 or argv[0] not in ("make", "cloudbuild", "check"):
-        print("usage: python3 images/catalog.py {make,cloudbuild,check}", file=sys.stderr)
+    if len(argv) != 1 or argv[0] not in ("make", "cloudbuild", "dockerfiles", "check"):
+        print("usage: python3 images/catalog.py {make,cloudbuild,dockerfiles,check}", file=sys.stderr)
         return 2
     try:
         found = images()
@@ -332,6 +390,9 @@ def main(argv: list[str]) -> int:
         sys.stdout.write(make_variables(found))
     elif argv[0] == "cloudbuild":
         sys.stdout.write(cloudbuild(found))
+    elif argv[0] == "dockerfiles":
+        for path in write_dockerfiles(found):
+            print(f"catalog: wrote {path}")
     else:
         print(f"catalog: {len(found)} images: {', '.join(i.name for i in found)}")
     return 0

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint.lifecycle.ports import free_ports
+from entrypoint.lifecycle.startup.ports import free_ports
 
 BUCKET = "trainer-test"
 SERVER = Path(__file__).with_name("gcs_server.py")

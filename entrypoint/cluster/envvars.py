@@ -140,7 +140,7 @@ GOOGLE_APPLICATION_CREDENTIALS = "GOOGLE_APPLICATION_CREDENTIALS"  # ADC's key f
 # --- The platform's advance notice (read by settings.metadata_host; Google's libraries read it too) --------------
 GCE_METADATA_HOST = "GCE_METADATA_HOST"  # host[:port] of the metadata server (default metadata.google.internal)
 
-# --- Kubeflow Trainer's progress endpoint (its TrainJobStatus feature; outputs/kubeflow_progress.py) ----------------
+# --- Kubeflow Trainer's progress endpoint (its TrainJobStatus feature; outputs/goodput/kubeflow_progress.py) ------
 KUBEFLOW_TRAINER_SERVER_URL = "KUBEFLOW_TRAINER_SERVER_URL"  # https URL the chief POSTs the TrainJob's progress to
 KUBEFLOW_TRAINER_SERVER_CA_CERT = "KUBEFLOW_TRAINER_SERVER_CA_CERT"  # path of the CA certificate (PEM) to verify by
 KUBEFLOW_TRAINER_SERVER_TOKEN = "KUBEFLOW_TRAINER_SERVER_TOKEN"  # path of the bearer token (a rotating projected JWT)

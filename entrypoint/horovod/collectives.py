@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from entrypoint.cluster import envvars as ev
-from entrypoint.lifecycle.peers import KeyValue
+from entrypoint.lifecycle.watch.peers import KeyValue
 from entrypoint.pytorch.launch.collectives import Vote
 
 _SCOPE = "trainer"

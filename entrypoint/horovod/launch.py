@@ -20,9 +20,9 @@ from entrypoint import failures
 from entrypoint.cluster import envvars as ev
 from entrypoint.cluster.placement import Placement, job_world_size, place
 from entrypoint.cluster.topology import ClusterTopology
-from entrypoint.lifecycle.ports import free_ports
 from entrypoint.lifecycle.runner import run_process
-from entrypoint.lifecycle.supervisor import Replica, run_replicas
+from entrypoint.lifecycle.startup.ports import free_ports
+from entrypoint.lifecycle.supervision.supervisor import Replica, run_replicas
 from entrypoint.outputs import logs
 from entrypoint.planning.plan import Plan
 

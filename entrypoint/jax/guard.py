@@ -37,10 +37,11 @@ import numpy as np
 from entrypoint import failures
 from entrypoint.cluster.environments.settings import metadata_host
 from entrypoint.errors import Interrupted, StopRequested
-from entrypoint.lifecycle import notice, recorder, shutdown
-from entrypoint.lifecycle.notice import NoticeWatcher
+from entrypoint.lifecycle import recorder, shutdown
 from entrypoint.lifecycle.signals import StopRequest
-from entrypoint.lifecycle.watchdog import HangWatchdog, reads, record_margin
+from entrypoint.lifecycle.watch import notice
+from entrypoint.lifecycle.watch.notice import NoticeWatcher
+from entrypoint.lifecycle.watch.watchdog import HangWatchdog, reads, record_margin
 from entrypoint.outputs.checkpoints import checkpoint_path
 from entrypoint.outputs.storage import Location
 from entrypoint.planning.plan import Plan

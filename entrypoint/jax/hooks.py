@@ -20,7 +20,7 @@ import numpy as np
 
 from entrypoint.errors import ConfigError
 from entrypoint.jax.distributed import Devices
-from entrypoint.lifecycle.watchdog import reads
+from entrypoint.lifecycle.watch.watchdog import reads
 from entrypoint.options import DEFAULT_BATCH_SIZE, DEFAULT_EPOCHS
 from entrypoint.outputs.staging import Staging
 from entrypoint.planning.plan import Plan

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from entrypoint.cluster.environments.vertex import VERTEX_POOLS
-from entrypoint.lifecycle.ports import free_ports
+from entrypoint.lifecycle.startup.ports import free_ports
 
 
 @dataclass(frozen=True)

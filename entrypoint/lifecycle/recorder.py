@@ -1,4 +1,4 @@
-"""What a process tells the job ledger (``outputs/ledger.py``), framework-free: the loops and the node call it.
+"""What a process tells the job ledger (``outputs/goodput/ledger.py``), framework-free: the loops and the node call it.
 
 ``NodeRecorder``: a node's ``run`` process, every replica: its attempt's ``start`` (when the process started) and
 ``end`` (exit code, class, last line). ``Recorder``: the chief's training process (the hooks loops, a script
@@ -29,16 +29,16 @@ from typing import TYPE_CHECKING, Any
 from entrypoint.cluster.environments.settings import goodput_job_name, ledger_attempt
 from entrypoint.errors import ConfigError
 from entrypoint.failures.records import read_records
-from entrypoint.lifecycle import jobrecord, lease
-from entrypoint.outputs import checkpoints, goodput, ledger, storage
-from entrypoint.outputs.goodput import Report
-from entrypoint.outputs.goodput_model import Witness
-from entrypoint.outputs.ledger import Ledger, attempt_id, process_start_time
+from entrypoint.lifecycle.jobdir import jobrecord, lease
+from entrypoint.outputs import checkpoints, goodput, storage
+from entrypoint.outputs.goodput import Report, ledger
+from entrypoint.outputs.goodput.ledger import Ledger, attempt_id, process_start_time
+from entrypoint.outputs.goodput.model import Witness
 from entrypoint.outputs.storage import Location
 from entrypoint.outputs.summary import SUMMARY_FILE
 
 if TYPE_CHECKING:
-    from entrypoint.outputs.kubeflow_progress import KubeflowProgress
+    from entrypoint.outputs.goodput.kubeflow_progress import KubeflowProgress
 
 log = logging.getLogger("entrypoint")
 FLUSH_EVERY = 10.0  # seconds of training between progress records
@@ -265,7 +265,7 @@ def for_training(job_dir: str | None, replica: str, rank: int | None, chief: boo
     attempt = ledger_attempt()
     if attempt is None:  # trained outside ``run`` (a test calling the loop): an attempt of its own
         attempt = attempt_id(replica, process_start_time())
-    from entrypoint.outputs.kubeflow_progress import KubeflowProgress  # urllib and ssl: for the chief only
+    from entrypoint.outputs.goodput.kubeflow_progress import KubeflowProgress  # urllib and ssl: for the chief only
 
     record = Recorder(Ledger(job_dir, attempt, replica, rank if rank is not None else 0),
                       KubeflowProgress.from_settings(), step_entries=goodput_job_name())

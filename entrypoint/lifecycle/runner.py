@@ -30,10 +30,13 @@ from entrypoint.cluster.environments.settings import (
     secrets_in_args,
 )
 from entrypoint.errors import ConfigError, ExitCode
-from entrypoint.lifecycle import jobrecord, lease, rendezvous, shutdown, signals
 from entrypoint.lifecycle import script_context as context
+from entrypoint.lifecycle import shutdown, signals
+from entrypoint.lifecycle.jobdir import jobrecord, lease
 from entrypoint.lifecycle.recorder import NodeRecorder
-from entrypoint.outputs import checkpoints, ledger
+from entrypoint.lifecycle.startup import rendezvous
+from entrypoint.outputs import checkpoints
+from entrypoint.outputs.goodput import ledger
 from entrypoint.outputs.locations import ensure_writable, how_written
 from entrypoint.planning import handoff, registry
 from entrypoint.planning.plan import Plan

@@ -4,8 +4,8 @@ Each replica gets the CLUSTER_SPEC, TF_CONFIG and AIP_* variables Vertex would s
 pool1 workers, pool2 parameter servers, pool3 evaluators) on free 127.0.0.1 ports, and its own disk
 (a working directory and a temp dir, fresh at every start); its output is prefixed with the replica
 name (and its attempt once restarted); a failed replica is handled as the emulated platform would
-(``lifecycle/restart_policy.py``: Vertex restarts it in place by default); Ctrl-C and SIGTERM reach every replica
-(each runs in its own process group, its children included).
+(``lifecycle/supervision/restart_policy.py``: Vertex restarts it in place by default); Ctrl-C and SIGTERM reach every
+replica (each runs in its own process group, its children included).
 
 The cluster is a list of ``Pool``s, so a job spec whose pools run different arguments (or a pool on
 another image, listed in CLUSTER_SPEC but not started) is emulated the same way as ``--workers N``.
@@ -32,17 +32,18 @@ from entrypoint.cluster.environments.settings import host_cpus, secret_values, s
 from entrypoint.errors import ConfigError, ExitCode, is_retryable
 from entrypoint.failures.records import FAILURES_DIR, FALLBACK_DIR, current, read_records, record_names
 from entrypoint.jobs.replicaenv import Pool, cluster_specs, vertex_pools, vertex_tf_config
-from entrypoint.lifecycle import jobrecord, lease, signals
+from entrypoint.lifecycle import signals
+from entrypoint.lifecycle.jobdir import jobrecord, lease
 from entrypoint.lifecycle.recorder import PlatformRecorder
-from entrypoint.lifecycle.restart_policy import (
+from entrypoint.lifecycle.runner import REFUSED
+from entrypoint.lifecycle.supervision.restart_policy import (
     DEFAULT_BACKOFF_LIMIT,
     POLICIES,
     VERTEX_JOB_RETRIES,
     VERTEX_RESTARTS_PER_REPLICA,
     RestartPolicy,
 )
-from entrypoint.lifecycle.runner import REFUSED
-from entrypoint.lifecycle.supervisor import Outcome, Replica, Supervisor
+from entrypoint.lifecycle.supervision.supervisor import Outcome, Replica, Supervisor
 from entrypoint.options import DEFAULT_GRACE_PERIOD
 from entrypoint.outputs import goodput, storage
 from entrypoint.planning.runargs import Parser, parse_options, split_user_args

@@ -55,7 +55,7 @@ _fences: list[Callable[[], None]] = []
 @contextlib.contextmanager
 def fence(check: Callable[[], None]) -> Iterator[None]:
     """Within the block, call ``check`` before every commit (and summary) this process writes; it raises to refuse
-    the write. The runner fences with the job-dir lease (``lifecycle/lease.py``): a job whose job dir another job
+    the write. The runner fences with the job-dir lease (``lifecycle/jobdir/lease.py``): a job whose job dir another job
     took over commits nothing more there."""
     _fences.append(check)
     try:

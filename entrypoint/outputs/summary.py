@@ -45,7 +45,7 @@ class TrainingSummary:
     param_digests: list[str] = field(default_factory=list)  # per rank: equal when replicas are in sync
     details: dict[str, Any] = field(default_factory=dict)  # framework-specific extras
     recoveries: list[dict[str, Any]] = field(default_factory=list)  # one per resume after a failure (lost_work.py)
-    goodput: dict[str, Any] = field(default_factory=dict)  # the job's goodput so far (outputs/goodput.py)
+    goodput: dict[str, Any] = field(default_factory=dict)  # the job's goodput so far (outputs/goodput/__init__.py)
     image: dict[str, Any] = field(default_factory=dict)  # the image it ran: reference, digest, SBOM's sha256 (sbom.py)
     schema_version: int = SCHEMA_VERSION
 

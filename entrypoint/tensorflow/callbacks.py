@@ -13,7 +13,7 @@ import tensorflow as tf
 from entrypoint.errors import NonFiniteLoss
 from entrypoint.lifecycle import lost_work
 from entrypoint.lifecycle.recorder import Recorder
-from entrypoint.lifecycle.watchdog import HangWatchdog
+from entrypoint.lifecycle.watch.watchdog import HangWatchdog
 from entrypoint.outputs.checkpoints import checkpoint_path
 from entrypoint.outputs.hypertune import MetricReporter
 from entrypoint.outputs.progress import Progress

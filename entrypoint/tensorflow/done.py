@@ -18,7 +18,7 @@ import uuid
 from pathlib import Path
 
 from entrypoint.errors import PeerError
-from entrypoint.lifecycle.lease import start_ticks
+from entrypoint.lifecycle.jobdir.lease import start_ticks
 from entrypoint.outputs import storage
 from entrypoint.outputs.storage import Location
 

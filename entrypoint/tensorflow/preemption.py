@@ -1,9 +1,9 @@
 """Save before preemption: every worker commits the newest trained step at a point they agreed on, in any phase of fit.
 
 A SIGTERM (or SIGINT) only sets the flag of the ``TrainingStop`` (``stopping.py``); the platform's advance notice
-(``lifecycle/notice.py``: GCE's metadata server) is heard by a daemon thread. ``AgreedStops``, the last of the loop's
-callbacks, passes a point after every training batch, every validation batch and every epoch end, and proposes what
-this worker heard there; every worker acts on it at the same point (``agreement.py``): for a stop,
+(``lifecycle/watch/notice.py``: GCE's metadata server) is heard by a daemon thread. ``AgreedStops``, the last of the
+loop's callbacks, passes a point after every training batch, every validation batch and every epoch end, and proposes
+what this worker heard there; every worker acts on it at the same point (``agreement.py``): for a stop,
 ``SaveBeforePreemption`` saves the BackupAndRestore state (which resumes mid-epoch, or at the next epoch when the
 step ended one) and ``ckpt-<step>`` (the chief commits it), then every worker raises ``StopRequested``, which the
 failure funnel records and ends with 128 + the signal. A validation pass is abandoned at its next batch (the weights
@@ -34,8 +34,8 @@ import tensorflow as tf
 
 from entrypoint.cluster.environments.settings import metadata_host
 from entrypoint.errors import StopRequested
-from entrypoint.lifecycle.notice import NoticeWatcher
 from entrypoint.lifecycle.signals import stop_at_once
+from entrypoint.lifecycle.watch.notice import NoticeWatcher
 from entrypoint.outputs.staging import Staging
 from entrypoint.outputs.storage import Location
 from entrypoint.tensorflow.agreement import NOTICE, STOP, Agreed, Agreement, coordination_service

@@ -7,7 +7,7 @@ from typing import Any
 
 from entrypoint import errors, failures
 from entrypoint.errors import ConfigError
-from entrypoint.lifecycle import watchdog
+from entrypoint.lifecycle.watch import watchdog
 from entrypoint.planning.plan import Plan
 from entrypoint.tensorflow.framework import STRATEGIES
 

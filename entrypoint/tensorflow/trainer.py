@@ -12,9 +12,9 @@ from typing import Any
 from entrypoint import failures
 from entrypoint.errors import ConfigError, ExitCode, StopRequested
 from entrypoint.lifecycle import lost_work, recorder, shutdown
-from entrypoint.lifecycle.listening import ServerWatch
 from entrypoint.lifecycle.recorder import Recorder
-from entrypoint.lifecycle.watchdog import HangWatchdog
+from entrypoint.lifecycle.startup.listening import ServerWatch
+from entrypoint.lifecycle.watch.watchdog import HangWatchdog
 from entrypoint.outputs import goodput
 from entrypoint.outputs.checkpoints import Retention, load_newest, read_marker
 from entrypoint.outputs.hypertune import MetricReporter

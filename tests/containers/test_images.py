@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from entrypoint.lifecycle.ports import free_ports
+from entrypoint.lifecycle.startup.ports import free_ports
 from tests.conftest import ROOT
 from tests.containers.engine import OUT, UID, Container, catalog, common, run, sizes, vertex_spec, wheels, writable_dir
 

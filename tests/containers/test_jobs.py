@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from entrypoint.lifecycle.ports import free_ports
+from entrypoint.lifecycle.startup.ports import free_ports
 from entrypoint.outputs import checkpoints
 from tests.conftest import ROOT
 from tests.containers.engine import (

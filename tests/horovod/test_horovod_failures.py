@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint.lifecycle.ports import free_ports
+from entrypoint.lifecycle.startup.ports import free_ports
 from entrypoint.outputs import checkpoints
 from tests.runs import Job, entrypoint, failure_records, failure_text, last_line, summary, wait_gone
 

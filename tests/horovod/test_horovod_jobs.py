@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint.lifecycle.ports import free_ports
+from entrypoint.lifecycle.startup.ports import free_ports
 from tests.runs import entrypoint, failure_text, hypertune_files, summary
 
 pytest.importorskip("horovod.torch")

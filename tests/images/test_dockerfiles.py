@@ -354,3 +354,35 @@ def test_the_catalog_the_package_and_the_local_build_agree_on_where_the_bill_of_
     from tests.containers.engine import supply_chain
 
     assert catalog.SBOM_PATH == SBOM_PATH == DEFAULT_SBOM == supply_chain.SBOM_IN_IMAGE
+
+
+def test_each_dockerfile_is_what_the_catalog_generates(image: str) -> None:
+    """images/<name>/Dockerfile is its Dockerfile.in with the shared blocks (images/Dockerfile.blocks) placed: the
+    stages every image shares are written once, and an image's own file holds only what is its own."""
+    generated = catalog.dockerfile(catalog.image(image))
+    assert generated is not None, f"images/{image}/{catalog.SOURCE} is missing"
+    assert generated == (ROOT / "images" / image / "Dockerfile").read_text(), \
+        f"images/{image}/Dockerfile is not current: python3 images/catalog.py dockerfiles"
+    shared, todo, used = catalog.blocks(), [(ROOT / "images" / image / catalog.SOURCE).read_text()], set()
+    while todo:
+        for name in re.findall(r"^#@ ([\w-]+)", todo.pop(), re.MULTILINE):
+            used.add(name)
+            todo.append(shared[name])
+    for name in ("args", "package", "reduction-server", "venv-and-package", "env", "sbom-user", "labels"):
+        assert name in used, f"images/{image}/{catalog.SOURCE} does not use the shared block {name}"
+
+
+def test_every_shared_block_is_used() -> None:
+    own = "".join((ROOT / "images" / name / catalog.SOURCE).read_text() for name in IMAGES)
+    shared = catalog.blocks()
+    used = set(re.findall(r"^#@ ([\w-]+)", own + "\n".join(shared.values()), re.MULTILINE))
+    assert sorted(set(shared) - used) == []
+
+
+@pytest.mark.parametrize(("line", "error"), [
+    ("#@ nosuch", "no block 'nosuch'"), ("#@ labels", "takes an argument"), ("#@ env x", "takes no argument")])
+def test_a_bad_block_line_is_one_error_naming_it(tmp_path: Path, line: str, error: str) -> None:
+    (tmp_path / catalog.SOURCE).write_text(f"#@ top\n{line}\n")
+    with pytest.raises(catalog.CatalogError, match=re.escape(error)) as caught:
+        catalog.dockerfile(catalog.image("jax"), tmp_path)
+    assert f"images/jax/{catalog.SOURCE}" in str(caught.value)

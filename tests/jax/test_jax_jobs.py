@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from entrypoint.failures.records import read_records
-from entrypoint.lifecycle.ports import free_ports
+from entrypoint.lifecycle.startup.ports import free_ports
 from entrypoint.outputs.checkpoints import committed
 from tests.metadata import FakeMetadata
 from tests.runs import Job, entrypoint, failure_text

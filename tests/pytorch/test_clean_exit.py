@@ -118,7 +118,7 @@ atexit.register(lambda: open({str(tmp_path / "atexit.txt")!r}, "w").write("ran")
 print("bye", end="")
 end(3)
 """
-    from entrypoint.lifecycle.ports import free_ports
+    from entrypoint.lifecycle.startup.ports import free_ports
 
     proc = subprocess.run([PYTHON, "-c", code, str(free_ports(1)[0])], cwd=ROOT, env=subprocess_env(),
                           capture_output=True, text=True, timeout=120)

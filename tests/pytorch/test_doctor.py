@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from entrypoint.lifecycle.ports import free_ports
+from entrypoint.lifecycle.startup.ports import free_ports
 from tests.conftest import PYTHON, ROOT, subprocess_env
 from tests.pytorch.test_failures import mounted
 from tests.runs import entrypoint, failure_records, failure_text, last_line

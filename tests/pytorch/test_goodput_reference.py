@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from entrypoint.outputs import ledger
+from entrypoint.outputs.goodput import ledger
 from tests.runs import Job, entrypoint, failure_text, replica_group, wait_gone
 
 pytest.importorskip("torch")  # collected in every venv; these run where torch is

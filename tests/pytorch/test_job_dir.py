@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint.lifecycle.lease import LEASE, Holder
-from entrypoint.lifecycle.ports import free_ports
+from entrypoint.lifecycle.jobdir.lease import LEASE, Holder
+from entrypoint.lifecycle.startup.ports import free_ports
 from entrypoint.outputs import checkpoints
 from tests.runs import Job, assert_restarted_in_place, entrypoint, failure_text, last_line, summary, vanish, wait_gone
 

@@ -1,5 +1,6 @@
 """The hooks loop's loaders count every sample their dataset reads, in their worker processes too (shared memory):
-the hang watchdog takes a read that makes progress for a live one (``lifecycle/watchdog.py``, ``loop/data.py``)."""
+the hang watchdog takes a read that makes progress for a live one (``lifecycle/watch/watchdog.py``,
+``loop/data.py``)."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ def test_every_sample_read_is_counted_in_whichever_process_reads_it(workers: int
     import torch
     from torch.utils.data import TensorDataset
 
-    from entrypoint.lifecycle.watchdog import reads
+    from entrypoint.lifecycle.watch.watchdog import reads
     from entrypoint.pytorch.loop.data import make_loader
 
     before = reads().value
@@ -41,7 +42,7 @@ def test_every_sample_read_is_counted_in_whichever_process_reads_it(workers: int
 
 
 def test_a_datasets_own_batched_read_is_kept_and_counted_as_a_whole() -> None:
-    from entrypoint.lifecycle.watchdog import reads
+    from entrypoint.lifecycle.watch.watchdog import reads
     from entrypoint.pytorch.loop.data import make_loader
 
     before = reads().value

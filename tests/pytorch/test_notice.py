@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint.lifecycle.ports import free_ports
+from entrypoint.lifecycle.startup.ports import free_ports
 from entrypoint.outputs import checkpoints
 from tests.metadata import FakeMetadata
 from tests.runs import Job, entrypoint, failure_text, summary

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint.lifecycle.ports import free_ports
+from entrypoint.lifecycle.startup.ports import free_ports
 from entrypoint.outputs import checkpoints
 from tests.conftest import PYTHON, ROOT, subprocess_env
 from tests.runs import MARKER_VARIABLE, entrypoint, failure_text, hypertune_files, processes_with, summary, wait_gone

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from entrypoint.failures.records import FailureRecord, store_record
-from entrypoint.lifecycle.ports import free_ports
+from entrypoint.lifecycle.startup.ports import free_ports
 from tests.runs import Job, entrypoint, failure_records, failure_text, last_line, wait_gone
 
 pytest.importorskip("torch")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint.lifecycle.ports import free_ports
+from entrypoint.lifecycle.startup.ports import free_ports
 from tests.conftest import PYTHON, ROOT, subprocess_env
 from tests.runs import entrypoint, failure_text
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint.lifecycle.ports import free_ports
+from entrypoint.lifecycle.startup.ports import free_ports
 from entrypoint.outputs.checkpoints import committed
 from tests.conftest import PYTHON, subprocess_env
 from tests.tensorflow.runs import (

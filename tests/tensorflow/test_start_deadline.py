@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from entrypoint.failures.records import read_records
-from entrypoint.lifecycle.ports import free_ports
+from entrypoint.lifecycle.startup.ports import free_ports
 from tests.conftest import PYTHON, ROOT, subprocess_env
 from tests.tensorflow.runs import TOY, run_args
 

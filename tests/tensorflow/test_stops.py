@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from entrypoint.failures.records import read_records
-from entrypoint.lifecycle.ports import free_ports
+from entrypoint.lifecycle.startup.ports import free_ports
 from entrypoint.outputs.checkpoints import checkpoint_path, committed, read_marker
 from tests.conftest import PYTHON, ROOT, subprocess_env
 from tests.metadata import FakeMetadata

@@ -276,7 +276,7 @@ def test_hang_and_the_start_deadline_are_consequences_with_their_own_codes() -> 
 
 def test_the_start_deadline_watcher_gets_the_whole_failure_context_as_json() -> None:
     """Every field crosses to the watcher process as JSON (a frozenset once made every TensorFlow start fail)."""
-    from entrypoint.lifecycle.watchdog import context_json, context_of
+    from entrypoint.lifecycle.watch.watchdog import context_json, context_of
 
     ctx = failures.FailureContext(replica="workerpool1-0", rank=1, job_dir="/tmp/job",
                                   before=frozenset({"a.json", "b.json"}), secrets=frozenset({"hidden"}), step=3)

@@ -17,7 +17,7 @@ import pytest
 
 from entrypoint import failures
 from entrypoint.errors import ConfigError, ExitCode
-from entrypoint.lifecycle import jobrecord
+from entrypoint.lifecycle.jobdir import jobrecord
 from entrypoint.options import RunOptions
 from entrypoint.outputs.hypertune import MetricReporter
 from entrypoint.outputs.locations import ensure_writable
@@ -257,7 +257,7 @@ def test_a_modules_default_metric_is_written_only_where_something_reads_it(
 
 
 def test_locals_closing_paths_line_up(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from entrypoint.lifecycle.supervisor import Outcome, Replica
+    from entrypoint.lifecycle.supervision.supervisor import Outcome, Replica
     from entrypoint.local.emulator import _report
 
     env = {"AIP_MODEL_DIR": f"{tmp_path}/model/", "AIP_CHECKPOINT_DIR": f"{tmp_path}/checkpoints/",

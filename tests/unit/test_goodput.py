@@ -1,5 +1,5 @@
-"""Goodput from the job ledger (entrypoint/outputs/goodput.py) on ledgers written by hand in the recorders' formats
-(entrypoint/lifecycle/recorder.py), and the ``goodput`` command (entrypoint/cli.py)."""
+"""Goodput from the job ledger (entrypoint/outputs/goodput/__init__.py) on ledgers written by hand in the recorders'
+formats (entrypoint/lifecycle/recorder.py), and the ``goodput`` command (entrypoint/cli.py)."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ import pytest
 from entrypoint.cli import main
 from entrypoint.failures.records import FailureRecord, store_record
 from entrypoint.lifecycle import recorder
-from entrypoint.lifecycle.lease import JobLease
-from entrypoint.outputs import checkpoints, goodput, ledger
-from entrypoint.outputs.goodput import IN_PLACE, KILLED
-from entrypoint.outputs.goodput_model import BUCKETS, Witness
-from entrypoint.outputs.goodput_report import Report
+from entrypoint.lifecycle.jobdir.lease import JobLease
+from entrypoint.outputs import checkpoints, goodput
+from entrypoint.outputs.goodput import IN_PLACE, KILLED, ledger
+from entrypoint.outputs.goodput.model import BUCKETS, Witness
+from entrypoint.outputs.goodput.report import Report
 from tests.conftest import PYTHON, ROOT, subprocess_env
 
 T = 1_700_000_000.0

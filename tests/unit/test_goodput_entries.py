@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from entrypoint.lifecycle import recorder
-from entrypoint.outputs.ledger import attempt_id, process_start_time
+from entrypoint.outputs.goodput.ledger import attempt_id, process_start_time
 
 
 def test_the_chief_prints_its_attempts_start_every_steps_start_and_the_end(

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from entrypoint.errors import ConfigError
-from entrypoint.outputs import goodput_plot
-from entrypoint.outputs.goodput_plot import COLOURS, UNKNOWN, render_png, render_svg, write_plot
+from entrypoint.outputs.goodput import plot as goodput_plot
+from entrypoint.outputs.goodput.plot import COLOURS, UNKNOWN, render_png, render_svg, write_plot
 
 SVG = "{http://www.w3.org/2000/svg}"
 T0 = 1_700_000_000.0
@@ -157,7 +157,7 @@ def ink(png: bytes, rgb: str) -> set[tuple[int, int]]:
 def drawn(png: bytes, text: dict) -> bool:
     """Whether the PNG shows ``text`` (an SVG text's words) where the SVG puts it: in the 5x7 glyphs at its size and
     colour, anchored alike, their bottom row on its baseline, and no other pixel of that colour in their box."""
-    from entrypoint.outputs import bitmap_font
+    from entrypoint.outputs.goodput import bitmap_font
 
     scale = 2 if text["size"] >= 14 else 1
     dots = set(bitmap_font.pixels(text["text"], scale))

@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 
 from entrypoint.errors import ConfigError
-from entrypoint.lifecycle import jobrecord, lease
-from entrypoint.lifecycle.lease import LEASE, Holder, JobLease
+from entrypoint.lifecycle.jobdir import jobrecord, lease
+from entrypoint.lifecycle.jobdir.lease import LEASE, Holder, JobLease
 from entrypoint.options import RunOptions
 from entrypoint.outputs import storage
 from tests.conftest import ROOT, subprocess_env
@@ -175,7 +175,7 @@ def test_a_free_job_dir_is_taken_without_waiting(tmp_path: Path, monkeypatch: py
 DRIVER = """
 import sys, time
 from entrypoint.errors import ConfigError
-from entrypoint.lifecycle import lease
+from entrypoint.lifecycle.jobdir import lease
 lease.RENEW, lease.STALE, lease._POLL = 0.2, 1.0, 0.05
 print("ready", flush=True)
 sys.stdin.readline()

@@ -1,5 +1,5 @@
-"""Kubeflow Trainer's progress posts (``outputs/kubeflow_progress.py``) against a real HTTPS server on 127.0.0.1 whose
-certificate a test CA signed: the path, the bearer token (read again for each post) and the body Kubeflow's status
+"""Kubeflow Trainer's progress posts (``outputs/goodput/kubeflow_progress.py``) against a real HTTPS server on 127.0.0.1
+whose certificate a test CA signed: the path, the bearer token (read again for each post) and the body Kubeflow's status
 server takes; TLS verified by the given CA only (another certificate fails, said once); a hanging server never holds
 up ``update`` and only the newest update is sent after it; nothing without the platform's variables."""
 
@@ -27,7 +27,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from entrypoint.cluster.environments.settings import read_settings
-from entrypoint.outputs.kubeflow_progress import MAX_METRICS, KubeflowProgress, _Update
+from entrypoint.outputs.goodput.kubeflow_progress import MAX_METRICS, KubeflowProgress, _Update
 
 GENEROUS = 60.0  # seconds to wait for an event on a loaded machine (each comes in well under a second)
 PATH = "/apis/trainer.kubeflow.org/v1alpha1/namespaces/team/trainjobs/mnist/status"

@@ -1,6 +1,7 @@
-"""The job ledger (entrypoint/outputs/ledger.py) and what the processes write to it (entrypoint/lifecycle/recorder.py):
-many writers read back as one ledger, torn and bad lines skipped with a warning, object stores through the storage
-seam, a ledger that cannot be written or is fenced never stopping the training, the recorders' records."""
+"""The job ledger (entrypoint/outputs/goodput/ledger.py) and what the processes write to it
+(entrypoint/lifecycle/recorder.py): many writers read back as one ledger, torn and bad lines skipped with a warning,
+object stores through the storage seam, a ledger that cannot be written or is fenced never stopping the training, the
+recorders' records."""
 
 from __future__ import annotations
 
@@ -21,8 +22,9 @@ from entrypoint.cluster.environments.settings import PlatformSettings
 from entrypoint.lifecycle import recorder, runner
 from entrypoint.lifecycle.recorder import NodeRecorder, PlatformRecorder, Recorder
 from entrypoint.options import RunOptions
-from entrypoint.outputs import checkpoints, ledger, storage
-from entrypoint.outputs.ledger import LEDGER_DIR, Ledger
+from entrypoint.outputs import checkpoints, storage
+from entrypoint.outputs.goodput import ledger
+from entrypoint.outputs.goodput.ledger import LEDGER_DIR, Ledger
 from entrypoint.planning.plan import make_plan
 from tests.gcs import Emulator, gs_dir
 
@@ -114,9 +116,7 @@ def roundtrip_on_a_store(job_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
     writer.close()
     found = ledger.read(job_dir)
     assert ([r["kind"] for r in found.records], found.files, found.warnings) == (["start", "end"], 1, [])
-    assert writer._uploader is not None
-    writer._uploader.join(timeout=30)  # its upload thread ends with it
-    assert not writer._uploader.is_alive()
+    assert writer._uploader.started and not writer._uploader.alive  # its upload thread ended with it
 
 
 def test_a_ledger_in_memory(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -133,7 +133,7 @@ def test_a_ledger_on_a_bucket(emulator: Emulator, monkeypatch: pytest.MonkeyPatc
 
 
 def test_an_upload_in_flight_at_close_never_replaces_the_newest(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ledger, "REMOTE_EVERY", 0.0)  # the thread uploads at once
+    monkeypatch.setattr(ledger, "REMOTE_EVERY", 0.05)  # the thread uploads at once
     started, closed = threading.Event(), threading.Event()
 
     class Slow(storage.RemotePath):
@@ -150,8 +150,7 @@ def test_an_upload_in_flight_at_close_never_replaces_the_newest(monkeypatch: pyt
     writer.add("end", t=T0 + 1, code=0)
     writer.close()
     closed.set()
-    assert writer._uploader is not None
-    writer._uploader.join(timeout=30)
+    writer._uploader.stop(30)
     try:
         assert [json.loads(line)["kind"] for line in writer.location.read_text().splitlines()] == ["start", "end"]
     finally:

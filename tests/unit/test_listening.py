@@ -19,8 +19,8 @@ from entrypoint.cluster.environments import resolve
 from entrypoint.cluster.environments.settings import PlatformSettings
 from entrypoint.cluster.topology import Peer
 from entrypoint.errors import ConfigError, PeerError
-from entrypoint.lifecycle import rendezvous
-from entrypoint.lifecycle.listening import ServerWatch, wait_until_listening
+from entrypoint.lifecycle.startup import rendezvous
+from entrypoint.lifecycle.startup.listening import ServerWatch, wait_until_listening
 from entrypoint.options import RunOptions
 from entrypoint.planning.plan import Plan, make_plan
 

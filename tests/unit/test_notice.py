@@ -1,5 +1,6 @@
-"""The platform's advance notice (``lifecycle/notice.py``) against a fake metadata server on 127.0.0.1: nothing without
-a server, nothing from an answer without ``Metadata-Flavor: Google``, each notice once; and the grace-period check."""
+"""The platform's advance notice (``lifecycle/watch/notice.py``) against a fake metadata server on 127.0.0.1: nothing
+without a server, nothing from an answer without ``Metadata-Flavor: Google``, each notice once; and the grace-period
+check."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import time
 from pathlib import Path
 
 from entrypoint.cluster.environments.settings import METADATA_HOST, metadata_host
-from entrypoint.lifecycle import notice
-from entrypoint.lifecycle.notice import MAINTENANCE, PREEMPTED, Notice, NoticeWatcher
+from entrypoint.lifecycle.watch import notice
+from entrypoint.lifecycle.watch.notice import MAINTENANCE, PREEMPTED, Notice, NoticeWatcher
 from tests.metadata import FakeMetadata
 
 GENEROUS = 60.0  # seconds to wait for an event on a loaded machine (the events come in well under a second)

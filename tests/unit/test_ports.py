@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint.lifecycle import ports
+from entrypoint.lifecycle.startup import ports
 from tests.conftest import ROOT, subprocess_env
 
 NARROW = """
 import sys
-from entrypoint.lifecycle import ports
+from entrypoint.lifecycle.startup import ports
 ports.PORT_FLOOR = int(sys.argv[1])
 ports._ephemeral_start = lambda: ports.PORT_FLOOR + 3
 print(*ports.free_ports(int(sys.argv[2])))

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from entrypoint.lifecycle import recorder
-from entrypoint.outputs.ledger import Ledger
+from entrypoint.outputs.goodput.ledger import Ledger
 
 
 class Poster:

@@ -11,7 +11,7 @@ import copy
 import pytest
 
 from entrypoint.errors import ExitCode
-from entrypoint.lifecycle.restart_policy import POLICIES, Counts, Decision, RestartPolicy, decide
+from entrypoint.lifecycle.supervision.restart_policy import POLICIES, Counts, Decision, RestartPolicy, decide
 
 PERMANENT = [int(c) for c in ExitCode if c < 128] + [3, 127]  # 0 included: decide never restarts it either
 RETRYABLE = [int(c) for c in ExitCode if c >= 128] + [128, 134, 137, 139, 255]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from entrypoint.errors import ConfigError
-from entrypoint.lifecycle.restart_policy import Counts, RestartPolicy, decide
+from entrypoint.lifecycle.supervision.restart_policy import Counts, RestartPolicy, decide
 
 
 def test_vertex_restarts_a_replica_five_times_then_retries_the_job_three_times() -> None:

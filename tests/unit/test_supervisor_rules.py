@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint.lifecycle.restart_policy import RestartPolicy
-from entrypoint.lifecycle.supervisor import Replica, Supervisor, run_replicas
+from entrypoint.lifecycle.supervision.restart_policy import RestartPolicy
+from entrypoint.lifecycle.supervision.supervisor import Replica, Supervisor, run_replicas
 from tests.conftest import subprocess_env
 
 GRACE = 0.5

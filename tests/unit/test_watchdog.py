@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from entrypoint import errors, failures
-from entrypoint.lifecycle import peers, watchdog
-from entrypoint.lifecycle.watchdog import HangWatchdog
+from entrypoint.lifecycle.watch import peers, watchdog
+from entrypoint.lifecycle.watch.watchdog import HangWatchdog
 from entrypoint.planning.runargs import parse_options
 
 

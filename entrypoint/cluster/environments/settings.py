@@ -42,7 +42,8 @@ class PlatformSettings:
     fabric_applied: bool = False  # TRAINER_FABRIC_APPLIED: the entrypoint started again with the step applied
     image: str | None = None  # TRAINER_IMAGE: the image reference the job's spec ran (NAME@sha256:... when pinned)
     sbom: str = DEFAULT_SBOM  # TRAINER_SBOM: where the image's bill of materials is
-    # Kubeflow Trainer's progress endpoint (its TrainJobStatus feature; outputs/kubeflow_progress.py posts to it):
+    # Kubeflow Trainer's progress endpoint (its TrainJobStatus feature; outputs/goodput/kubeflow_progress.py posts
+    # to it):
     kubeflow_server_url: str | None = None  # KUBEFLOW_TRAINER_SERVER_URL: where the TrainJob's progress is POSTed
     kubeflow_server_ca_cert: str | None = None  # KUBEFLOW_TRAINER_SERVER_CA_CERT: the path of its CA certificate
     kubeflow_server_token_file: str | None = None  # KUBEFLOW_TRAINER_SERVER_TOKEN: the path of its bearer token

@@ -21,7 +21,7 @@ from typing import Any
 
 from entrypoint.cluster.topology import Peer
 from entrypoint.errors import ConfigError
-from entrypoint.lifecycle.rendezvous import reach_chief
+from entrypoint.lifecycle.startup.rendezvous import reach_chief
 from entrypoint.lifecycle.waiting import Pending, Wait
 
 log = logging.getLogger("entrypoint")

@@ -16,7 +16,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from entrypoint.cluster import envvars as ev
-from entrypoint.lifecycle.peers import KeyValue
+from entrypoint.lifecycle.watch.peers import KeyValue
 from entrypoint.pytorch.launch.replicas import NodeReplicas
 
 log = logging.getLogger("entrypoint.pytorch")

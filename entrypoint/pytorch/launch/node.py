@@ -29,8 +29,8 @@ from pathlib import Path
 from entrypoint import failures
 from entrypoint.cluster import envvars as ev
 from entrypoint.errors import ExitCode, exit_code_of, signal_exit_code
-from entrypoint.lifecycle.ports import free_ports
 from entrypoint.lifecycle.runner import run_process
+from entrypoint.lifecycle.startup.ports import free_ports
 from entrypoint.planning.plan import Plan
 from entrypoint.pytorch.launch.store import BACKEND, NodeStore, job_run_id, node_store, register_backend
 

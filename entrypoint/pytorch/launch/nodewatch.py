@@ -3,7 +3,7 @@
 The hooks loop names a lost rank by its heartbeats (``recovery/guard.py``). A script has none, and gloo names a lost
 peer by an address and an ephemeral port: a worker that leaves early (its script's ``os._exit(0)``, a killed
 node) left the chief's last line blaming the chief itself. So while a script runs on a node of several, the node
-publishes a heartbeat in the job's store (``lifecycle/peers.py``, a prefix of its own) and its replica's name;
+publishes a heartbeat in the job's store (``lifecycle/watch/peers.py``, a prefix of its own) and its replica's name;
 when the script fails with a lost peer, the nodes whose heartbeat stopped are named in a verdict record on their
 behalf, which the last line then names as the root cause.
 """
@@ -19,7 +19,7 @@ from datetime import timedelta
 from typing import Any
 
 from entrypoint import errors, failures
-from entrypoint.lifecycle import peers
+from entrypoint.lifecycle.watch import peers
 from entrypoint.planning.plan import Plan
 from entrypoint.pytorch.launch.store import NodeStore
 

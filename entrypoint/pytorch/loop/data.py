@@ -30,7 +30,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from entrypoint.lifecycle.signals import shield_loader_worker
-from entrypoint.lifecycle.watchdog import reads
+from entrypoint.lifecycle.watch.watchdog import reads
 
 log = logging.getLogger("entrypoint.pytorch")
 SERVER_MODULE = "entrypoint.pytorch.loop.loader_server"  # what the fork server imports first (stop signals ignored)

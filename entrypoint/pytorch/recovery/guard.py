@@ -35,11 +35,12 @@ from typing import Any
 from entrypoint import errors, failures
 from entrypoint.cluster.placement import Placement
 from entrypoint.errors import ConfigError, Interrupted, PeerError, StopRequested
-from entrypoint.lifecycle import peers, recorder
-from entrypoint.lifecycle.peers import KeyValue
+from entrypoint.lifecycle import recorder
 from entrypoint.lifecycle.signals import StopRequest
 from entrypoint.lifecycle.waiting import LOG_EVERY, Wait
-from entrypoint.lifecycle.watchdog import HangWatchdog, reads, record_margin
+from entrypoint.lifecycle.watch import peers
+from entrypoint.lifecycle.watch.peers import KeyValue
+from entrypoint.lifecycle.watch.watchdog import HangWatchdog, reads, record_margin
 from entrypoint.outputs import checkpoints, goodput
 from entrypoint.planning.plan import Plan
 from entrypoint.pytorch.defaults import HookContext

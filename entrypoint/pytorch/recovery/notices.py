@@ -1,7 +1,7 @@
 """The platform's advance notice in the hooks loop: each node hears it, every rank saves at the same step.
 
 Every node's metadata server speaks for its own VM, so each node's training process at local rank 0 watches it
-(``lifecycle/notice.py``). A notice it hears goes into the next per-step vote (``vote.py``: two more integers,
+(``lifecycle/watch/notice.py``). A notice it hears goes into the next per-step vote (``vote.py``: two more integers,
 still one all-reduce; between evaluation batches too), so every rank learns of it at the same step, wherever it was
 heard; there ``StepGuard`` commits a checkpoint of that step at once (outside ``--checkpoint-every``), once per
 notice, and training goes on until the signal (whose own save may then be cut short by the grace period without
@@ -16,8 +16,8 @@ from __future__ import annotations
 import logging
 
 from entrypoint.cluster.environments.settings import metadata_host
-from entrypoint.lifecycle import notice
-from entrypoint.lifecycle.notice import NoticeWatcher
+from entrypoint.lifecycle.watch import notice
+from entrypoint.lifecycle.watch.notice import NoticeWatcher
 from entrypoint.outputs import checkpoints
 from entrypoint.planning.plan import Plan
 from entrypoint.pytorch.defaults import HookContext

@@ -31,7 +31,7 @@ import torch
 
 from entrypoint.errors import StopRequested
 from entrypoint.lifecycle.recorder import Recorder
-from entrypoint.lifecycle.watchdog import HangWatchdog
+from entrypoint.lifecycle.watch.watchdog import HangWatchdog
 from entrypoint.outputs import checkpoints
 from entrypoint.outputs.storage import Location
 from entrypoint.planning.plan import Plan

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 
 from entrypoint.cluster.topology import Peer
 from entrypoint.errors import HostUnresolvableError, PeerError
-from entrypoint.lifecycle.listening import wait_until_listening
+from entrypoint.lifecycle.startup.listening import wait_until_listening
 from entrypoint.lifecycle.waiting import LOG_EVERY, Wait
 from entrypoint.planning.plan import Plan
 

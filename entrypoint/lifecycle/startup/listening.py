@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from entrypoint.cluster.topology import Peer
 from entrypoint.errors import PeerError, TrainerError
 from entrypoint.lifecycle.waiting import Wait
+from entrypoint.periodic import Periodic
 
 log = logging.getLogger("entrypoint")
 POLL = 0.5  # seconds between the watch's looks at its connections
@@ -86,8 +87,7 @@ class ServerWatch:
         self._conns: dict[int, socket.socket | None] = {}
         self._lost: list[Lost] = []
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._looks = Periodic("server-watch", self.check, poll)
 
     def __enter__(self) -> ServerWatch:
         return self.start()
@@ -102,15 +102,12 @@ class ServerWatch:
             if self._conns[i] is None:
                 self._record(peer, "not listening when training started")
         if self.peers:
-            self._thread = threading.Thread(target=self._run, name="server-watch", daemon=True)
-            self._thread.start()
+            self._looks.start()
         return self
 
     def stop(self) -> None:
         """Stop watching and close the connections."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5.0)
+        self._looks.stop()
         with self._lock:
             for conn in self._conns.values():
                 if conn is not None:
@@ -136,7 +133,7 @@ class ServerWatch:
     def check(self) -> None:
         """One look at every connection: a closed one is dialled again; refused means the server is gone."""
         with self._lock:
-            if self._stop.is_set() and not self._conns:
+            if self._looks.stopping and not self._conns:
                 return
             live = {i: c for i, c in self._conns.items() if c is not None}
             readable: list[socket.socket] = []
@@ -161,10 +158,6 @@ class ServerWatch:
         lost = Lost(peer, time.time(), why)
         self._lost.append(lost)
         log.warning("lost %s", lost)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.poll):
-            self.check()
 
 
 def _still_open(conn: socket.socket) -> bool:

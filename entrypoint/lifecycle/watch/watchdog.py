@@ -24,8 +24,8 @@ margin for its record (``record_margin``), whatever holds it, and its record and
 (the caller's words); a node of one process enforces its grace period this way, as a launcher does for its workers.
 
 The start deadline: TensorFlow's cluster start holds the GIL while it waits for a lost peer, so no thread of
-the process can act. A small watcher process (``python -m entrypoint.lifecycle.watchdog``, prepared before the wait)
-writes the failure record and the job's last line at the deadline, then ends the waiting process with
+the process can act. A small watcher process (``python -m entrypoint.lifecycle.watch.watchdog``, prepared before the
+wait) writes the failure record and the job's last line at the deadline, then ends the waiting process with
 SIGALRM (exit 142); the kernel's own alarm stays as a backstop.
 """
 
@@ -41,15 +41,16 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from entrypoint import errors, failures
 from entrypoint.failures.records import FailureRecord
-from entrypoint.lifecycle import peers, signals
-from entrypoint.lifecycle.peers import PeerBoard
+from entrypoint.lifecycle import signals
+from entrypoint.lifecycle.watch import peers
+from entrypoint.lifecycle.watch.peers import PeerBoard
+from entrypoint.periodic import Periodic
 
 BACKSTOP = 3.0  # seconds after the watcher's deadline: the kernel's alarm, should the watcher be gone
 STOPPING_POLL = 0.1  # seconds between two looks at the stop's deadline once a stop signal arrived
@@ -81,8 +82,8 @@ class HangWatchdog:
         self._step = 0
         self._read = 0
         self._began = self._last = time.monotonic()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        # a firing watchdog ends the process itself: its stop waits for no tick
+        self._looks = Periodic("hang-watchdog", self._look, self._poll, join=0.0)
         self._deadline: tuple[signals.StopRequest, float, Callable[[], tuple[str, bool]]] | None = None
 
     @property
@@ -104,10 +105,9 @@ class HangWatchdog:
     def start(self) -> HangWatchdog:
         """Start watching (a daemon thread; the start-up clock starts now); a no-op when both timeouts are 0 and no
         stop has a deadline."""
-        if (self.timeout > 0 or self.startup_timeout > 0 or self._deadline is not None) and self._thread is None:
+        if (self.timeout > 0 or self.startup_timeout > 0 or self._deadline is not None) and not self._looks.started:
             self._began = self._last = time.monotonic()
-            self._thread = threading.Thread(target=self._watch, name="hang-watchdog", daemon=True)
-            self._thread.start()
+            self._looks.start()
         return self
 
     @property
@@ -138,7 +138,7 @@ class HangWatchdog:
 
     def stop(self) -> None:
         """Stop watching."""
-        self._stop.set()
+        self._looks.stop()
 
     def _poll(self) -> float:
         limits = [t for t in (self.timeout, self.startup_timeout) if t > 0] or [1.0]
@@ -153,21 +153,20 @@ class HangWatchdog:
                 else None
         return (self.timeout, "--hang-timeout") if 0 < self.timeout < now - self._last else None
 
-    def _watch(self) -> None:
-        while not self._stop.wait(self._poll()):
-            now = time.monotonic()
-            if self._deadline is not None and self._deadline[0].requested:
-                if self._deadline[0].since() >= self._deadline[1]:
-                    self._fire_stop()
-                self._deadline[0].nudge()  # a region that held the stop past its patience is interrupted
-                continue  # stopping: the stop's deadline holds, not the hang's clocks
-            if not self.starting_up and self.timeout <= 0:
-                if self._deadline is None:
-                    return  # the start-up is over and the step clock is off
-                continue
-            self._live(now)
-            if (limit := self.expired(now)) is not None:
-                self._fire(*limit)
+    def _look(self) -> bool:
+        """One look at the clocks; False once none is left to watch."""
+        now = time.monotonic()
+        if self._deadline is not None and self._deadline[0].requested:
+            if self._deadline[0].since() >= self._deadline[1]:
+                self._fire_stop()
+            self._deadline[0].nudge()  # a region that held the stop past its patience is interrupted
+            return True  # stopping: the stop's deadline holds, not the hang's clocks
+        if not self.starting_up and self.timeout <= 0:
+            return self._deadline is not None  # the start-up is over and the step clock is off
+        self._live(now)
+        if (limit := self.expired(now)) is not None:
+            self._fire(*limit)
+        return True
 
     def _live(self, now: float) -> None:
         """Samples read since the last look (a slow read or an evaluation making progress) are a beat."""
@@ -229,7 +228,7 @@ def start_deadline(seconds: float, ctx: failures.FailureContext, failure: failur
     """End this process with ``failure`` (record, last line, exit 142) if the block outlasts ``seconds``."""
     job = {"pid": os.getpid(), "seconds": seconds, "record": failures.make_record(ctx, failure).to_json(),
            "context": context_json(ctx)}
-    watcher = subprocess.Popen([sys.executable, "-m", "entrypoint.lifecycle.watchdog"], stdin=subprocess.PIPE,
+    watcher = subprocess.Popen([sys.executable, "-m", "entrypoint.lifecycle.watch.watchdog"], stdin=subprocess.PIPE,
                                preexec_fn=signals.child_preexec)
     assert watcher.stdin is not None
     with contextlib.suppress(OSError):  # a watcher that could not start leaves the backstop to end the wait

@@ -30,6 +30,7 @@ from typing import IO, Any
 
 from entrypoint.outputs import checkpoints, storage
 from entrypoint.outputs.storage import Location, StorageError
+from entrypoint.periodic import Periodic
 
 log = logging.getLogger("entrypoint")
 
@@ -71,8 +72,7 @@ class Ledger:
         self._lock = threading.Lock()
         self._uploading = threading.Lock()
         self._dirty = threading.Event()
-        self._closed = threading.Event()
-        self._uploader: threading.Thread | None = None
+        self._uploader = Periodic("ledger-upload", self._upload_due, REMOTE_EVERY, join=CLOSE_WAIT)
         self._uploaded = 0
         self._failed = False
         self._fenced = False
@@ -109,15 +109,11 @@ class Ledger:
         with self._lock:
             self._lines.append(line)
         self._dirty.set()
-        if self._uploader is None:
-            self._uploader = threading.Thread(target=self._upload_loop, name="ledger-upload", daemon=True)
+        if not self._uploader.started:
             self._uploader.start()
 
-    def _upload_loop(self) -> None:
-        while not self._closed.is_set():
-            self._dirty.wait()
-            if self._closed.wait(REMOTE_EVERY) and not self._dirty.is_set():
-                return
+    def _upload_due(self) -> None:
+        if self._dirty.is_set():  # records came since the last upload
             self._upload()
 
     def _upload(self) -> None:
@@ -141,10 +137,7 @@ class Ledger:
             self._upload()
 
     def close(self) -> None:
-        self._closed.set()
-        self._dirty.set()
-        if self._uploader is not None:
-            self._uploader.join(timeout=CLOSE_WAIT)  # an upload in flight finishes first
+        self._uploader.stop()  # an upload in flight finishes first (CLOSE_WAIT at most)
         self.flush()
         with self._lock:
             if self._file is not None:

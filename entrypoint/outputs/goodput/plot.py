@@ -16,7 +16,8 @@ import zlib
 from xml.sax.saxutils import escape
 
 from entrypoint.errors import ConfigError
-from entrypoint.outputs import bitmap_font, storage
+from entrypoint.outputs import storage
+from entrypoint.outputs.goodput import bitmap_font
 
 # Fixed colours: productive green, the disruption buckets red and orange, scheduling grey, the rest distinct.
 COLOURS = {

@@ -40,6 +40,7 @@ from urllib.parse import urlsplit
 from entrypoint.cluster import envvars as ev
 from entrypoint.cluster.environments.settings import PlatformSettings, read_settings
 from entrypoint.outputs import redaction
+from entrypoint.periodic import Periodic
 
 log = logging.getLogger("entrypoint")
 
@@ -87,8 +88,7 @@ class KubeflowProgress:
         self._warned_at: float | None = None
         self.posted = 0  # posts the server answered with success
         self.failed = 0  # posts that failed
-        self._thread = threading.Thread(target=self._run, name="kubeflow-progress", daemon=True)
-        self._thread.start()
+        self._poster = Periodic("kubeflow-progress", self._post_due, self._next_post).start()
 
     @classmethod
     def from_settings(cls, settings: PlatformSettings | None = None) -> KubeflowProgress | None:
@@ -119,6 +119,7 @@ class KubeflowProgress:
                 return
             self._pending = item
             self._cond.notify_all()
+        self._poster.wake()
 
     def close(self, timeout: float) -> bool:
         """Post what is pending now (no interval to wait for), waiting at most ``timeout`` seconds; no update is taken
@@ -127,6 +128,7 @@ class KubeflowProgress:
         with self._cond:
             self._closing = True
             self._cond.notify_all()
+            self._poster.wake()
             while self._pending is not None or self._posting:
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -136,28 +138,30 @@ class KubeflowProgress:
 
     # --- the thread ---------------------------------------------------------------------------------------------
 
-    def _run(self) -> None:
-        while True:
+    def _next_post(self) -> float | None:
+        """Seconds until the pending update is due (None: none pending, wait for one)."""
+        with self._cond:
+            if self._closing or (self._pending is not None and self._pending.done):
+                return 0.0
+            return None if self._pending is None else max(self._wait_left(), 0.0)
+
+    def _post_due(self) -> bool:
+        """Post the pending update if it is due (an update wakes the thread early); False once closed and done."""
+        with self._cond:
+            if self._pending is None:
+                return not self._closing
+            if self._wait_left() > 0 and not self._closing and not self._pending.done:
+                return True  # woken by a newer update: it goes at the interval's end
+            item, self._pending = self._pending, None
+            self._posting = True
+            self._last_post = time.monotonic()
+        try:
+            self._post(item)
+        finally:
             with self._cond:
-                while True:
-                    if self._pending is None:
-                        if self._closing:
-                            return
-                        self._cond.wait()
-                        continue
-                    wait = self._wait_left()
-                    if wait <= 0 or self._closing or self._pending.done:
-                        break
-                    self._cond.wait(wait)
-                item, self._pending = self._pending, None
-                self._posting = True
-                self._last_post = time.monotonic()
-            try:
-                self._post(item)
-            finally:
-                with self._cond:
-                    self._posting = False
-                    self._cond.notify_all()
+                self._posting = False
+                self._cond.notify_all()
+        return True
 
     def _wait_left(self) -> float:
         return 0.0 if self._last_post is None else self._last_post + self.min_interval - time.monotonic()

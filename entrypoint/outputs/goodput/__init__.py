@@ -24,9 +24,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from entrypoint.outputs.goodput_model import BUCKETS, FUTURE_SLACK, KILLED, PHASES, Attempt, Witness
-from entrypoint.outputs.goodput_report import Report
-from entrypoint.outputs.ledger import Read
+from entrypoint.outputs.goodput.ledger import Read
+from entrypoint.outputs.goodput.model import BUCKETS, FUTURE_SLACK, KILLED, PHASES, Attempt, Witness
+from entrypoint.outputs.goodput.report import Report
 
 log = logging.getLogger("entrypoint")
 
@@ -340,7 +340,7 @@ def _attempt_spans(a: Attempt, segments: list[Segment], buckets: dict[str, float
 
 def of_job(job_dir: str, running: bool = False, now: float | None = None) -> Report:
     """The job's goodput from the ledger under ``job_dir`` (and its failure records, where a reader is registered)."""
-    from entrypoint.outputs import ledger
+    from entrypoint.outputs.goodput import ledger
 
     witnesses = [w for source in _witness_sources for w in source(job_dir)]
     return compute(ledger.read(job_dir), job_dir, now, running, witnesses)

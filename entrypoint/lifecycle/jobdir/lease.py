@@ -35,7 +35,6 @@ import json
 import logging
 import os
 import socket
-import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -48,6 +47,7 @@ from entrypoint.outputs import conditional, storage
 from entrypoint.outputs.conditional import Versioned
 from entrypoint.outputs.locations import local_path
 from entrypoint.outputs.storage import Location, StorageError
+from entrypoint.periodic import Periodic
 
 log = logging.getLogger("entrypoint")
 LEASE = "job.lease"
@@ -180,8 +180,8 @@ class JobLease:
         self.on_lost = on_lost
         self.lost: Holder | None = None  # who took the job dir over, once one did
         self._version = ""
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._failing: str | None = None  # why the last renewal failed (said once, and once when renewals work again)
+        self._renewals = Periodic("job-dir-lease", self._renew, RENEW, join=RENEW)
 
     def __enter__(self) -> JobLease:
         return self.acquire()
@@ -210,8 +210,7 @@ class JobLease:
                 break
             # another job took it (or renewed it) between the read and the write: judge the new holder
         self._version = version
-        self._thread = threading.Thread(target=self._renew, name="job-dir-lease", daemon=True)
-        self._thread.start()
+        self._renewals.start()
         return self
 
     def _may_take(self, current: Holder, found: Versioned) -> bool:
@@ -247,22 +246,22 @@ class JobLease:
         return ConfigError("--job-dir", f"{self.job_dir} is in use by another live job{same} ({holder}, which renews "
                            f"its lease {LEASE}): give this job its own --job-dir, or stop the other one first")
 
-    def _renew(self) -> None:
-        failing: str | None = None  # why the last renewal failed (said once, and once when renewals work again)
-        while not self._stop.wait(RENEW):
-            try:
-                if not self._renew_once():
-                    return
-            except (OSError, StorageError) as exc:  # a store down, a job dir made read-only: renewed when back
-                if failing is None:
-                    log.warning("job dir %s: its lease %s could not be renewed (%s: %s); training goes on, but "
-                                "another host's job may take the job dir over once the lease is %g s old",
-                                self.job_dir, LEASE, type(exc).__name__, exc, STALE)
-                failing = str(exc)
-                continue
-            if failing is not None:
-                log.info("job dir %s: its lease %s is renewed again", self.job_dir, LEASE)
-                failing = None
+    def _renew(self) -> bool:
+        """One renewal, from the thread; False once this job was displaced."""
+        try:
+            if not self._renew_once():
+                return False
+        except (OSError, StorageError) as exc:  # a store down, a job dir made read-only: renewed when back
+            if self._failing is None:
+                log.warning("job dir %s: its lease %s could not be renewed (%s: %s); training goes on, but "
+                            "another host's job may take the job dir over once the lease is %g s old",
+                            self.job_dir, LEASE, type(exc).__name__, exc, STALE)
+            self._failing = str(exc)
+            return True
+        if self._failing is not None:
+            log.info("job dir %s: its lease %s is renewed again", self.job_dir, LEASE)
+            self._failing = None
+        return True
 
     def _renew_once(self) -> bool:
         """One renewal; False once this job was displaced (``on_lost`` called)."""
@@ -313,9 +312,7 @@ class JobLease:
 
     def release(self) -> None:
         """Stop renewing; remove the lease if it is still this job's (the next job takes the dir at once)."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=RENEW)
+        self._renewals.stop()
         if self.lost is None and self._version and not _unreachable(self.path):
             with contextlib.suppress(OSError, StorageError):
                 conditional.remove_if(self.path, self._version)

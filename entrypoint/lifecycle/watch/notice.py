@@ -18,6 +18,7 @@ warning when that exceeds ``--grace-period`` (a save at the signal would be cut 
 
 from __future__ import annotations
 
+import functools
 import http.client
 import logging
 import threading
@@ -27,6 +28,7 @@ from urllib.parse import urlencode
 
 from entrypoint.outputs import checkpoints
 from entrypoint.outputs.storage import Location
+from entrypoint.periodic import Periodic
 
 log = logging.getLogger("entrypoint")
 PREEMPTED = "instance/preempted"
@@ -96,20 +98,27 @@ class NoticeWatcher:
         self._lock = threading.Lock()
         self._queue: list[Notice] = []
         self._last: dict[str, Notice | None] = {}
-        self._stopped = threading.Event()
+        self._seen: dict[str, tuple[str | None, str | None]] = {}  # each path's last value and ETag
+        self._pause = {PREEMPTED: 0.0, MAINTENANCE: 0.0}  # each path's wait before its next request
         self.probed = threading.Event()  # the probe has answered (or failed): tests wait for it
+        # a hanging GET in flight ends with its process (the threads are daemons): a stop does not wait for it
+        self._watches = {path: Periodic(name, functools.partial(self._look, path),
+                                        functools.partial(self._pause.get, path), initial=0.0, join=0.0)
+                         for path, name in ((PREEMPTED, "platform-notice"),
+                                            (MAINTENANCE, "platform-notice-maintenance"))}
 
     def start(self) -> NoticeWatcher:
         """Probe and watch in the background; returns at once."""
         if self.host:
-            threading.Thread(target=self._run, name="platform-notice", daemon=True).start()
+            self._watches[PREEMPTED].start()  # the probe first, then the watch of its path
         else:
             self.probed.set()
         return self
 
     def stop(self) -> None:
         """Stop watching (a hanging GET in flight ends with its process: the threads are daemons)."""
-        self._stopped.set()
+        for watch in self._watches.values():
+            watch.stop()
 
     def take(self) -> Notice | None:
         """The oldest notice not handed out yet (None: none)."""
@@ -118,40 +127,43 @@ class NoticeWatcher:
         with self._lock:
             return self._queue.pop(0) if self._queue else None
 
-    def _run(self) -> None:
+    def _probe(self) -> bool:
+        """Whether a metadata server answers (then the maintenance watch starts and the first value is delivered)."""
         assert self.host is not None
         try:
             value, etag = get(self.host, PREEMPTED, self.probe_timeout)
         except (OSError, MetadataError, http.client.HTTPException, ValueError) as exc:
             log.debug("no metadata server at %s (%s): the platform's advance notice is not watched", self.host,
                       type(exc).__name__)
-            return
+            return False
         finally:
             self.probed.set()
         self.watching = True
         log.debug("watching the metadata server at %s for the platform's advance notice", self.host)
-        threading.Thread(target=self._watch, args=(MAINTENANCE, None, None), name="platform-notice-maintenance",
-                         daemon=True).start()
-        self._watch(PREEMPTED, value, etag)
+        self._watches[MAINTENANCE].start()
+        self._seen[PREEMPTED] = (value, etag)
+        self._deliver(PREEMPTED, value)
+        return True
 
-    def _watch(self, path: str, value: str | None, etag: str | None) -> None:
-        """Deliver ``path``'s value, then each new one, until stopped."""
+    def _look(self, path: str) -> bool:
+        """One request for ``path``'s value (a hanging GET for a change once it has an ETag); a new one is
+        delivered. False: no metadata server (the probe failed), nothing to watch."""
         assert self.host is not None
-        if value is not None:
-            self._deliver(path, value)
-        while not self._stopped.is_set():
-            started = time.monotonic()
-            try:  # the value now, then a hanging GET for each change (it waits even when there is no ETag yet)
-                wait = self.wait_seconds if etag else None
-                new, etag = get(self.host, path, (wait or self.probe_timeout) + 10.0, etag, wait)
-            except (OSError, MetadataError, http.client.HTTPException, ValueError) as exc:
-                log.debug("metadata server: %s: %s", path, exc)
-                self._stopped.wait(self.retry_seconds)
-                continue
-            if new == value and time.monotonic() - started < MIN_INTERVAL:
-                self._stopped.wait(MIN_INTERVAL)
-            value = new
-            self._deliver(path, value)
+        if path == PREEMPTED and not self.probed.is_set():
+            return self._probe()
+        value, etag = self._seen.get(path, (None, None))
+        started = time.monotonic()
+        try:  # the value now, then a hanging GET for each change (it waits even when there is no ETag yet)
+            wait = self.wait_seconds if etag else None
+            new, etag = get(self.host, path, (wait or self.probe_timeout) + 10.0, etag, wait)
+        except (OSError, MetadataError, http.client.HTTPException, ValueError) as exc:
+            log.debug("metadata server: %s: %s", path, exc)
+            self._pause[path] = self.retry_seconds
+            return True
+        self._pause[path] = MIN_INTERVAL if new == value and time.monotonic() - started < MIN_INTERVAL else 0.0
+        self._seen[path] = (new, etag)
+        self._deliver(path, new)
+        return True
 
     def _deliver(self, path: str, value: str) -> None:
         notice = notice_of(path, value)

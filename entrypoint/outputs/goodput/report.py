@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from entrypoint.outputs.goodput_model import BUCKETS, ML_GOODPUT, Attempt
+from entrypoint.outputs.goodput.model import BUCKETS, ML_GOODPUT, Attempt
 
 
 @dataclass
@@ -123,7 +123,7 @@ class Report:
         return "\n".join(lines)
 
     def timeline(self) -> dict[str, Any]:
-        """What ``--plot`` draws (``goodput_plot.py``)."""
+        """What ``--plot`` draws (``plot.py``)."""
         return {"title": f"job {self.job_dir}: goodput {self.goodput:.1f}%"
                          f"{' (provisional)' if self.provisional else ''}",
                 "start": self.start, "end": self.end, "lanes": self.lanes,

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from typing import IO
 
 from entrypoint.errors import exit_code_of, is_retryable, signal_exit_code
-from entrypoint.lifecycle.restart_policy import Counts, Decision, RestartPolicy, decide
 from entrypoint.lifecycle.signals import Forwarder, child_preexec, terminate
+from entrypoint.lifecycle.supervision.restart_policy import Counts, Decision, RestartPolicy, decide
 from entrypoint.options import DEFAULT_GRACE_PERIOD
 from entrypoint.outputs import redaction
 

@@ -1,4 +1,4 @@
-"""A 5x7 bitmap font for the PNG timeline (``goodput_plot.py``): text drawn with the standard library only.
+"""A 5x7 bitmap font for the PNG timeline (``plot.py``): text drawn with the standard library only.
 
 Each glyph is seven rows of five pixels, top to bottom, as two hex digits a row (bit 4 the leftmost pixel); a
 character is 6 pixels wide with its spacing, drawn at an integer ``scale``. Printable ASCII and the middle dot the

@@ -11,12 +11,13 @@ frozen ones, named as their replica. An unreachable store means the chief (which
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
 from dataclasses import dataclass
 from typing import Protocol
+
+from entrypoint.periodic import Periodic
 
 log = logging.getLogger("entrypoint")
 INTERVAL = 1.0  # seconds between heartbeats
@@ -62,25 +63,23 @@ class PeerBoard:
         self.kv, self.me, self.members, self.prefix = kv, me, members, prefix
         self.step = 0
         self._count = 0
-        self._stop = threading.Event()
         self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
+        # a store gone is for the verdict to say: the next beat tries again
+        self._beats = Periodic("heartbeat", self._beat, INTERVAL, join=0.0, on_error=lambda _exc: True)
 
     def start(self) -> PeerBoard:
         """Beat every INTERVAL seconds in a daemon thread."""
-        self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
-        self._thread.start()
+        self._beats.start()
         return self
 
     def stop(self) -> None:
-        """Stop beating (the process is leaving)."""
-        self._stop.set()
+        """Stop beating (the process is leaving; a beat in flight is not waited for)."""
+        self._beats.stop()
 
-    def _run(self) -> None:
-        while not self._stop.wait(INTERVAL):
-            self._count += 1
-            with contextlib.suppress(Exception), self._lock:  # a store gone is for the verdict to say
-                self.kv.put(f"{self.prefix}{self.me.rank}", f"{self._count} {self.step}")
+    def _beat(self) -> None:
+        self._count += 1
+        with self._lock:
+            self.kv.put(f"{self.prefix}{self.me.rank}", f"{self._count} {self.step}")
 
     def _read(self) -> dict[int, tuple[int, int] | None]:
         """Every other rank's (counter, step); None for a rank never heard of. Raises when the store is gone."""

@@ -1,0 +1,1 @@
+"""Supervised local processes and the platforms' restart policies."""

@@ -1,0 +1,1 @@
+"""Watches while training: the peers' heartbeats, the hang watchdog, the platform's advance notice."""
