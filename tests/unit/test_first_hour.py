@@ -203,7 +203,8 @@ def test_locals_job_dir_is_the_replica_commands_own_job_dir(tmp_path: Path) -> N
     assert proc.returncode == ExitCode.CONFIG
     assert "--module: cannot find module 'trainers.nonexistent'" in proc.stderr.splitlines()[-1], proc.stderr[-2000:]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["job"]  # no ./outputs beside it
-    assert len(list((tmp_path / "job" / "failures").glob("*workerpool*.json"))) == 2
+    # the first failure stops the other replica: it may be gone before its own check wrote a record
+    assert list((tmp_path / "job" / "failures").glob("*workerpool*.json"))
     proc = entrypoint("local", "--output-dir", str(tmp_path / "other"), "--", "run", "--module", "trainers.x",
                       f"--job-dir={tmp_path / 'job'}")
     assert proc.returncode == ExitCode.CONFIG and not (tmp_path / "other").exists()
