@@ -46,6 +46,13 @@ class NodeRun:
         return int(self.goodput.get("steps", {}).get("lost", 0))
 
 
+def new_training(pending: tuple[float, int, str], attempt: str, step: int) -> bool:
+    """Whether the chief's progress line (its attempt suffix, its step) is training after the loss ``pending``
+    (when, the chief's last step logged before it, its attempt then): a restarted chief's, or two steps on (the step
+    in flight at the kill may be logged by a survivor that had finished it)."""
+    return attempt != pending[2] or step > pending[1] + 1
+
+
 def command(out: str, strategy: str, recovery: str, step_sleep: float, *, windows: int, epochs: int,
             checkpoint_every: int, max_restarts: int) -> list[str]:
     """``local --workers 2`` running the sharded-hooks GPT on 2 processes per node."""
@@ -86,7 +93,7 @@ def node_job(strategy: str, recovery: str, step_sleep: float, *, kill_at: int | 
                         if not (m := CHIEF_STEP.match(line)):
                             continue
                         attempt, step, total = m.group(1) or "", int(m.group(2)), int(m.group(3))
-                        if pending is not None and (attempt != pending[2] or step > pending[1] + 1):
+                        if pending is not None and new_training(pending, attempt, step):
                             run.stalls.append(now - pending[0])
                             pending = None
                             next_kill = None if kill_every is None else now + kill_every

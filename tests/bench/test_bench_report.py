@@ -146,3 +146,13 @@ def test_chaos_rows_hold_each_strategy_to_its_goodput_target() -> None:
     assert rows["FSDP (restart from storage)"].median == 81.23
     assert "3 kill(s), 3 disruption(s) in the ledger, 7 step(s) lost" in rows["HSDP (in place)"].note
     assert "median 5.0" in rows["HSDP (in place)"].note and "{'recovery': 12.0}" in rows["HSDP (in place)"].note
+
+
+def test_a_stall_ends_at_a_restarted_chiefs_step_or_two_steps_past_the_kill() -> None:
+    from bench.node_jobs import new_training
+
+    killed = (100.0, 37, "")  # the chief had logged step 37 of its first attempt
+    assert not new_training(killed, "", 37) and not new_training(killed, "", 38)  # 38 was in flight at the kill
+    assert new_training(killed, "", 39)  # in place: the survivors train again
+    assert new_training(killed, "#1", 31)  # restarted from the checkpoint at 30
+    assert not new_training((100.0, 31, "#1"), "#1", 32) and new_training((100.0, 31, "#1"), "#2", 1)
