@@ -152,4 +152,46 @@ def run(quick: bool) -> FamilyResult:
     result.notes.append(f"local --workers 3, --restart-policy vertex, tests/pytorch/faults.py (digits MLP), "
                         f"{step_sleep} s per step, checkpoint every 10 steps, SIGKILL of {VICTIM}'s process group "
                         f"at step {kill_at}; {repeats} interleaved repetition(s)")
+    hsdp_rows(result, quick)
     return result
+
+
+def hsdp_rows(result: FamilyResult, quick: bool) -> None:
+    """HSDP on 2 nodes x 2 processes: uninterrupted, restart-the-world and in place, the worker node SIGKILLed."""
+    from bench.node_jobs import NodeRun, node_job
+
+    repeats, step_sleep, kill_at = (1, 0.1, 6) if quick else (2, 0.2, 9)
+    variants = {"uninterrupted": ("in-place", None), "restart the world": ("restart", kill_at),
+                "survivors keep training": ("in-place", kill_at)}
+    runs: dict[str, list[NodeRun]] = {name: [] for name in variants}
+    for round_ in range(repeats):
+        shift = round_ % len(variants)
+        for name in [*variants][shift:] + [*variants][:shift]:
+            recovery, at = variants[name]
+            runs[name].append(node_job("hsdp", recovery, step_sleep, kill_at=at))
+    base = median([r.seconds for r in runs["uninterrupted"]])
+    group = "HSDP 2x2"
+    result.rows.append(Row(f"{group} (wall time)", "uninterrupted", "s",
+                           [round(r.seconds, 3) for r in runs["uninterrupted"]], round(base, 3)))
+    restart_lost = median([r.seconds - base for r in runs["restart the world"]])
+    for name in ("restart the world", "survivors keep training"):
+        lost = [round(r.seconds - base, 3) for r in runs[name]]
+        stalls = [s for r in runs[name] for s in r.stalls]
+        steps = [r.steps_lost for r in runs[name]]
+        row = Row(f"{group} lost per node loss", name, "s", lost, round(median(lost), 3),
+                  ratio=round(median(lost) / restart_lost, 3) if restart_lost > 0 else None,
+                  ratio_label="x restart the world",
+                  note=f"steps lost {steps}; stalled (loss to the chief's second new step) "
+                       f"{[round(s, 2) for s in stalls]} s")
+        if name == "survivors keep training":
+            kept = all(r.chief_kept_pids for r in runs[name])
+            row.target = "0 steps lost, chief's node kept its processes"
+            row.met = kept and not any(steps)
+            row.note += f"; chief's node kept its processes: {kept}"
+        result.rows.append(row)
+        result.rows.append(Row(f"{group} stall per node loss", name, "s", [round(s, 3) for s in stalls],
+                               round(median(stalls), 3)))
+    result.notes.append(f"HSDP: local --workers 2 --nproc-per-node 2 --strategy hsdp, tests/pytorch/sharded_hooks.py "
+                        f"(GPT, 32 steps), {step_sleep} s per step, checkpoint every 4 steps, SIGKILL of "
+                        f"workerpool1-0's process group at the chief's step {kill_at}; steps lost from `entrypoint "
+                        f"goodput --json`; {repeats} interleaved repetition(s)")

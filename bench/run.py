@@ -33,6 +33,7 @@ FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
     "memory": ("bench.memory", ("horovod", "pytorch")),
     "gpt": ("bench.gpu", ("pytorch",)),
     "recovery": ("bench.recovery", ("pytorch",)),
+    "chaos": ("bench.chaos", ("pytorch",)),
     "restart": ("bench.compile_restart", ("pytorch",)),
     "stops": ("bench.stops", ("pytorch",)),
 }

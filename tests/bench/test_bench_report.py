@@ -131,3 +131,28 @@ def test_the_sharded_gpt_row_is_per_device_and_says_what_ran() -> None:
                                                              "ran as fsdp; compiling took 30 s")
     row = sharded_row("fsdp", runs[1:], bare=100.0, cuda=True)
     assert row.ratio == 3.0 and "ran as default (--strategy fsdp on a single process" in row.note
+
+
+def test_chaos_rows_hold_each_strategy_to_its_goodput_target() -> None:
+    from bench.chaos import VARIANTS, row_of
+    from bench.node_jobs import NodeRun
+
+    report = {"goodput_percent": 81.234, "buckets": {"productive": 90.0, "recovery": 12.0, "startup": 0.2},
+              "disruption_count": 3, "steps": {"lost": 7}}
+    run = NodeRun(110.0, stalls=[4.0, 6.0, 5.0], kills=3, goodput=report)
+    rows = {name: row_of(name, run, target, "300 steps") for name, (_, _, target) in VARIANTS.items()}
+    assert rows["HSDP (in place)"].met is True and rows["HSDP (in place)"].target == ">= 80%"
+    assert rows["DDP (in place)"].met is False and rows["DDP (in place)"].target == ">= 87.8%"
+    assert rows["FSDP (restart from storage)"].median == 81.23
+    assert "3 kill(s), 3 disruption(s) in the ledger, 7 step(s) lost" in rows["HSDP (in place)"].note
+    assert "median 5.0" in rows["HSDP (in place)"].note and "{'recovery': 12.0}" in rows["HSDP (in place)"].note
+
+
+def test_a_stall_ends_at_a_restarted_chiefs_step_or_two_steps_past_the_kill() -> None:
+    from bench.node_jobs import new_training
+
+    killed = (100.0, 37, "")  # the chief had logged step 37 of its first attempt
+    assert not new_training(killed, "", 37) and not new_training(killed, "", 38)  # 38 was in flight at the kill
+    assert new_training(killed, "", 39)  # in place: the survivors train again
+    assert new_training(killed, "#1", 31)  # restarted from the checkpoint at 30
+    assert not new_training((100.0, 31, "#1"), "#1", 32) and new_training((100.0, 31, "#1"), "#2", 1)
