@@ -84,3 +84,23 @@ def test_a_restart_said_after_the_nodes_processes_ended_ends_nothing(monkeypatch
         pass
     barrier.say_restarted(client, "run", 1)
     assert not ended.wait(4 * restarts.POLL)
+
+
+@pytest.mark.parametrize("finished", [False, True], ids=["lost-mid-attempt", "lost-after-finishing-its-part"])
+def test_a_node_restarted_into_a_running_attempt_says_so_unless_its_predecessor_had_finished(finished: bool) -> None:
+    """A restarted node that cannot join (``--recovery restart``) says it was restarted, so node 0 ends the attempt;
+    not when its predecessor had already finished its part (it said so at the exit barrier): that attempt may still
+    succeed without it."""
+    from torch.distributed import TCPStore
+
+    from entrypoint.pytorch.launch.store import NodeStore
+
+    port = free_ports(1)[0]
+    chief = TCPStore("127.0.0.1", port, None, True, timedelta(seconds=10), wait_for_workers=False)
+    chief.set("trainer/run/barrier/go", "1")  # the attempt runs: node 1 joins past its start-up barrier
+    if finished:
+        chief.set("trainer/run/exit/node1", "done")
+    peers = (Peer("workerpool0[0]", f"127.0.0.1:{port}"), Peer("workerpool1[0]", "127.0.0.1:1"))
+    with pytest.raises(PeerError, match="waiting for the chief workerpool0"):  # the chief never goes: --timeout
+        NodeStore("127.0.0.1", port, 1, 2, 1.5, "run", peers, in_place=False)
+    assert barrier.restarted(chief, "run", 2) == ([] if finished else [1])

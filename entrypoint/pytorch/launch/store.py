@@ -54,7 +54,8 @@ class NodeStore:
                 # its peers are being restarted too. Wait for the chief's store to go, then meet the new one.
                 log.info("the job's other replicas are still running the previous attempt; waiting for the chief "
                          "%s to restart (--recovery restart)", peers[0])
-                barrier.say_restarted(self.store, run_id, node_rank)  # the chief ends that attempt at once
+                if not self.store.check([self._key(f"node{node_rank}")]):  # unless its predecessor had finished
+                    barrier.say_restarted(self.store, run_id, node_rank)  # the chief ends that attempt at once
                 barrier.wait_gone(self.store, wait, peers[0])
                 del self.store
         if node_rank == 0:
