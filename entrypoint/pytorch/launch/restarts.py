@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 from collections.abc import Iterator
 from datetime import timedelta
-from typing import Any
 
 from entrypoint import failures
 from entrypoint.errors import PeerError
 from entrypoint.lifecycle import shutdown, signals
+from entrypoint.periodic import Periodic
 from entrypoint.planning.plan import Plan
 from entrypoint.pytorch.launch import barrier
 from entrypoint.pytorch.launch.store import NodeStore
@@ -42,24 +41,19 @@ def watched(plan: Plan, store: NodeStore, ctx: failures.FailureContext) -> Itera
     from torch.distributed import TCPStore
 
     client = TCPStore(store.host, store.port, is_master=False, timeout=timedelta(seconds=5), wait_for_workers=False)
-    stop = threading.Event()
-    thread = threading.Thread(target=_watch, args=(client, store, plan, ctx, stop), name="node-restarts", daemon=True)
-    thread.start()
+
+    def look() -> bool:
+        back = barrier.restarted(client, store.run_id, store.num_nodes)
+        if back and not watch.stopping:
+            end_attempt(plan, back, ctx)
+        return True
+
+    # an error of the store's (torch's DistNetworkError & co.): it is going away with this node; nothing to watch
+    watch = Periodic("node-restarts", look, POLL, on_error=lambda _exc: False).start()
     try:
         yield
     finally:
-        stop.set()
-        thread.join(timeout=2 * POLL + 1)
-
-
-def _watch(client: Any, store: NodeStore, plan: Plan, ctx: failures.FailureContext, stop: threading.Event) -> None:
-    while not stop.wait(POLL):
-        try:
-            back = barrier.restarted(client, store.run_id, store.num_nodes)
-        except Exception:  # torch's DistNetworkError & co.: the store is going away with this node
-            return
-        if back and not stop.is_set():
-            end_attempt(plan, back, ctx)
+        watch.stop()
 
 
 def lost_nodes(plan: Plan, nodes: list[int]) -> PeerError:
