@@ -15,6 +15,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,14 @@ def plan_file(plan: Plan) -> Iterator[dict[str, str]]:
 def read(environ: Mapping[str, str] | None = None) -> Handoff:
     """What this worker's launcher handed it; its local rank in the variable its framework's launcher sets."""
     return read_handoff(registry.local_rank_variables(), environ)
+
+
+def launcher_of(handoff: Handoff) -> int | None:
+    """The pid of the launcher that handed this worker its plan, read from the plan file's name alone
+    (``/proc/<pid>/fd/<n>``): known before the plan is read, so a worker can bind its life to that launcher's
+    first (``signals.die_with_parent``); None for any other name."""
+    found = re.fullmatch(r"/proc/(\d+)/fd/\d+", handoff.plan_file or "")
+    return int(found.group(1)) if found else None
 
 
 def load(handoff: Handoff) -> tuple[Plan, int | None]:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -89,6 +91,7 @@ def test_every_worker_reads_back_the_plan_the_launcher_wrote(env: dict[str, str]
         assert set(variables) == {ev.TRAINER_PLAN_FILE}
         path = variables[ev.TRAINER_PLAN_FILE]
         assert path.startswith(f"/proc/{os.getpid()}/fd/")
+        assert handoff.launcher_of(handoff.read(variables)) == os.getpid()  # known before the plan is read
         for rank in local_ranks(plan):
             loaded, launcher = handoff.load(handoff.read({**variables, ev.LOCAL_RANK: str(rank)}))
             assert loaded == plan.for_process(rank)
@@ -123,3 +126,19 @@ def test_a_worker_without_a_readable_plan_file_is_a_config_error(tmp_path: Any) 
     (tmp_path / "bad").write_text("{not json")
     with pytest.raises(ConfigError, match=r"cannot read the plan \(JSONDecodeError\)"):
         handoff.load(handoff.read({ev.TRAINER_PLAN_FILE: str(tmp_path / "bad")}))
+
+
+def test_a_worker_whose_launcher_died_before_it_read_the_plan_dies_with_it_silently(tmp_path: Any) -> None:
+    """A node SIGKILLed as torch's agent starts its workers (in sessions of their own, out of the node's process
+    group): the worker must end as its launcher did, not run on and report the launcher's vanished plan file as a
+    configuration error (exit 2) after the platform already restarted the node."""
+    launcher = subprocess.Popen([sys.executable, "-c", "pass"])
+    launcher.wait()  # its pid is gone: its memory file (the plan) went with it
+    env = {**os.environ, ev.TRAINER_PLAN_FILE: f"/proc/{launcher.pid}/fd/3", ev.LOCAL_RANK: "1",
+           ev.TORCHELASTIC_ERROR_FILE: str(tmp_path / "error.json")}
+    done = subprocess.run([sys.executable, "-m", "entrypoint.worker"], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 137, done.stdout + done.stderr
+    assert "TRAINER_PLAN_FILE" not in done.stdout + done.stderr
+    assert not (tmp_path / "error.json").exists()  # no failure of its own recorded either
+    assert handoff.launcher_of(handoff.read({ev.TRAINER_PLAN_FILE: str(tmp_path / "plan")})) is None

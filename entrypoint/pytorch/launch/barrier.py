@@ -111,6 +111,22 @@ def meet(store: Any, run: str, node: int, peers: Sequence[Peer], timeout: float)
     return False
 
 
+def say_restarted(store: Any, run: str, node: int) -> None:
+    """A node restarted while the job's attempt runs, that cannot join it (``--recovery restart``, a script), says so:
+    the attempt's processes of this node are gone, so node 0 ends the attempt at once (``restarts.py``) rather than
+    wait ``--timeout`` for them (they may never have met the others: a node lost again while it started)."""
+    store.set(f"trainer/{run}/barrier/restarted/{node}", "1")
+    store.add(f"trainer/{run}/barrier/restarted", 1)  # last: whoever sees the count finds the node's key
+
+
+def restarted(store: Any, run: str, num_nodes: int) -> list[int]:
+    """The nodes that said they were restarted while this attempt ran (``say_restarted``); one look at the store
+    while none did."""
+    if not store.add(f"trainer/{run}/barrier/restarted", 0):
+        return []
+    return [node for node in range(1, num_nodes) if store.check([f"trainer/{run}/barrier/restarted/{node}"])]
+
+
 def wait_gone(store: Any, wait: Wait, chief: Peer) -> None:
     """Poll the chief's store until it goes away (its process ended); PeerError at the wait's deadline."""
 

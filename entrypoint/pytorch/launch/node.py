@@ -2,7 +2,8 @@
 
 Either way the node plays torchrun: its processes see the variables torchrun sets (``process_env``),
 with the same values, and the job's store is the launcher's (``store.py``), hosted on node 0 before
-any process starts and kept up until every node is done (the exit barrier). One process per node
+any process starts and kept up until every node is done (the exit barrier); a peer node restarted while the
+nodes' processes run ends node 0's attempt at once when nodes restart together (``restarts.py``). One process per node
 (CPU, one GPU, ``--nproc-per-node 1``): no agent and no second interpreter; this process becomes the
 worker, so signals, exit codes, failure records and the rendezvous timeout are its own. Several
 processes per node: torch's elastic launcher (the engine behind ``torchrun``) over that store, each
@@ -73,11 +74,12 @@ def launch(plan: Plan, ctx: failures.FailureContext) -> int:
     if plan.nproc_per_node > 1:
         _import_quietly()
     host, port = rendezvous_address(plan)
-    from entrypoint.pytorch.launch import membership
+    from entrypoint.pytorch.launch import membership, restarts
 
     with node_store(host, port, topo.node_rank or 0, topo.num_nodes, plan.options.timeout,
                     run_id(plan, host, port), topo.training_peers(), membership.applies(plan)) as store:
-        code = _in_process(plan, store, ctx) if plan.nproc_per_node == 1 else _elastic(plan, store)
+        with restarts.watched(plan, store, ctx):  # node 0: a peer node restarted meanwhile ends this attempt
+            code = _in_process(plan, store, ctx) if plan.nproc_per_node == 1 else _elastic(plan, store)
         if code == ExitCode.OK:
             store.leave_together()
     return code

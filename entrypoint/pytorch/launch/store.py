@@ -41,7 +41,7 @@ class NodeStore:
     def __init__(self, host: str, port: int, node_rank: int, num_nodes: int, timeout: float, run_id: str,
                  peers: Sequence[Peer] = (), in_place: bool = False) -> None:
         self.host, self.port, self.node_rank, self.num_nodes = host, port, node_rank, num_nodes
-        self.timeout, self.run_id = timeout, run_id
+        self.timeout, self.run_id, self.in_place = timeout, run_id, in_place
         self.joined = False  # a node restarted in place, joining a job already past its start-up barrier
         if num_nodes > 1 and len(peers) == num_nodes:
             wait = Wait(timeout)
@@ -54,6 +54,8 @@ class NodeStore:
                 # its peers are being restarted too. Wait for the chief's store to go, then meet the new one.
                 log.info("the job's other replicas are still running the previous attempt; waiting for the chief "
                          "%s to restart (--recovery restart)", peers[0])
+                if not self.store.check([self._key(f"node{node_rank}")]):  # unless its predecessor had finished
+                    barrier.say_restarted(self.store, run_id, node_rank)  # the chief ends that attempt at once
                 barrier.wait_gone(self.store, wait, peers[0])
                 del self.store
         if node_rank == 0:
