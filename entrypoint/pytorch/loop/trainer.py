@@ -167,7 +167,8 @@ class Trainer:
 
     def _wrap(self, state: TrainState, layout: Layout) -> None:
         """Data parallelism over the (current) group: rank 0's parameters reach every rank."""
-        check_placement(self.plan.placed, self.comm)  # again after an in-place recovery re-formed the group
+        if not self._fewer():  # again after an in-place recovery re-formed the group (with every rank)
+            check_placement(self.plan.placed, self.comm)
         self.guard.doing("wrapping the model for data parallelism")
         state.wrapped, state.optimizer = layout.model.wrap(state.model, state.optimizer)
         self.digests.setdefault("start", self.comm.gather_object(layout.model.digest(state.model)))
@@ -197,6 +198,11 @@ class Trainer:
             state.optimizer.step()
         return loss
 
+    def _fewer(self) -> bool:
+        """Whether the group trains with fewer replicas now (HSDP's survivors, a lost node not back yet)."""
+        survivors = self.guard.survivors
+        return survivors is not None and survivors.membership.fewer
+
     def _precision(self, step: int) -> Any:
         """The step's random streams (reseeded from the seed, the rank and the step: ``state.reseed``) and autocast."""
         reseed(self.options.seed, self.ctx.rank, step)
@@ -212,7 +218,9 @@ class Trainer:
         """Every ``--log-every`` steps the chief logs the progress line and the loss (also to TensorBoard)."""
         if self.ctx.is_chief and state.step % self.options.log_every == 0:
             value = float(loss.detach())
-            log.info(progress.line(epoch + 1, self.epochs, state.step, value))
+            fewer = f" ({self.comm.world_size // self.layout.replica_size} of " \
+                f"{self.ctx.world_size // self.layout.replica_size} replicas)" if self._fewer() else ""
+            log.info(progress.line(epoch + 1, self.epochs, state.step, value) + fewer)
             self._scalars("train", {"loss": value}, state.step)
 
     def _checkpoint_due(self, state: TrainState, batches: TrainBatches) -> bool:
