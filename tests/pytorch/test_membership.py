@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")  # collected in every venv; these run where
 pytestmark = pytest.mark.pytorch
 
 from entrypoint.errors import PeerError  # noqa: E402
-from entrypoint.pytorch.launch.membership import Membership, fingerprint  # noqa: E402
+from entrypoint.pytorch.launch.membership import JobFinished, Membership, fingerprint  # noqa: E402
 
 PRINT = fingerprint(3, [("0.weight", (128, 64)), ("0.bias", (128,))], "code")
 
@@ -123,3 +123,15 @@ def test_a_rank_that_neither_comes_nor_falls_silent_is_awaited_not_left_out() ->
     chief.lost = lambda: {2, 3}  # rank 1 is alive but late: its node is not left out for it
     verdict = chief._decide(1, set())
     assert not verdict.go and "workerpool" not in verdict.why and "1 (rank 1)" in verdict.why, verdict
+
+
+def test_a_replacement_still_starting_when_the_survivors_finished_ends_at_once() -> None:
+    """HSDP's survivors can finish the training before a lost node's replacement joins: it must not wait out
+    --timeout for a group that is gone (its node's agent would hold the job's exit barrier meanwhile)."""
+    store = torch.distributed.HashStore()
+    chief, _, late, _ = nodes(store, timeout=30)
+    chief.finish()
+    with pytest.raises(JobFinished, match="the job's training ended while this replacement was starting"):
+        late.joining()
+    with pytest.raises(JobFinished):
+        late.join(late.fingerprint)

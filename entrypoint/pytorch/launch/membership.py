@@ -10,7 +10,8 @@ differs, and a rank that does not come back within ``--timeout`` ends the attemp
 back to the checkpoint path (exit 129, the platform restarts the job). If rank 0 itself is lost, so is
 the store, and the checkpoint path is the only one. docs/recovery.md compares the two paths.
 
-Keys (under ``trainer/<run>/live/``): ``started`` (generation 0 trains), ``gen`` (the current generation),
+Keys (under ``trainer/<run>/live/``): ``started`` (generation 0 trains), ``finished`` (the training ended: a
+replacement still starting ends at once, with nothing to do), ``gen`` (the current generation),
 ``joins/<rank>`` (how many replacements of that rank announced themselves), ``join/<rank>/<n>`` (the n-th
 one's fingerprint), ``accepted/<rank>`` (the last one taken in), ``g<n>/here/<rank>`` (a survivor for
 generation n), ``g<n>/verdict`` (rank 0's decision).
@@ -72,6 +73,10 @@ def _first_difference(mine: dict[str, Any], theirs: dict[str, Any]) -> str:
         if x != y:
             return f"{y} where the group has {x}"
     return f"{len(b)} tensors where the group has {len(a)}"
+
+
+class JobFinished(Exception):
+    """The training ended while this replacement was starting (HSDP's survivors finished without it)."""
 
 
 @dataclass
@@ -139,8 +144,19 @@ class Membership:
 
     # ---- generation 0 --------------------------------------------------------------------------------
     def joining(self) -> bool:
-        """Whether this process replaces a lost one in a job that is already training."""
+        """Whether this process replaces a lost one in a job that is already training (JobFinished: that ended)."""
+        self._check_finished()
         return self._get("started") is not None
+
+    def finish(self) -> None:
+        """Rank 0: the training ended, nobody is taken in any more (a replacement still starting ends at once)."""
+        if self.rank == 0:
+            self.store.set(self._key("finished"), "1")
+
+    def _check_finished(self) -> None:
+        if self._get("finished") is not None:
+            raise JobFinished("the job's training ended while this replacement was starting: nothing left to train "
+                              "(the survivors finished with fewer replicas)")
 
     def started(self, fingerprint: dict[str, Any]) -> None:
         """The group trains (rank 0 marks it, so replacements know to join); every rank keeps its fingerprint."""
@@ -247,6 +263,7 @@ class Membership:
         log.info("joining a job in progress as rank %d: waiting for the survivors to re-form the group", self.rank)
         wait = Wait(self.timeout, margin=10, context="joining a job in progress", first_after=LOG_EVERY, logger=log)
         while not wait.expired:
+            self._check_finished()
             generation = int(self._get("gen") or 0)
             for candidate in (generation, generation + 1):
                 text = self._get(f"g{candidate}", "verdict")

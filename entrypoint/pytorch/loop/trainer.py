@@ -37,7 +37,7 @@ from entrypoint.pytorch.checkpoints.checkpoint_io import LOAD_WITH
 from entrypoint.pytorch.checkpoints.resume import LoopCheckpoints
 from entrypoint.pytorch.defaults import HookContext, default_eval_step, default_loss, eval_step_from_loss
 from entrypoint.pytorch.launch.collectives import Collectives, TorchDistributed
-from entrypoint.pytorch.launch.membership import Membership
+from entrypoint.pytorch.launch.membership import JobFinished, Membership
 from entrypoint.pytorch.loop import compile_cache, hub_export, parallel, pretrained
 from entrypoint.pytorch.loop.data import TrainBatches, to_device
 from entrypoint.pytorch.loop.evaluation import check_evaluation_set, evaluate
@@ -89,6 +89,12 @@ class Trainer:
     # ---- the loop ----------------------------------------------------------------------------
     def fit(self) -> None:
         """Train for the configured epochs, resuming from the newest committed checkpoint that loads."""
+        try:
+            self._fit()
+        except JobFinished as done:  # a replacement of a lost HSDP node that came after the training ended
+            log.info("%s", done)
+
+    def _fit(self) -> None:
         with self.guard.running():
             state, batches, eval_set, layout, steps = self._build()
             start_step, start_epoch = self._start(state, layout, steps)

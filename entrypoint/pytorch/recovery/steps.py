@@ -323,8 +323,7 @@ class StepGuard:
         return StepVote(self.comm, self.request, self.ctx.device, returning)
 
     def _take_in(self, state: TrainState) -> None:
-        """A step boundary: when the vote said a returning node is there, every rank (the vote in flight settled, so
-        every rank is past every collective of the group) takes it in (``Rejoin``, handled by ``recover``)."""
+        """A step boundary: when the vote said a returning node is there, every rank takes it in (``recover``)."""
         if not self._rejoin:
             return
         self.settle(state)
