@@ -265,6 +265,9 @@ class Trainer:
         exported = layout.export.model(state.model, self.ctx.is_chief)  # None where this rank takes no part
         if exported is not None:
             self._export(exported, layout)
+        survivors = self.guard.survivors  # HSDP: the training may end while a lost node is out
+        if survivors is not None and (fewer := survivors.ended(state)) is not None:
+            self.guard.record.event("fewer_replicas", step=state.step, steps=fewer, rejoined=False)
         if self.ctx.is_chief:
             if self.metric_name and start_epoch >= self.epochs:  # a rerun at the final checkpoint: report it again
                 self.reporter.report_final(str(self.metric_name), state.history, state.step)

@@ -313,7 +313,7 @@ class StepGuard:
         except Interrupted:
             self.off_step.stop(state, what)
         if fewer is not None:  # the ledger: how many steps ran with fewer replicas
-            self.record.event("rejoined", step=state.step, fewer_replicas_steps=fewer)
+            self.record.event("fewer_replicas", step=state.step, steps=fewer, rejoined=True)
         self.watchdog.beat(state.step, WAITING)
         return True
 

@@ -156,6 +156,15 @@ class InPlace:
             self._say_fewer(state)
         return fewer
 
+    def ended(self, state: TrainState) -> int | None:
+        """The training ended while a node was out: how many steps ran with fewer replicas (None: none), recorded."""
+        if not self.membership.fewer or not state.recoveries:
+            return None
+        fewer = state.step - self.fewer_since
+        state.recoveries[-1]["fewer_replicas_steps"] = fewer
+        log.info("the training ended without the lost replica; %s", lost_work.Recovery(**state.recoveries[-1]).line())
+        return fewer
+
     def _form(self) -> None:
         """The generation's group: over every rank, or over the live nodes' (compacted)."""
         self.comm.form_group(self.membership.pg_store(), self.membership.members if self.membership.fewer else None)
