@@ -19,6 +19,9 @@ Not run: the README's first block (the two set-up commands: ``make test`` is the
 ``make demo`` runs the PyTorch quick start's 2-replica command into ``demo-outputs/``, which
 ``test_make_demo_runs_the_quick_starts_two_replica_command`` checks), and each block marked ``<!-- not run ... -->``
 with its reason (a GPU machine with Docker and gcloud).
+
+The static checks (environment named, a job dir per job) also read the framework pages' quick starts
+(``readme.DOCS``), which are not run.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, subprocess_env
-from tests.readme.readme import README, SETUP, Command, blocks, runnable
+from tests.readme.readme import DOCS, README, SETUP, Command, blocks, runnable
 from tests.runs import summary
 
 MAKE_VARIABLES = ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES", "MAKE_TERMOUT", "MAKE_TERMERR")
@@ -167,14 +170,16 @@ def test_the_readme_runs_top_to_bottom(environment: str, tmp_path: Path) -> None
                 RESULTS[command.job_dir](clone / command.job_dir, segment)
 
 
-def test_every_command_block_names_its_environment_or_why_it_is_not_run() -> None:
-    """Each ```bash block of the README starts by naming the environment it runs in (an image's .venv), or is
-    marked not run with a reason: a newcomer knows which Python each command needs."""
+@pytest.mark.parametrize("page", [README, *DOCS], ids=lambda page: page.name)
+def test_every_command_block_names_its_environment_or_why_it_is_not_run(page: Path) -> None:
+    """Each ```bash block of the README and of the framework pages' quick starts starts by naming the environment it
+    runs in (an image's .venv), or is marked not run with a reason: a newcomer knows which Python each command
+    needs."""
     images = {name for name, _ in _images()}
-    found = blocks()
-    assert found, "no ```bash block in README.md"
+    found = blocks(page=page)
+    assert found, f"no ```bash block in {page.name}"
     for block in found:
-        where = f"README.md line {block.line}"
+        where = f"{block.page} line {block.line}"
         if block.not_run is not None:
             assert len(block.not_run) > 20, f"{where}: a block not run says why"
             continue
@@ -188,19 +193,22 @@ def test_every_command_block_names_its_environment_or_why_it_is_not_run() -> Non
 def test_every_job_has_a_job_dir_of_its_own() -> None:
     """Every command that starts a job names its job dir; one job dir holds one job (framework and code), bar the
     commands the README shows being refused there; no two environments' blocks share a job dir (each environment's
-    blocks run in a directory of their own, as if one after another in one clone)."""
-    owner: dict[str, tuple[str, tuple[str | None, str | None]]] = {}
-    for block in runnable():
+    blocks run in a directory of their own, as if one after another in one clone). The framework pages' quick starts
+    (not run) too, and none of their job dirs is another page's: run after the README, each starts its own job, not
+    refused and not resuming the README's (a ``make demo*`` recipe starts its dir afresh, so it may be shown twice)."""
+    owner: dict[str, tuple[str, str, tuple[str | None, str | None]]] = {}
+    for block in runnable(pages=(README, *DOCS)):
         for command in block.commands:
             if not command.trains:
                 continue
-            where = f"README.md line {command.line}"
+            where = f"{block.page} line {command.line}"
             assert command.job_dir, f"{where}: a job without --job-dir / --output-dir writes into ./outputs"
             assert block.environment is not None
-            first = owner.setdefault(command.job_dir, (block.environment, command.identity))
+            first = owner.setdefault(command.job_dir, (block.environment, block.page, command.identity))
             assert first[0] == block.environment, f"{where}: {command.job_dir} is also a .venv/{first[0]} job's"
+            assert first[1] == block.page or command.afresh, f"{where}: {command.job_dir} is also {first[1]}'s job dir"
             if command.expected_exit == 0:
-                assert first[1] == command.identity, f"{where}: {command.job_dir} holds another job"
+                assert first[2] == command.identity, f"{where}: {command.job_dir} holds another job"
 
 
 def test_make_demo_runs_the_quick_starts_two_replica_command() -> None:
