@@ -6,7 +6,8 @@ link per top-level entry this checkout tracks and ``.venv/`` linking the image e
 this test, which is what a fresh clone has once ``make venv-NAME`` ran (the blocks' own first command, run here too:
 make finds the environment current). Each command must exit as the README says (0, or its comment's ``(exit N)``,
 whose output must end with one ``entrypoint: error:`` line), and each job it starts must leave its model where the
-README says, ``<job dir>/model`` (some also what they are known to reach: ``RESULTS``). Each environment's blocks
+README says, ``<job dir>/model``, and a hooks module's job a committed checkpoint in ``<job dir>/checkpoints`` (some
+also what they are known to reach: ``RESULTS``). Each environment's blocks
 run in that image's test tier (its marker, ``slow``): PyTorch's in the catch-all tier, TensorFlow's and Horovod's in
 theirs. No two environments' blocks share a job dir (``test_every_job_has_a_job_dir_of_its_own``), so running each
 environment's blocks in a directory of its own is running the README top to bottom.
@@ -36,6 +37,8 @@ from pathlib import Path
 
 import pytest
 
+from entrypoint.outputs.checkpoints import committed
+from entrypoint.planning.usercode import is_hooks_module
 from tests.conftest import ROOT, subprocess_env
 from tests.readme.readme import DOCS, README, SETUP, Command, blocks, runnable
 from tests.runs import summary
@@ -96,6 +99,13 @@ def _segment(output: str, number: int) -> str:
 def _model_written(job_dir: Path) -> bool:
     model = job_dir / "model"
     return model.is_dir() and any(p.is_file() for p in model.rglob("*"))
+
+
+def _hooks_job(command: Command) -> bool:
+    """Whether the command's job runs a hooks module (our loop, which commits checkpoints in ``<job dir>/checkpoints``,
+    as the README says); a script, a plain module, ``make demo-horovod`` or ``local --spec`` need not."""
+    words = command.words
+    return "--module" in words[:-1] and is_hooks_module(words[words.index("--module") + 1])
 
 
 # What some of the README's jobs are known to reach, beyond a model where the README says: job dir -> a check of the
@@ -166,6 +176,9 @@ def test_the_readme_runs_top_to_bottom(environment: str, tmp_path: Path) -> None
             assert len(errors) == 1 and segment.strip().splitlines()[-1] == errors[0], f"not one error line\n{said}"
         elif command.trains and command.job_dir is not None:
             assert _model_written(clone / command.job_dir), f"no model in {command.job_dir}/model\n{said}"
+            if _hooks_job(command):
+                assert committed(clone / command.job_dir / "checkpoints", warn=False), \
+                    f"no committed checkpoint in {command.job_dir}/checkpoints\n{said}"
             if command.job_dir in RESULTS:
                 RESULTS[command.job_dir](clone / command.job_dir, segment)
 
