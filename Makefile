@@ -48,7 +48,7 @@ TEST_CPU_TOP ?= 15
 # below and in images/images.mk make each image's targets from them (venv-, test-, image-, build-<name>, the
 # container tiers): an image is added by adding its folder.
 IMAGES_MK := .build/images.mk
-$(IMAGES_MK): images/catalog.py $(wildcard images/*/image.toml images/*/Dockerfile)
+$(IMAGES_MK): images/catalog.py images/image_folders.py $(wildcard images/*/image.toml images/*/Dockerfile)
 	@mkdir -p $(@D) && $(PYTHON) images/catalog.py make > $@.tmp && mv $@.tmp $@
 include $(IMAGES_MK)
 

@@ -28,10 +28,15 @@ same settings. This file is the command line and the builds; the rest sits besid
     cuda_base.py          the GPU builds' CUDA devel base, from PyPI's CUDA 13.0 wheels (Horovod's compile only)
     wheel_sources.py      torch's +cpu wheel and Horovod's wheel cache, served on 127.0.0.1
     catalog.py            every images/<name>/image.toml: budgets, GPU facts, test tiers, Cloud Build steps
+      image_folders.py      reading the folders: Image, CatalogError
+      dockerfile_blocks.py  each Dockerfile from its Dockerfile.in and images/Dockerfile.blocks
+      cloud_build.py        cloudbuild.yaml
     image_sizes.py        each image's size, largest layers and budget (image.toml)
     build_inputs.py       a build's inputs as one digest: an image built from the inputs at hand is not built again
     supply_chain.py       the image's bill of materials copied beside its record, its digest, the vulnerability gate
     vuln_gate.py          the gate itself: a bill of materials against OSV advisories and the expiring allowlist
+      vuln_versions.py      the ecosystems' version orders (PEP 440, dpkg)
+      vuln_findings.py      the bill of materials' packages, the OSV records, the findings where they meet
 
 They import one another by plain name: run as a script, images/ is on sys.path (sys.path[0]).
 """

@@ -89,8 +89,15 @@ def pytest_configure(config: pytest.Config) -> None:
     spec = importlib.util.spec_from_file_location("images_catalog", ROOT / "images" / "catalog.py")
     assert spec is not None and spec.loader is not None
     catalog = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("images_catalog", catalog)  # dataclasses look their module up while the class is made
-    spec.loader.exec_module(catalog)
+    sys.modules.setdefault("images_catalog", catalog)  # tests/readme/test_readme.py reads the image list from it
+    # its parts (image_folders.py, ...) are imported by plain name from images/, on sys.path only meanwhile: left
+    # there, images/<name>/ would answer `import horovod` as a namespace package (tests/containers/engine.py, _load)
+    folder = str(ROOT / "images")
+    sys.path.insert(0, folder)
+    try:
+        spec.loader.exec_module(catalog)
+    finally:
+        sys.path.remove(folder)
     for image in catalog.images():
         config.addinivalue_line("markers", f"{image.marker}: a test of the {image.name} image's tier, run in its venv "
                                            f"(.venv/{image.name}; images/{image.name}/image.toml)")

@@ -197,5 +197,5 @@ def summarize(plan: Plan, ctx: JaxContext, at: Position, start_step: int, start_
         history=at.history, seconds=round(seconds, 3),
         samples_per_second=round(trained * ctx.global_batch_size / max(seconds, 1e-9), 1),
         checkpoint_blocked_seconds=0.0, checkpoint_write_seconds=0.0, trial=ctx.trial, hypertune_file=reporter.path,
-        load_with=LOAD_WITH, ranks=list(range(ctx.world_size)), recoveries=at.recoveries,
+        load_with=LOAD_WITH, ranks=list(range(ctx.world_size)), recoveries=at.recoveries, image=plan.image.to_dict(),
         details={"reason": plan.reason, "devices": len(ctx.devices.devices)})

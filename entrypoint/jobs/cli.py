@@ -219,14 +219,23 @@ def _kubeflow(ns: argparse.Namespace, run_args: tuple[str, ...]) -> tuple[str, l
 
 
 def _fabric_warnings(req: KubeflowRequest) -> list[str]:
-    """GPU pods selecting A3 High/Mega/Ultra or A4 nodes without --node-fabric: NCCL would take the general NIC."""
+    """GPU pods selecting A3 High/Mega/Ultra or A4 nodes (--node-selector, or a required --node-affinity In those
+    labels) without the fabric's pieces: NCCL would take the general NIC. A TrainJob cannot take --node-fabric
+    (trainjob.py refuses it): its runtime must carry them, and the warning names what."""
     out = []
     for opts in dict.fromkeys([req.pods, *req.role_pods.values()]):
-        fabric = fabricpods.fabric_for(opts.node_selector)
-        if opts.gpus and opts.fabric is None and fabric is not None:
-            line = (f"--node-selector selects nodes with GPUDirect ({fabric}) but the pods get none of its pieces: "
+        fabric = fabricpods.fabric_for(opts.node_selector, opts.placement.node_affinity)
+        if not opts.gpus or opts.fabric is not None or fabric is None:
+            continue
+        chosen = "--node-selector" if fabricpods.fabric_for(opts.node_selector) else "--node-affinity"
+        if req.kind == "trainjob":
+            line = (f"{chosen} selects nodes with GPUDirect ({fabric}); a TrainJob cannot take --node-fabric, so "
+                    f"its runtime ({req.runtime}) must carry {fabricpods.runtime_pieces(fabric)}, or NCCL runs over "
+                    "the general-purpose NIC (docs/fabric.md)")
+        else:
+            line = (f"{chosen} selects nodes with GPUDirect ({fabric}) but the pods get none of its pieces: "
                     f"without --node-fabric {fabric} NCCL runs over the general-purpose NIC (docs/fabric.md)")
-            out += [line] if line not in out else []
+        out += [line] if line not in out else []
     return out
 
 

@@ -15,6 +15,10 @@ new one is committed, whatever ends the process in between. On a file system tha
 once, the old one waits as ``.replaced-ckpt-<step>`` for the moment between two renames, and counts as its step's
 checkpoint while no ``ckpt-<step>`` exists.
 
+Every writer does so on a local disk (JAX, Keras, PyTorch's replicated and sharded writers: there every rank writes
+its shards into ``.partial-ckpt-<step>`` and the chief swaps it in after the commit); on a store, which has no rename,
+the step's objects are replaced in place.
+
 ``CheckpointWriter`` is the one typed interface the training loops save and load through, whatever the
 framework: PyTorch's ``ReplicatedCheckpointIO`` (``pytorch/checkpoints/checkpoint_io.py``, shared by Horovod) and
 ``ShardedCheckpointIO`` (``pytorch/checkpoints/sharded_io.py``), and Keras' ``KerasCheckpointIO``
@@ -45,6 +49,7 @@ MARKER = "COMMITTED"
 _NAME = re.compile(r"^ckpt-(\d{8,})$")
 _REPLACED = re.compile(r"^\.replaced-ckpt-(\d{8,})$")  # an old checkpoint while a new one of its step is renamed in
 PARTIAL = ".partial-"  # the prefix of a checkpoint being written beside its place
+_PARTIAL = re.compile(r"^\.partial-ckpt-(\d{8,})$")  # one (a kill mid-write may leave it, pruned as a torn one)
 _RENAME_EXCHANGE = 2  # renameat2's flag: both names swapped in one step
 _CHUNK = 1 << 20
 log = logging.getLogger("entrypoint.checkpoints")
@@ -263,7 +268,8 @@ class Retention:
         self.bad.pop(storage.path(path), None)
 
     def prune(self, checkpoint_dir: str | Location) -> list[Location]:
-        """Delete what exceeds the budget (bad first, then the oldest), and torn ones older than those kept."""
+        """Delete what exceeds the budget (bad first, then the oldest), and torn or partial ones older than those
+        kept."""
         found = [path for _step, path in committed(checkpoint_dir, warn=False)]
         good = [p for p in found if p in self.good]
         protected = good[-1] if good else None
@@ -278,8 +284,9 @@ class Retention:
         kept = [p for p in found if p not in doomed]
         oldest_kept = min((_step_of(p) for p in kept), default=None)
         for child in storage.path(checkpoint_dir).iterdir():
-            match = _NAME.match(child.name)
-            if match and oldest_kept is not None and int(match.group(1)) < oldest_kept and not is_committed(child):
+            match = _NAME.match(child.name) or _PARTIAL.match(child.name)  # torn, or a rewrite a kill left
+            older = match is not None and oldest_kept is not None and int(match.group(1)) < oldest_kept
+            if older and (child.name.startswith(PARTIAL) or not is_committed(child)):
                 storage.rmtree(child)
         return doomed
 
@@ -293,16 +300,27 @@ def write_beside(target: Path, write: Callable[[Path], None]) -> None:
     """Write the checkpoint directory ``target`` (local) with ``write``, which commits it, whole beside it first
     (``.partial-<name>``) and swap it in: a committed checkpoint already at ``target`` stays loadable until then
     (a failure or a kill mid-write leaves it as it was), and is removed after."""
-    partial = target.with_name(PARTIAL + target.name)
-    replaced = target.with_name(f".replaced-{target.name}")
+    partial = partial_of(target)
     shutil.rmtree(partial, ignore_errors=True)  # what an earlier attempt left
     partial.mkdir(parents=True)
     write(partial)
+    swap_in(partial, target)
+
+
+def partial_of(target: Path) -> Path:
+    """Where the checkpoint ``target`` is written beside its place before ``swap_in`` (never listed as committed)."""
+    return target.with_name(PARTIAL + target.name)
+
+
+def swap_in(partial: Path, target: Path) -> None:
+    """Put the committed checkpoint ``partial`` at ``target``, removing what was there only after (one exchange
+    where the system can, else two renames, between which the old one counts as its step's: ``committed``)."""
+    replaced = target.with_name(f".replaced-{target.name}")
     if not target.exists():
         partial.rename(target)
     elif _exchange(partial, target):
         shutil.rmtree(partial, ignore_errors=True)  # the old checkpoint, now under the partial name
-    else:  # two renames: between them the old one counts as its step's (``committed``)
+    else:
         shutil.rmtree(replaced, ignore_errors=True)
         target.rename(replaced)
         partial.rename(target)

@@ -3,6 +3,7 @@ image variant."""
 
 from __future__ import annotations
 
+import fnmatch
 import re
 import subprocess
 from pathlib import Path
@@ -131,3 +132,35 @@ def test_the_makefile_builds_the_same_images() -> None:
         (tag,) = flag(step, "tag")
         cloud.add((Path(dockerfile).parent.name, variant, tag.rsplit("/", 1)[1].split(":")[0]))
     assert local == cloud
+
+
+def _script(step: dict[str, Any]) -> str:
+    """A bash step's script (the argument after ``-c``)."""
+    args = [str(a) for a in step["args"]]
+    return args[args.index("-c") + 1]
+
+
+def test_provenance_is_verified_and_every_pushed_image_is_gated() -> None:
+    """docs/images.md#provenance-and-pinning and #vulnerability-gate: no provenance, no build; each image pushed has
+    its bill of materials copied out by its self-test, judged by the gate against the OSV database and the allowlist
+    before the push, and uploaded with the gate's report (the generator could drop any one of them unnoticed)."""
+    assert CONFIG["options"]["requestedVerifyOption"] == "VERIFIED"
+    by_id = {s["id"]: s for s in STEPS}
+    fetched = re.findall(r"gsutil -q cp gs://osv-vulnerabilities/\w+/all\.zip (\S+)", _script(by_id["osv-database"]))
+    assert fetched
+    uploaded = CONFIG["artifacts"]["objects"]["paths"]
+    assert CONFIG["artifacts"]["objects"]["location"].startswith("gs://")
+    for tag in CONFIG["images"]:
+        repo = tag.rsplit("/", 1)[1].split(":")[0]
+        gate = by_id.get(f"gate-{repo}")
+        assert gate, f"{tag} is pushed ungated"
+        assert gate["name"] == tag and gate["args"][0] == "images/vuln_gate.py"  # the image's own Python judges it
+        assert sorted(gate["waitFor"]) == sorted([f"test-{repo}", "osv-database"]), gate["waitFor"]
+        (sbom,) = flag(gate, "sbom")
+        assert f"> {sbom}" in _script(by_id[f"test-{repo}"]), f"test-{repo} does not copy out {sbom}"
+        assert sorted(flag(gate, "osv")) == sorted(fetched), gate["id"]
+        (allowlist,) = flag(gate, "allowlist")
+        assert (ROOT / allowlist).is_file(), allowlist
+        (report,) = flag(gate, "report")
+        for kept in (sbom, report):
+            assert any(fnmatch.fnmatchcase(kept, path) for path in uploaded), f"{kept} is not uploaded: {uploaded}"

@@ -3,6 +3,7 @@ a corrupt checkpoint, and an unmodified Keras 3 example (docs/jax.md)."""
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -27,6 +28,7 @@ pytestmark = [pytest.mark.jax, pytest.mark.slow]
 HOOKS = ("--framework", "jax", "--module", "tests.jax.tiny_hooks", "--timeout", "120")
 FAST = ("--epochs", "2", "--log-every", "4")
 EXAMPLE = Path(__file__).with_name("mnist_convnet.py")
+PINNED = "us-docker.pkg.dev/p/r/jax@sha256:" + "ab" * 32  # TRAINER_IMAGE of a pinned job
 GRACE = 25.0  # the platform's grace (--grace-period's default): its SIGKILL follows when a process is still there
 
 
@@ -61,16 +63,33 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def single(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One process at the reference's global batch, uninterrupted."""
+def sbom(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A bill of materials as an image keeps it (TRAINER_SBOM names it here, as tests/unit/test_sbom.py does)."""
+    doc = tmp_path_factory.mktemp("jax-image") / "sbom.cdx.json"
+    doc.write_text(json.dumps({"bomFormat": "CycloneDX", "components": [
+        {"name": "jax", "version": "0.0.0", "purl": "pkg:pypi/jax@0.0.0"}]}))
+    return doc
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory: pytest.TempPathFactory, sbom: Path) -> Path:
+    """One process at the reference's global batch, uninterrupted, in a pinned image (as job vertex writes it)."""
     out = tmp_path_factory.mktemp("jax-single")
-    proc = entrypoint("run", *HOOKS, *FAST, "--batch-size", "16", "--job-dir", str(out))
+    proc = entrypoint("run", *HOOKS, *FAST, "--batch-size", "16", "--job-dir", str(out),
+                      env={"TRAINER_IMAGE": PINNED, "TRAINER_SBOM": str(sbom)})
     assert proc.returncode == 0, failure_text(proc)
     return out
 
 
 def test_two_processes_train_as_one_at_twice_the_batch(reference: Path, single: Path) -> None:
     assert_close(weights(single / "model"), weights(reference / "model"), 1e-5)
+
+
+def test_the_summary_names_the_image_it_ran_in(single: Path, sbom: Path) -> None:
+    """The digest the job's spec pinned and the hash of the image's bill of materials, as doctor prints them."""
+    image = json.loads((single / "model" / "training_summary.json").read_text())["image"]
+    assert image == {"reference": PINNED, "digest": PINNED.rpartition("@")[2], "sbom": str(sbom), "packages": 1,
+                     "sbom_sha256": hashlib.sha256(sbom.read_bytes()).hexdigest()}
 
 
 def _format(kind: str, rank: int, ports: list[int]) -> dict[str, str]:

@@ -220,7 +220,9 @@ def test_international_label_characters_the_grammar_allows_pass(capsys: pytest.C
 @pytest.mark.parametrize(("selector", "fabric"), [
     ("cloud.google.com/gke-accelerator=nvidia-h100-mega-80gb", "tcpxo"),
     ("cloud.google.com/gke-accelerator=nvidia-h200-141gb", "gib"),
-    ("node.kubernetes.io/instance-type=a4-highgpu-8g", "gib")])
+    ("node.kubernetes.io/instance-type=a4-highgpu-8g", "gib"),
+    ("cloud.google.com/gke-accelerator=nvidia-b200", "gib"),
+    ("node.kubernetes.io/instance-type=a3-highgpu-8g", "tcpx")])
 def test_fabric_nodes_without_node_fabric_get_a_warning_naming_it(capsys: pytest.CaptureFixture[str], selector: str,
                                                                   fabric: str) -> None:
     _, err = _manifest(capsys, "--kind", "pytorchjob", "--image", TORCH_IMAGE, "--gpus", "8", "--node-selector",
@@ -229,6 +231,29 @@ def test_fabric_nodes_without_node_fabric_get_a_warning_naming_it(capsys: pytest
     _, err = _manifest(capsys, "--kind", "pytorchjob", "--image", TORCH_IMAGE, "--gpus", "8", "--node-selector",
                        "cloud.google.com/gke-accelerator=nvidia-l4", *RUN)
     assert "--node-fabric" not in err, err
+    # A required node affinity In those nodes lands there too (among others: it may); a preferred one need not.
+    affinity = selector.replace("=", "=nvidia-l4,")
+    _, err = _manifest(capsys, "--kind", "pytorchjob", "--image", TORCH_IMAGE, "--gpus", "8", "--node-affinity",
+                       affinity, *RUN)
+    assert f"--node-affinity selects nodes with GPUDirect ({fabric})" in err, err
+    assert f"without --node-fabric {fabric} NCCL runs over the general-purpose NIC" in err, err
+    for other in (f"{affinity}:preferred", selector.replace("=", "!=")):
+        _, err = _manifest(capsys, "--kind", "pytorchjob", "--image", TORCH_IMAGE, "--gpus", "8", "--node-affinity",
+                           other, *RUN)
+        assert "GPUDirect" not in err, (other, err)
+    # A TrainJob refuses --node-fabric (its runtime patch cannot add the pieces): its warning names what its runtime
+    # must carry instead.
+    for chosen in ("--node-selector", "--node-affinity"):
+        _, err = _manifest(capsys, "--kind", "trainjob", "--image", TORCH_IMAGE, "--gpus", "8", chosen, selector,
+                           *RUN)
+        assert f"{chosen} selects nodes with GPUDirect ({fabric}); a TrainJob cannot take --node-fabric" in err, err
+        pieces = ("the RxDM sidecar (tcpx-daemon)" if fabric == "tcpx" else
+                  "the NCCL plugin installer init container")
+        assert f"runtime (torch-distributed) must carry {pieces}" in err, err
+        assert "networking.gke.io/interfaces" in err and f"without --node-fabric {fabric}" not in err, err
+        line = _error(capsys, "kubeflow", "--kind", "trainjob", "--image", TORCH_IMAGE, "--gpus", "8", chosen,
+                      selector, "--node-fabric", fabric, "--fabric-installer-image", "i", "--rxdm-image", "r", *RUN)
+        assert line.startswith("entrypoint: error: --node-fabric") and f"must carry {pieces}" in line, line
 
 
 def test_node_affinity_in_every_kind(capsys: pytest.CaptureFixture[str]) -> None:

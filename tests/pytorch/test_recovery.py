@@ -43,7 +43,7 @@ def local_args(output: Path, run: list[str], *local: str) -> list[str]:
 def torn_checkpoint(checkpoint_dir: Path) -> Callable[[], bool]:
     """True while a checkpoint directory exists without its commit marker (a write in progress)."""
     def writing() -> bool:
-        return any(p.is_dir() and not checkpoints.is_committed(p) for p in checkpoint_dir.glob("ckpt-*"))
+        return any(p.is_dir() and not checkpoints.is_committed(p) for p in checkpoint_dir.glob(".partial-ckpt-*"))
     return writing
 
 
@@ -132,7 +132,8 @@ def test_a_lost_chief_mid_epoch_recovers(tmp_path: Path) -> None:
 
 
 def test_a_chief_lost_while_writing_a_checkpoint_resumes_from_the_previous_one(tmp_path: Path) -> None:
-    """A big model written synchronously: SIGKILL while a ckpt directory has no marker; the torn one is skipped."""
+    """A big model written synchronously: SIGKILL while a checkpoint is written beside its place, without its marker;
+    the torn one is never resumed from."""
     out = tmp_path / "job"
     job = Job(*local_args(out, [*HOOKS, "--epochs", "1", "--checkpoint-every", "4", "--checkpoint-mode", "sync",
                                 "--", "--hidden", "120000"]))
@@ -141,16 +142,16 @@ def test_a_chief_lost_while_writing_a_checkpoint_resumes_from_the_previous_one(t
         wait_until(torn_checkpoint(out / "checkpoints"), job)
         vanish(job, "workerpool0-0")
         # what the chief left: the checkpoint it was writing, without its marker (nobody else commits one)
-        (torn,) = [p for p in (out / "checkpoints").glob("ckpt-*") if not checkpoints.is_committed(p)]
+        (torn,) = [p for p in (out / "checkpoints").glob(".partial-ckpt-*") if not checkpoints.is_committed(p)]
         kept = checkpoints.committed(out / "checkpoints", warn=False)[-1]
         assert assert_recovered(job, out, "workerpool0-0")["recoveries"]
     finally:
         job.cleanup()
-    # The restarted chief skipped the torn one by name and resumed from the newest committed before it ("resumed
-    # from" alone is what every resume logs)
+    # The restarted chief resumed from the newest committed before the torn one ("resumed from" alone is what every
+    # resume logs), which is not a checkpoint until it is whole and swapped in
     output = job.output()
-    assert f"skipping torn checkpoint {torn} (no COMMITTED marker)" in output, output[-3000:]
-    assert f"resumed from {kept[1]} at step {kept[0]}" in output and kept[0] < int(torn.name.split("-")[1])
+    assert f"resumed from {kept[1]} at step {kept[0]}" in output and kept[0] < int(torn.name.split("-")[-1])
+    assert f"resumed from {torn.with_name(torn.name.removeprefix('.partial-'))} " not in output, output[-3000:]
 
 
 def test_a_chief_lost_during_the_start_up_barrier_recovers(tmp_path: Path) -> None:

@@ -192,7 +192,7 @@ def test_a_rank_killed_mid_save_leaves_a_torn_checkpoint_that_the_restart_skips(
               "--width", "512", "--layers", "4", "--windows", "128")
     try:
         job.wait_for("checkpoint ckpt-00000002 committed", timeout=300)
-        torn = out / "checkpoints" / "ckpt-00000004"
+        torn = checkpoints.partial_of(out / "checkpoints" / "ckpt-00000004")  # written beside its place
         deadline = time.monotonic() + 300
         while not (torn.is_dir() and any(torn.glob("__1_*")) and not checkpoints.is_committed(torn)):
             assert job.proc.poll() is None and time.monotonic() < deadline, job.output()[-3000:]
@@ -204,11 +204,11 @@ def test_a_rank_killed_mid_save_leaves_a_torn_checkpoint_that_the_restart_skips(
         job.cleanup()
     output = job.output()
     assert "workerpool1-0 exited 137 (retryable): restart 1 of 5" in output
-    # Every rank restarted resumes from the step committed before the torn one (which the chief removed when the
-    # save failed, or the restart skipped), never from the torn one ("resumed from" alone is what every resume logs)
+    # Every rank restarted resumes from the step committed before the torn one (a partial directory, never listed as
+    # a checkpoint), never from the torn one ("resumed from" alone is what every resume logs)
     ckpt2 = out / "checkpoints" / "ckpt-00000002"
     assert f"resumed from {ckpt2} at step 2 (epoch 0, batch 2)" in output
-    assert f"resumed from {torn} " not in output
+    assert f"resumed from {torn} " not in output and f"resumed from {torn.with_name('ckpt-00000004')} " not in output
     assert (out / "model" / "model.safetensors").is_file()
     for _step, path in checkpoints.committed(out / "checkpoints"):
         checkpoints.verify(path)

@@ -48,5 +48,5 @@ def test_a_disk_that_fills_at_a_later_sharded_save_is_disk_full_even_with_room_l
                                                                       "ckpt-00000015"]
     line = last_line(proc)
     assert line.startswith("entrypoint: error: disk_full on ") and "no space left on device at " in line, line
-    assert "/ckpt-00000020/__" in line and line.endswith("(exit 74, permanent)"), line
+    assert "/.partial-ckpt-00000020/__" in line and line.endswith("(exit 74, permanent)"), line
     assert {record["class"] for record in failure_records(tmp_path)} == {"disk_full"}

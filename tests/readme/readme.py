@@ -5,6 +5,9 @@ or a ``make`` target whose comment says ``in .venv/NAME``), unless the line befo
 with the reason. A command is a line, with its ``\\`` continuations; it must exit 0 unless its trailing comment, or
 the comment lines right above it, say ``(exit N)``. Its job dir is the last ``--job-dir`` / ``--output-dir`` the
 line names (in its comment too: ``make demo-horovod``'s names the one its recipe writes).
+
+The quick starts of the framework pages (``DOCS``) follow the same rules and are read by the same static checks
+(an environment per block, a job dir per job, none shared with another page); only the README's blocks are run.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
+# The framework pages whose command blocks a newcomer runs after the README's (checked, not run: tests/readme).
+DOCS = tuple(ROOT / "docs" / f"{name}.md" for name in ("pytorch", "tensorflow", "horovod"))
 NOT_RUN = "<!-- not run"
 ENVIRONMENT = re.compile(r"\.venv/([\w-]+)")
 EXIT = re.compile(r"\(exit (\d+)\)")
@@ -55,6 +60,13 @@ class Command:
         return words[3] in ("run", "local")
 
     @property
+    def afresh(self) -> bool:
+        """Whether it starts its job dir afresh (``make demo*``: the recipe removes the dir first), so another page
+        may run it again into the same dir."""
+        words = self.words
+        return words[:1] == ["make"] and any(w.startswith("demo") for w in words[1:])
+
+    @property
     def identity(self) -> tuple[str | None, str | None]:
         """The framework and module (or script) the command's run names, where it names them."""
         words = self.words
@@ -72,11 +84,13 @@ class Block:
     environment: str | None = None
     not_run: str | None = None  # the reason, from its <!-- not run ... --> line
     body: tuple[str, ...] = field(default=(), repr=False)
+    page: str = "README.md"  # the file it is in, relative to the checkout
 
 
-def blocks(text: str | None = None) -> list[Block]:
-    """Every ```bash block of the README, in order."""
-    lines = (README.read_text() if text is None else text).splitlines()
+def blocks(text: str | None = None, page: Path = README) -> list[Block]:
+    """Every ```bash block of ``page`` (the README unless told; ``text``: its text), in order."""
+    lines = (page.read_text() if text is None else text).splitlines()
+    name = page.relative_to(ROOT).as_posix()
     found: list[Block] = []
     i = 0
     while i < len(lines):
@@ -90,7 +104,7 @@ def blocks(text: str | None = None) -> list[Block]:
         first = commands[0].text if commands else ""
         named = ENVIRONMENT.search(first)
         reason = before.removeprefix(NOT_RUN).removesuffix("-->").strip(" :") if before.startswith(NOT_RUN) else None
-        found.append(Block(start, commands, named.group(1) if named else None, reason, body))
+        found.append(Block(start, commands, named.group(1) if named else None, reason, body, name))
         i = end + 1
     return found
 
@@ -122,6 +136,7 @@ def parse(body: tuple[str, ...], first_line: int) -> list[Command]:
     return commands
 
 
-def runnable(environment: str | None = None) -> list[Block]:
-    """The blocks that run (in ``environment``'s, when given), in README order."""
-    return [b for b in blocks() if b.not_run is None and (environment is None or b.environment == environment)]
+def runnable(environment: str | None = None, pages: tuple[Path, ...] = (README,)) -> list[Block]:
+    """The blocks that run (in ``environment``'s, when given), in the order of ``pages`` (the README's unless told)."""
+    return [b for page in pages for b in blocks(page=page)
+            if b.not_run is None and (environment is None or b.environment == environment)]

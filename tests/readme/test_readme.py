@@ -6,7 +6,8 @@ link per top-level entry this checkout tracks and ``.venv/`` linking the image e
 this test, which is what a fresh clone has once ``make venv-NAME`` ran (the blocks' own first command, run here too:
 make finds the environment current). Each command must exit as the README says (0, or its comment's ``(exit N)``,
 whose output must end with one ``entrypoint: error:`` line), and each job it starts must leave its model where the
-README says, ``<job dir>/model`` (some also what they are known to reach: ``RESULTS``). Each environment's blocks
+README says, ``<job dir>/model``, and a hooks module's job a committed checkpoint in ``<job dir>/checkpoints`` (some
+also what they are known to reach: ``RESULTS``). Each environment's blocks
 run in that image's test tier (its marker, ``slow``): PyTorch's in the catch-all tier, TensorFlow's and Horovod's in
 theirs. No two environments' blocks share a job dir (``test_every_job_has_a_job_dir_of_its_own``), so running each
 environment's blocks in a directory of its own is running the README top to bottom.
@@ -19,6 +20,9 @@ Not run: the README's first block (the two set-up commands: ``make test`` is the
 ``make demo`` runs the PyTorch quick start's 2-replica command into ``demo-outputs/``, which
 ``test_make_demo_runs_the_quick_starts_two_replica_command`` checks), and each block marked ``<!-- not run ... -->``
 with its reason (a GPU machine with Docker and gcloud).
+
+The static checks (environment named, a job dir per job) also read the framework pages' quick starts
+(``readme.DOCS``), which are not run.
 """
 
 from __future__ import annotations
@@ -33,8 +37,10 @@ from pathlib import Path
 
 import pytest
 
+from entrypoint.outputs.checkpoints import committed
+from entrypoint.planning.usercode import is_hooks_module
 from tests.conftest import ROOT, subprocess_env
-from tests.readme.readme import README, SETUP, Command, blocks, runnable
+from tests.readme.readme import DOCS, README, SETUP, Command, blocks, runnable
 from tests.runs import summary
 
 MAKE_VARIABLES = ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES", "MAKE_TERMOUT", "MAKE_TERMERR")
@@ -93,6 +99,13 @@ def _segment(output: str, number: int) -> str:
 def _model_written(job_dir: Path) -> bool:
     model = job_dir / "model"
     return model.is_dir() and any(p.is_file() for p in model.rglob("*"))
+
+
+def _hooks_job(command: Command) -> bool:
+    """Whether the command's job runs a hooks module (our loop, which commits checkpoints in ``<job dir>/checkpoints``,
+    as the README says); a script, a plain module, ``make demo-horovod`` or ``local --spec`` need not."""
+    words = command.words
+    return "--module" in words[:-1] and is_hooks_module(words[words.index("--module") + 1])
 
 
 # What some of the README's jobs are known to reach, beyond a model where the README says: job dir -> a check of the
@@ -163,18 +176,23 @@ def test_the_readme_runs_top_to_bottom(environment: str, tmp_path: Path) -> None
             assert len(errors) == 1 and segment.strip().splitlines()[-1] == errors[0], f"not one error line\n{said}"
         elif command.trains and command.job_dir is not None:
             assert _model_written(clone / command.job_dir), f"no model in {command.job_dir}/model\n{said}"
+            if _hooks_job(command):
+                assert committed(clone / command.job_dir / "checkpoints", warn=False), \
+                    f"no committed checkpoint in {command.job_dir}/checkpoints\n{said}"
             if command.job_dir in RESULTS:
                 RESULTS[command.job_dir](clone / command.job_dir, segment)
 
 
-def test_every_command_block_names_its_environment_or_why_it_is_not_run() -> None:
-    """Each ```bash block of the README starts by naming the environment it runs in (an image's .venv), or is
-    marked not run with a reason: a newcomer knows which Python each command needs."""
+@pytest.mark.parametrize("page", [README, *DOCS], ids=lambda page: page.name)
+def test_every_command_block_names_its_environment_or_why_it_is_not_run(page: Path) -> None:
+    """Each ```bash block of the README and of the framework pages' quick starts starts by naming the environment it
+    runs in (an image's .venv), or is marked not run with a reason: a newcomer knows which Python each command
+    needs."""
     images = {name for name, _ in _images()}
-    found = blocks()
-    assert found, "no ```bash block in README.md"
+    found = blocks(page=page)
+    assert found, f"no ```bash block in {page.name}"
     for block in found:
-        where = f"README.md line {block.line}"
+        where = f"{block.page} line {block.line}"
         if block.not_run is not None:
             assert len(block.not_run) > 20, f"{where}: a block not run says why"
             continue
@@ -188,19 +206,22 @@ def test_every_command_block_names_its_environment_or_why_it_is_not_run() -> Non
 def test_every_job_has_a_job_dir_of_its_own() -> None:
     """Every command that starts a job names its job dir; one job dir holds one job (framework and code), bar the
     commands the README shows being refused there; no two environments' blocks share a job dir (each environment's
-    blocks run in a directory of their own, as if one after another in one clone)."""
-    owner: dict[str, tuple[str, tuple[str | None, str | None]]] = {}
-    for block in runnable():
+    blocks run in a directory of their own, as if one after another in one clone). The framework pages' quick starts
+    (not run) too, and none of their job dirs is another page's: run after the README, each starts its own job, not
+    refused and not resuming the README's (a ``make demo*`` recipe starts its dir afresh, so it may be shown twice)."""
+    owner: dict[str, tuple[str, str, tuple[str | None, str | None]]] = {}
+    for block in runnable(pages=(README, *DOCS)):
         for command in block.commands:
             if not command.trains:
                 continue
-            where = f"README.md line {command.line}"
+            where = f"{block.page} line {command.line}"
             assert command.job_dir, f"{where}: a job without --job-dir / --output-dir writes into ./outputs"
             assert block.environment is not None
-            first = owner.setdefault(command.job_dir, (block.environment, command.identity))
+            first = owner.setdefault(command.job_dir, (block.environment, block.page, command.identity))
             assert first[0] == block.environment, f"{where}: {command.job_dir} is also a .venv/{first[0]} job's"
+            assert first[1] == block.page or command.afresh, f"{where}: {command.job_dir} is also {first[1]}'s job dir"
             if command.expected_exit == 0:
-                assert first[1] == command.identity, f"{where}: {command.job_dir} holds another job"
+                assert first[2] == command.identity, f"{where}: {command.job_dir} holds another job"
 
 
 def test_make_demo_runs_the_quick_starts_two_replica_command() -> None:

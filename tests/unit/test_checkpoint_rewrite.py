@@ -98,3 +98,17 @@ def test_without_an_atomic_exchange_the_old_checkpoint_counts_between_the_two_re
     checkpoints.write_beside(target, writer(b"new"))  # type: ignore[arg-type]
     assert checkpoints.committed(tmp_path) == [(3, target)]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-00000003"]
+
+
+def test_a_partial_rewrite_a_kill_left_is_pruned_once_older_than_every_checkpoint_kept(tmp_path: Path) -> None:
+    for step in (3, 5):
+        checkpoints.write_beside(checkpoints.checkpoint_path(tmp_path, step), writer(b"x"))  # type: ignore[arg-type]
+    left = checkpoints.partial_of(checkpoints.checkpoint_path(tmp_path, 3))
+    left.mkdir()  # a rewrite of step 3 the platform killed
+    newer = checkpoints.partial_of(checkpoints.checkpoint_path(tmp_path, 7))
+    newer.mkdir()  # a write in flight
+    checkpoints.Retention(2).prune(tmp_path)
+    assert left.is_dir()  # step 3 is still kept
+    checkpoints.write_beside(checkpoints.checkpoint_path(tmp_path, 6), writer(b"x"))  # type: ignore[arg-type]
+    checkpoints.Retention(2).prune(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".partial-ckpt-00000007", "ckpt-00000005", "ckpt-00000006"]

@@ -7,6 +7,7 @@ The container tests compare the documents of the images `make test` builds with 
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import subprocess
@@ -156,3 +157,23 @@ def test_the_plan_carries_the_image_through_its_file(tmp_path: Path, monkeypatch
     plan = build_plan(RunOptions(framework="pytorch", module="trainers.digits_torch"))
     assert plan.image.digest == DIGEST and plan.describe()["image"]["sbom"] == str(doc)
     assert Plan.from_dict(json.loads(json.dumps(plan.to_dict()))).image == plan.image
+
+
+def test_every_training_summary_names_the_image() -> None:
+    """Each framework builds its own TrainingSummary; one that leaves out ``image=`` reports `{}` (as JAX once did),
+    so every call under entrypoint/ must pass it (the JAX tier proves a real run's value)."""
+    calls: list[str] = []
+    missing: list[str] = []
+    for module in sorted((ROOT / "entrypoint").rglob("*.py")):
+        for node in ast.walk(ast.parse(module.read_text())):
+            if not isinstance(node, ast.Call):
+                continue
+            func = node.func
+            if (func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)) != "TrainingSummary":
+                continue
+            where = f"{module.relative_to(ROOT)}:{node.lineno}"
+            calls.append(where)
+            if "image" not in {k.arg for k in node.keywords}:
+                missing.append(where)
+    assert len(calls) >= 3, calls  # PyTorch/Horovod, TensorFlow, JAX: the walk finds them
+    assert not missing, f"TrainingSummary(...) without image=: {missing}"

@@ -19,6 +19,7 @@ from typing import Any
 
 from entrypoint.cluster import envvars as ev
 from entrypoint.errors import ConfigError
+from entrypoint.jobs.kubeflow.placement import NodeTerm
 
 FABRICS = ("tcpx", "tcpxo", "gib")
 INSTALLER = "nccl-plugin-installer"
@@ -91,9 +92,21 @@ FABRIC_NODES = {"nvidia-h100-mega-80gb": "tcpxo", "a3-megagpu-8g": "tcpxo", "nvi
 NODE_LABELS = ("cloud.google.com/gke-accelerator", "node.kubernetes.io/instance-type")
 
 
-def fabric_for(node_selector: tuple[tuple[str, str], ...]) -> str | None:
-    """The fabric the selected nodes have (A3 High 8g, A3 Mega, A3 Ultra, A4), or None."""
-    return next((FABRIC_NODES[v] for k, v in node_selector if k in NODE_LABELS and v in FABRIC_NODES), None)
+def fabric_for(node_selector: tuple[tuple[str, str], ...], node_affinity: tuple[NodeTerm, ...] = ()) -> str | None:
+    """The fabric of the nodes the pods may land on (A3 High 8g, A3 Mega, A3 Ultra, A4), or None: a node selector,
+    or a required node affinity expression ``In`` those labels (``--node-affinity KEY=V1,V2``)."""
+    required = [(k, v) for k, op, values, weight in node_affinity if weight is None and op == "In" for v in values]
+    return next((FABRIC_NODES[v] for k, v in (*node_selector, *required) if k in NODE_LABELS and v in FABRIC_NODES),
+                None)
+
+
+def runtime_pieces(fabric: str) -> str:
+    """What a TrainJob's runtime must carry for ``fabric`` (a TrainJob's runtime patch cannot add them)."""
+    installer = ["the NCCL plugin installer init container and its volume"] if fabric != "tcpx" else []
+    rxdm = [f"the RxDM sidecar ({RXDM[fabric]}) with its GPU devices"] if fabric in RXDM else []
+    rxdm += [f"{TCPX_SOCKETS} shared with the trainer, which needs IPC_LOCK"] if fabric == "tcpx" else []
+    nics = [f"the multi-network annotations (networking.gke.io/interfaces) for its {len(NETWORKS[fabric])} GPU NICs"]
+    return ", ".join(installer + rxdm + nics)
 
 
 def check_collisions(fp: FabricPods, mount_paths: list[str], volume_names: list[str], secret_envs: list[str],

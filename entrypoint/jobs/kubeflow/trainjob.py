@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from entrypoint.errors import ConfigError
-from entrypoint.jobs.kubeflow import pods
+from entrypoint.jobs.kubeflow import fabricpods, pods
 from entrypoint.jobs.kubeflow.job import KubeflowRequest, check, job_metadata, job_name
 from entrypoint.jobs.kubeflow.placement import JOBSET_LABEL, selector
 
@@ -37,12 +37,15 @@ def _refuse_v1_only(req: KubeflowRequest) -> None:
         raise ConfigError(", ".join(given), "a TrainJob has no such field (its runtime's JobSet sets it); "
                           "--active-deadline and --suspend are the TrainJob's")
     unpatchable = (("--scheduler-name", req.pods.scheduler_name), ("--priority-class", req.pods.priority_class),
-                   ("--spread", req.pods.placement.spread or None),
-                   ("--node-fabric", req.pods.fabric.fabric if req.pods.fabric else None))
+                   ("--spread", req.pods.placement.spread or None))
     given = [flag for flag, value in unpatchable if value is not None]
     if given:
         raise ConfigError(", ".join(given), "a TrainJob's runtime patch cannot set it (PodSpecPatch has no such "
                           "field): the runtime's podGroupPolicy or Kueue schedules a TrainJob")
+    if req.pods.fabric is not None:
+        raise ConfigError("--node-fabric", "a TrainJob's runtime patch cannot set it (PodSpecPatch has no init "
+                          f"containers): the runtime ({req.runtime}) must carry "
+                          f"{fabricpods.runtime_pieces(req.pods.fabric.fabric)} (docs/fabric.md)")
 
 
 def _patch(req: KubeflowRequest) -> dict[str, Any] | None:

@@ -242,17 +242,26 @@ class ReplicatedCheckpointIO(BackgroundWriter):
         return self._host.copy(state) if self.background else state
 
     def _write(self, path: Location, state: dict[str, Any], meta: dict[str, Any]) -> None:
+        """On a local disk beside ``path``, swapped in once committed (a rerun that reached a committed step leaves
+        it loadable until the new one is whole); on a store, which has no rename, in its place."""
+        if not isinstance(path, RemotePath):
+            checkpoints.write_beside(path, lambda where: self._write_state(where, state, meta))
+            return
         if path.exists():  # a rerun reached the same step: replace, never mix two saves
-            if isinstance(path, RemotePath):
-                storage.rmtree(path)
-            else:
-                shutil.rmtree(path)
+            storage.rmtree(path)
+        self._write_state(path, state, meta)
+
+    @staticmethod
+    def _write_state(path: Location, state: dict[str, Any], meta: dict[str, Any]) -> None:
         files = {STATE_FILE: write_file(state, path / STATE_FILE)}
         checkpoints.commit(path, meta, files)
         checkpoints.check_sizes(path)
 
     def _failure(self, path: Location, exc: BaseException) -> BaseException:
-        if not isinstance(path, RemotePath) or not isinstance(exc, StorageError):
+        """What the failed write left removed (on a local disk its partial copy: a committed ``path`` stays)."""
+        if not isinstance(path, RemotePath):
+            shutil.rmtree(checkpoints.partial_of(path), ignore_errors=True)
+        elif not isinstance(exc, StorageError):
             with contextlib.suppress(Exception):  # a store that failed would fail this too: uncommitted is skipped
                 storage.rmtree(path)
         return output_error(exc, path)

@@ -154,17 +154,21 @@ class ShardedCheckpointIO(BackgroundWriter):
 
     def _write(self, path: Location, staged: Any, meta: dict[str, Any]) -> None:
         """Every rank its shards (``dcp.save`` over the writer's gloo group), then the chief ``extra.pt`` and the
-        marker listing every rank's files."""
+        marker listing every rank's files. On a local disk the checkpoint is written beside ``path`` and the chief
+        swaps it in once committed; on a store, which has no rename, in its place."""
         import torch.distributed.checkpoint as dcp
 
         shards, extra = staged
+        where: Location = path if isinstance(path, RemotePath) else checkpoints.partial_of(path)
         local = Path(tempfile.mkdtemp(prefix="trainer-shards-")) if isinstance(path, RemotePath) else None
         try:
-            if self.is_chief and path.exists():  # a rerun reached the same step: replace, never mix two saves
-                storage.rmtree(path)
-            target = local or path
+            if self.is_chief and where.exists():  # what an earlier save of this step left: never mix two saves
+                storage.rmtree(where)
+            # No rank creates the directory before the chief has cleared it (a rank's writer makes it as it plans).
+            dist.barrier(group=self._group)
+            target = local or where
             dcp.save(shards, storage_writer=_writer(str(target)), process_group=self._group)
-            mine = self._mine(target, local, path)
+            mine = self._mine(target, local, where)
             everyone: list[Any] = [None] * dist.get_world_size(self._group)
             dist.all_gather_object(everyone, mine, group=self._group)
             failed = [f"rank {r}: {files}" for r, files in enumerate(everyone) if isinstance(files, str)]
@@ -172,9 +176,11 @@ class ShardedCheckpointIO(BackgroundWriter):
                 raise OSError(f"a rank could not write its shards of {path.name}: {'; '.join(failed)}")
             if self.is_chief:
                 files = {name: digest for files in everyone for name, digest in files.items()}
-                files[EXTRA_FILE] = write_file(extra, path / EXTRA_FILE)
-                checkpoints.commit(path, meta, files)
-                checkpoints.check_sizes(path)
+                files[EXTRA_FILE] = write_file(extra, where / EXTRA_FILE)
+                checkpoints.commit(where, meta, files)
+                checkpoints.check_sizes(where)
+                if not isinstance(path, RemotePath):
+                    checkpoints.swap_in(checkpoints.partial_of(path), path)
         finally:
             if local is not None:
                 shutil.rmtree(local, ignore_errors=True)
@@ -183,7 +189,7 @@ class ShardedCheckpointIO(BackgroundWriter):
         """The disk's own error where a rank's write met one (ENOSPC: ``disk_full``), else what failed (a
         ``CheckpointException`` is a BaseException); what the save left removed."""
         cause = disk_error(exc) or (exc if isinstance(exc, Exception) else RuntimeError(str(exc)))
-        self._discard(path)
+        self._discard(path if isinstance(path, RemotePath) else checkpoints.partial_of(path))
         return output_error(cause, path)
 
     def _discard(self, path: Location) -> None:
