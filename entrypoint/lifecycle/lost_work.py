@@ -28,6 +28,7 @@ class Recovery:
     how: str = "restart"  # restart: the platform restarted processes, resumed from a checkpoint; in_place: survivors
     stalled_seconds: float | None = None  # in place: from the failure to training again (waiting for the replacement)
     cause: str | None = None  # the root cause's failure class: "preempted" when the job was stopped, not lost
+    fewer_replicas_steps: int | None = None  # HSDP in place: steps trained without it (until it joined or the end)
 
     def line(self) -> str:
         """``recovered after losing <replica> at step N: resumed from step M (K steps, S s of training lost)``, or
@@ -41,7 +42,9 @@ class Recovery:
         else:
             head = f"recovered after losing {self.replica}{where}"
         lost = f"{steps}, {self.lost_seconds:.1f} s of training lost"
-        return f"{head}: resumed from step {self.resumed_from_step} ({lost})"
+        fewer = f"; {self.fewer_replicas_steps} steps trained with fewer replicas" \
+            if self.fewer_replicas_steps is not None else ""
+        return f"{head}: resumed from step {self.resumed_from_step} ({lost}){fewer}"
 
     def to_dict(self) -> dict[str, Any]:
         """For checkpoints and the training summary."""

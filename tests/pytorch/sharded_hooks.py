@@ -3,8 +3,10 @@
 ``--record DIR``: every rank appends the dataset indices of each training batch to ``DIR/<pid>-rank<r>.txt`` (one
 line per step), so a test can check that no sample of an epoch is skipped or seen twice across world sizes.
 ``--step-sleep``: slows every step so a test can interrupt mid-epoch. ``--big``: wider blocks, for a save slow
-enough to be interrupted. ``--units``: a ``shard_units`` hook naming these modules (``--units nope`` names one
-that is not in the model). ``--sgd``: SGD instead of AdamW.
+enough to be interrupted. ``--hold FILE``: a process that builds its datasets while FILE exists waits until it is
+gone (a test holds a lost node's replacement back until the survivors went on without it). ``--units``: a
+``shard_units`` hook naming these modules (``--units nope`` names one that is not in the model). ``--sgd``: SGD
+instead of AdamW.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     gpt_torch.add_arguments(parser)
     parser.add_argument("--record", default="")
     parser.add_argument("--step-sleep", type=float, default=0.0)
+    parser.add_argument("--hold", default="")
     parser.add_argument("--units", nargs="*", default=None)
     parser.add_argument("--sgd", action="store_true", help="SGD instead of AdamW (Adam amplifies the reduction "
                         "order's last-bit noise where a gradient is analytically zero, as the key bias's is)")
@@ -51,6 +54,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def build_datasets(args: argparse.Namespace, ctx: Any) -> tuple[Indexed, Indexed]:
     _state["args"] = args
+    while args.hold and Path(args.hold).exists():
+        time.sleep(0.05)
     train, val = gpt_torch.build_datasets(args, ctx)
     return Indexed(train), Indexed(val)
 

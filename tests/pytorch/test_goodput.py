@@ -110,6 +110,6 @@ def test_a_script_reports_its_steps_through_the_context(tmp_path: Path) -> None:
     rerun = entrypoint(*run, "--", "--from", "11", timeout=300)
     assert rerun.returncode == 0, failure_text(rerun)
     report = goodput(job)
-    assert report["steps"] == {"productive": 20, "lost": 5, "final": 20}, report["steps"]
+    assert report["steps"] == {"productive": 20, "lost": 5, "final": 20, "fewer_replicas": 0}, report["steps"]
     assert report["job_attempts"] == 2 and report["disruption_count"] == 1, report["disruptions"]
     assert report["buckets"]["productive"] > 0 and report["buckets"]["wasted_progress"] > 0

@@ -306,7 +306,8 @@ def test_json_and_plots(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     code, out, _ = command(capsys, str(job.root), "--json")
     found = json.loads(out)
     assert code == 0 and sum(found["buckets"].values()) == pytest.approx(found["wall_seconds"], abs=0.02)
-    assert found["steps"] == {"productive": 20, "lost": 5, "final": 20} and found["disruptions"] == {KILLED: 1}
+    assert found["steps"] == {"productive": 20, "lost": 5, "final": 20, "fewer_replicas": 0}
+    assert found["disruptions"] == {KILLED: 1}
     code, out, _ = command(capsys, str(job.root), "--plot", str(tmp_path / "x.svg"))
     assert code == 0 and "wasted_progress" in out
     assert ET.parse(tmp_path / "x.svg").getroot().tag == "{http://www.w3.org/2000/svg}svg"

@@ -211,7 +211,8 @@ def compute(read: Read, job_dir: str, now: float | None = None, running: bool = 
                 default=max((s.last for s in live), default=0))
     return Report(job_dir, start, end, running or any(a.running for a in attempts), buckets, attempts, disruptions,
                   round(sum(s.steps - s.wasted_steps for s in live)), round(sum(s.wasted_steps for s in live)),
-                  max(final, 0), lanes, warnings)
+                  max(final, 0), lanes, warnings, sum(int(r.get("steps", 0)) for a in chiefs
+                                                      for r in a.training if r["kind"] == "fewer_replicas"))
 
 
 def _outside_chief(attempts: list[Attempt], chiefs: list[Attempt], buckets: dict[str, float]

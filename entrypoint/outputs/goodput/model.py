@@ -17,6 +17,7 @@ ML_GOODPUT = {"program_startup": "PROGRAM_STARTUP", "training_preparation": "TRA
               "evaluation": "CUSTOM_BADPUT_EVENTS", "export": "CUSTOM_BADPUT_EVENTS", "other": "OTHER"}
 PHASES = {"preparation": "training_preparation", "restore": "checkpoint_restore", "checkpoint": "checkpoint_save",
           "evaluation": "evaluation", "export": "export", "recovery": "infrastructure_recovery",
+          "rejoin": "infrastructure_recovery",
           "startup": "program_startup"}
 KILLED = "killed"  # an attempt that wrote no end: SIGKILLed, or its machine was lost
 FUTURE_SLACK = 60.0  # seconds a record may be dated after now (hosts' clocks) before it is ignored as bogus

@@ -25,6 +25,7 @@ class Report:
     final_step: int
     lanes: list[dict[str, Any]]
     warnings: list[str]
+    steps_fewer_replicas: int = 0  # HSDP's survivors trained them without a lost node (its share skipped)
 
     @property
     def wall(self) -> float:
@@ -89,7 +90,8 @@ class Report:
                          for a in self.attempts],
             "disruptions": dict(self.disruptions), "disruption_count": self.disruption_count,
             "mean_time_between_disruptions_seconds": None if mtbd is None else round(mtbd, 1),
-            "steps": {"productive": self.steps_productive, "lost": self.steps_lost, "final": self.final_step},
+            "steps": {"productive": self.steps_productive, "lost": self.steps_lost, "final": self.final_step,
+                      "fewer_replicas": self.steps_fewer_replicas},
             "warnings": list(self.warnings), "line": self.line(),
         }
 
@@ -107,7 +109,9 @@ class Report:
             lines.append(f"  {name:<{width}}  {seconds:10.1f} s  {share:5.1f}%{also}")
         lines.append(f"  {'total':<{width}}  {sum(self.buckets.values()):10.1f} s")
         lines += ["", f"steps: {self.steps_productive} productive (final step {self.final_step}), "
-                      f"{self.steps_lost} lost to disruptions"]
+                      f"{self.steps_lost} lost to disruptions"
+                      + (f", {self.steps_fewer_replicas} trained with fewer replicas (a lost node's share skipped)"
+                         if self.steps_fewer_replicas else "")]
         mtbd = self.mean_time_between_disruptions
         by_class = ", ".join(f"{k} {v}" for k, v in sorted(self.disruptions.items())) or "none"
         lines.append(f"disruptions: {self.disruption_count} ({by_class})"

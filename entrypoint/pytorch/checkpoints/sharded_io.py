@@ -137,6 +137,13 @@ class ShardedCheckpointIO(BackgroundWriter):
             self.stager = self._new_stager()
         return staged, state.get("extra")
 
+    def _group_rank(self) -> int:
+        """This rank in the saves' group (DCP names its files by it): the placement's, or, while HSDP's survivors
+        train with fewer replicas, its place among the live ranks."""
+        group = self._group
+        return dist.get_rank(group) if group is not None and group in dist.distributed_c10d._world.pg_map else \
+            self.rank
+
     @property
     def is_chief(self) -> bool:
         """The rank that commits and prunes."""
@@ -193,7 +200,7 @@ class ShardedCheckpointIO(BackgroundWriter):
                 storage.rmtree(path)
             elif not isinstance(path, RemotePath) and path.is_dir():  # this rank's own disk, or the shared one
                 for part in path.iterdir():
-                    if part.name.startswith(f"__{self.rank}_"):
+                    if part.name.startswith(f"__{self._group_rank()}_"):
                         part.unlink(missing_ok=True)
                 with contextlib.suppress(OSError):
                     path.rmdir()  # only when empty: on a disk of its own
@@ -204,7 +211,7 @@ class ShardedCheckpointIO(BackgroundWriter):
         try:
             root = Path(str(target))
             found = {p.name: checkpoints.file_digest(p) for p in sorted(root.iterdir())
-                     if p.name.startswith(f"__{self.rank}_") or (self.is_chief and p.name == METADATA_FILE)}
+                     if p.name.startswith(f"__{self._group_rank()}_") or (self.is_chief and p.name == METADATA_FILE)}
             if local is not None and isinstance(path, RemotePath):
                 storage.upload_tree(local, path)  # its private directory holds this rank's files only
             return found

@@ -124,11 +124,13 @@ class TorchDistributed:
         """How many processes train."""
         return dist.get_world_size() if self.active else self._world_size
 
-    def form_group(self, store: dist.Store) -> None:
-        """Form the process group over ``store`` (one generation's prefix of the job's store)."""
+    def form_group(self, store: dist.Store, members: list[int] | None = None) -> None:
+        """Form the process group over ``store`` (one generation's prefix of the job's store); ``members``: the
+        placement ranks it holds (None: every rank), compacted in their order (HSDP's survivors with fewer replicas)."""
         cuda = self.device.type == "cuda"
         before = _sockets()
-        dist.init_process_group(self.name, store=store, rank=self._rank, world_size=self._world_size,
+        rank, world = (members.index(self._rank), len(members)) if members else (self._rank, self._world_size)
+        dist.init_process_group(self.name, store=store, rank=rank, world_size=world,
                                 timeout=timedelta(seconds=self.timeout), device_id=self.device if cuda else None)
         self._links = {fd: link for fd, link in _sockets().items() if before.get(fd) != link}
         self._store_port = _store_port(store)

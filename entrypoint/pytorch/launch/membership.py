@@ -10,10 +10,19 @@ differs, and a rank that does not come back within ``--timeout`` ends the attemp
 back to the checkpoint path (exit 129, the platform restarts the job). If rank 0 itself is lost, so is
 the store, and the checkpoint path is the only one. docs/recovery.md compares the two paths.
 
-Keys (under ``trainer/<run>/live/``): ``started`` (generation 0 trains), ``gen`` (the current generation),
+Keys (under ``trainer/<run>/live/``): ``started`` (generation 0 trains), ``finished`` (the training ended: a
+replacement still starting ends at once, with nothing to do), ``gen`` (the current generation),
 ``joins/<rank>`` (how many replacements of that rank announced themselves), ``join/<rank>/<n>`` (the n-th
 one's fingerprint), ``accepted/<rank>`` (the last one taken in), ``g<n>/here/<rank>`` (a survivor for
 generation n), ``g<n>/verdict`` (rank 0's decision).
+
+**Fewer replicas** (``shrink_by``: HSDP by node, a node is one replica of ``shrink_by`` ranks): rank 0 does not wait
+for a lost node's replacement. Once every rank that is not here is silent (its heartbeat stopped: ``lost``), the
+generation is formed over the live nodes' ranks at once (``GroupVerdict.members``, whole nodes, in rank order: the
+group's ranks are compacted, the placement's are kept for data and random streams); a rank of a node that is only
+partly here is left out with it. While a node is out, rank 0 asks at every step whether all of its replacement's
+ranks announced themselves (``ready``): the step vote carries it, and at that step boundary every rank re-forms the
+group with them (a generation with every rank again).
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -65,6 +75,10 @@ def _first_difference(mine: dict[str, Any], theirs: dict[str, Any]) -> str:
     return f"{len(b)} tensors where the group has {len(a)}"
 
 
+class JobFinished(Exception):
+    """The training ended while this replacement was starting (HSDP's survivors finished without it)."""
+
+
 @dataclass
 class GroupVerdict:
     """Rank 0's decision for a generation: go (with the replacements it took in) or not (why)."""
@@ -73,18 +87,20 @@ class GroupVerdict:
     go: bool
     why: str = ""
     joiners: dict[int, int] = field(default_factory=dict)  # rank -> the replacement's announcement number
+    members: list[int] = field(default_factory=list)  # the placement ranks of the generation (empty: every rank)
 
     def to_json(self) -> str:
         """As stored."""
         return json.dumps({"generation": self.generation, "go": self.go, "why": self.why,
-                           "joiners": {str(k): v for k, v in self.joiners.items()}})
+                           "joiners": {str(k): v for k, v in self.joiners.items()}, "members": self.members})
 
     @classmethod
     def from_json(cls, text: str) -> GroupVerdict:
         """Inverse of ``to_json``."""
         data = json.loads(text)
         return cls(int(data["generation"]), bool(data["go"]), str(data.get("why", "")),
-                   {int(k): int(v) for k, v in (data.get("joiners") or {}).items()})
+                   {int(k): int(v) for k, v in (data.get("joiners") or {}).items()},
+                   [int(r) for r in data.get("members") or []])
 
 
 class Membership:
@@ -100,6 +116,14 @@ class Membership:
         self.base = f"trainer/{run}/live/"
         self.generation = 0
         self.fingerprint: dict[str, Any] = {}
+        self.shrink_by = 0  # ranks per replica when the survivors train on without a lost one (0: they wait for it)
+        self.lost: Callable[[], set[int]] = set  # the ranks whose heartbeat stopped (rank 0 asks: ``_decide``)
+        self.members: list[int] = list(range(world_size))  # the current generation's placement ranks
+
+    @property
+    def fewer(self) -> bool:
+        """Whether the current generation trains without some of the placement's ranks."""
+        return len(self.members) < self.world_size
 
     # ---- store helpers -------------------------------------------------------------------------------
     def _key(self, *parts: object) -> str:
@@ -120,8 +144,19 @@ class Membership:
 
     # ---- generation 0 --------------------------------------------------------------------------------
     def joining(self) -> bool:
-        """Whether this process replaces a lost one in a job that is already training."""
+        """Whether this process replaces a lost one in a job that is already training (JobFinished: that ended)."""
+        self._check_finished()
         return self._get("started") is not None
+
+    def finish(self) -> None:
+        """Rank 0: the training ended, nobody is taken in any more (a replacement still starting ends at once)."""
+        if self.rank == 0:
+            self.store.set(self._key("finished"), "1")
+
+    def _check_finished(self) -> None:
+        if self._get("finished") is not None:
+            raise JobFinished("the job's training ended while this replacement was starting: nothing left to train "
+                              "(the survivors finished with fewer replicas)")
 
     def started(self, fingerprint: dict[str, Any]) -> None:
         """The group trains (rank 0 marks it, so replacements know to join); every rank keeps its fingerprint."""
@@ -130,29 +165,42 @@ class Membership:
             self.store.set(self._key("started"), "1")
 
     # ---- a survivor ------------------------------------------------------------------------------------
-    def reform(self, step: int) -> GroupVerdict:
-        """After losing a peer: say so for the next generation, wait for rank 0's verdict (rank 0 decides it).
+    def reform(self, step: int, gone: set[int] | None = None) -> GroupVerdict:
+        """After losing a peer: say so for the next generation, wait for rank 0's verdict (rank 0 decides it; ``gone``:
+        the ranks whose heartbeat this process saw stop).
 
         Returns the verdict to go on with; raises PeerError (the checkpoint path) when there is none.
         """
         target = self.generation + 1
         self.store.set(self._key(f"g{target}", "here", self.rank), json.dumps({"step": step}))
         if self.rank == 0:
-            verdict = self._decide(target)
+            verdict = self._decide(target, gone or set())
         else:
             verdict = self._await_verdict(target, "rank 0's decision on the group")
         if not verdict.go:
             raise PeerError(f"the group could not be re-formed: {verdict.why}; back to the newest checkpoint")
-        self.generation = target
+        members = verdict.members or list(range(self.world_size))
+        if self.rank not in members:  # a node only partly here: its ranks left, the platform restarts it
+            raise PeerError(f"this node lost a process, so the others trained on without {self.names(self.rank)} "
+                            f"(rank {self.rank}): it restarts and joins them again")
+        self.generation, self.members = target, members
         return verdict
 
-    def _decide(self, target: int) -> GroupVerdict:
+    def _decide(self, target: int, gone: set[int]) -> GroupVerdict:
         """Rank 0: wait until every rank is a survivor or a fresh replacement, check the replacements, decide."""
         # the survivors say so within moments: name only who is really awaited
         wait = Wait(self.timeout, context="re-forming the group", first_after=2.0, logger=log)
         while True:
             joiners, missing = self._members(target)
             if not missing:
+                members: list[int] = []
+                break
+            if self.shrink_by and not set(missing) <= gone and time.monotonic() - wait.started > 1.0:
+                gone = self.lost()  # heartbeats that stopped (a few seconds' look): those are not coming
+            if self.shrink_by and set(missing) <= gone:
+                out = {r // self.shrink_by for r in missing}  # a node is whole or out
+                members = [r for r in range(self.world_size) if r // self.shrink_by not in out]
+                joiners = {r: n for r, n in joiners.items() if r in members}
                 break
             why = "the platform restarts a lost replica in place"
             if wait.expired:
@@ -169,7 +217,17 @@ class Membership:
         for rank, count in joiners.items():
             self.store.set(self._key("accepted", rank), str(count))
         self.store.set(self._key("gen"), str(target))
-        return self._publish(GroupVerdict(target, True, joiners=joiners))
+        return self._publish(GroupVerdict(target, True, joiners=joiners, members=members))
+
+    def ready(self) -> bool:
+        """Rank 0, while a node is out: whether every rank of one left-out node announced its replacement."""
+        out = [r for r in range(self.world_size) if r not in self.members]
+        nodes: dict[int, list[bool]] = {}
+        for rank in out:
+            joins, accepted = self._count("joins", rank), int(self._get("accepted", rank) or 0)
+            announced = joins > accepted and self.store.check([self._key("join", rank, joins)])
+            nodes.setdefault(rank // max(self.shrink_by, 1), []).append(announced)
+        return any(all(flags) for flags in nodes.values())
 
     def _members(self, target: int) -> tuple[dict[int, int], list[int]]:
         """The fresh replacements (rank -> announcement) and the ranks that are neither here nor replaced."""
@@ -205,6 +263,7 @@ class Membership:
         log.info("joining a job in progress as rank %d: waiting for the survivors to re-form the group", self.rank)
         wait = Wait(self.timeout, margin=10, context="joining a job in progress", first_after=LOG_EVERY, logger=log)
         while not wait.expired:
+            self._check_finished()
             generation = int(self._get("gen") or 0)
             for candidate in (generation, generation + 1):
                 text = self._get(f"g{candidate}", "verdict")
@@ -212,7 +271,7 @@ class Membership:
                     continue
                 verdict = GroupVerdict.from_json(text)
                 if verdict.go and verdict.joiners.get(self.rank) == count:
-                    self.generation = candidate
+                    self.generation, self.members = candidate, verdict.members or list(range(self.world_size))
                     return verdict
                 if not verdict.go:  # the survivors go back to the checkpoint: so does this replacement
                     raise PeerError(f"not taken into the group: {verdict.why}")

@@ -13,6 +13,9 @@ again with each generation of the job's group (``survivors.py``).
   torch's registry first and put back once the next generation is formed.
 - **The replica groups** (one per local rank) are formed lazily, by every rank at its first gradient average of a
   generation (every rank gets there, in step), and dropped with the job's group.
+- **Fewer replicas**: while the survivors train without a lost node (``membership.py``) the job's group holds the
+  live nodes' ranks, compacted; the replica groups are formed over it and the average divides by the live replicas;
+  the node's group is mapped to its ranks in each generation when it is put back.
 - **A step is applied on a whole node or on none of it**: a rank whose all-reduce with the other replicas failed
   (its peer died mid-step) tells its node on the node's group, so that no rank of a node applies a step another rank
   of it could not; the survivors then resume from one consistent replica (``survivors.heal``).
@@ -134,3 +137,6 @@ class NodeReplicas:
             world.tags_to_pg.setdefault(kept["pg_to_tag"], []).append(group)
         c10d._register_process_group(kept["pg_names"], group)
         self._kept = {}
+        # its ranks in the new generation: whole nodes in rank order, so this node's come at this rank's less its own
+        first = dist.get_rank() - self.local_rank
+        world.pg_group_ranks[group] = {first + i: i for i in range(self.local_size)}

@@ -37,7 +37,7 @@ from entrypoint.pytorch.checkpoints.checkpoint_io import LOAD_WITH
 from entrypoint.pytorch.checkpoints.resume import LoopCheckpoints
 from entrypoint.pytorch.defaults import HookContext, default_eval_step, default_loss, eval_step_from_loss
 from entrypoint.pytorch.launch.collectives import Collectives, TorchDistributed
-from entrypoint.pytorch.launch.membership import Membership
+from entrypoint.pytorch.launch.membership import JobFinished, Membership
 from entrypoint.pytorch.loop import compile_cache, hub_export, parallel, pretrained
 from entrypoint.pytorch.loop.data import TrainBatches, to_device
 from entrypoint.pytorch.loop.evaluation import check_evaluation_set, evaluate
@@ -89,6 +89,12 @@ class Trainer:
     # ---- the loop ----------------------------------------------------------------------------
     def fit(self) -> None:
         """Train for the configured epochs, resuming from the newest committed checkpoint that loads."""
+        try:
+            self._fit()
+        except JobFinished as done:  # a replacement of a lost HSDP node that came after the training ended
+            log.info("%s", done)
+
+    def _fit(self) -> None:
         with self.guard.running():
             state, batches, eval_set, layout, steps = self._build()
             start_step, start_epoch = self._start(state, layout, steps)
@@ -167,7 +173,8 @@ class Trainer:
 
     def _wrap(self, state: TrainState, layout: Layout) -> None:
         """Data parallelism over the (current) group: rank 0's parameters reach every rank."""
-        check_placement(self.plan.placed, self.comm)  # again after an in-place recovery re-formed the group
+        if not self._fewer():  # again after an in-place recovery re-formed the group (with every rank)
+            check_placement(self.plan.placed, self.comm)
         self.guard.doing("wrapping the model for data parallelism")
         state.wrapped, state.optimizer = layout.model.wrap(state.model, state.optimizer)
         self.digests.setdefault("start", self.comm.gather_object(layout.model.digest(state.model)))
@@ -197,6 +204,11 @@ class Trainer:
             state.optimizer.step()
         return loss
 
+    def _fewer(self) -> bool:
+        """Whether the group trains with fewer replicas now (HSDP's survivors, a lost node not back yet)."""
+        survivors = self.guard.survivors
+        return survivors is not None and survivors.membership.fewer
+
     def _precision(self, step: int) -> Any:
         """The step's random streams (reseeded from the seed, the rank and the step: ``state.reseed``) and autocast."""
         reseed(self.options.seed, self.ctx.rank, step)
@@ -212,7 +224,9 @@ class Trainer:
         """Every ``--log-every`` steps the chief logs the progress line and the loss (also to TensorBoard)."""
         if self.ctx.is_chief and state.step % self.options.log_every == 0:
             value = float(loss.detach())
-            log.info(progress.line(epoch + 1, self.epochs, state.step, value))
+            fewer = f" ({self.comm.world_size // self.layout.replica_size} of " \
+                f"{self.ctx.world_size // self.layout.replica_size} replicas)" if self._fewer() else ""
+            log.info(progress.line(epoch + 1, self.epochs, state.step, value) + fewer)
             self._scalars("train", {"loss": value}, state.step)
 
     def _checkpoint_due(self, state: TrainState, batches: TrainBatches) -> bool:
@@ -251,6 +265,9 @@ class Trainer:
         exported = layout.export.model(state.model, self.ctx.is_chief)  # None where this rank takes no part
         if exported is not None:
             self._export(exported, layout)
+        survivors = self.guard.survivors  # HSDP: the training may end while a lost node is out
+        if survivors is not None and (fewer := survivors.ended(state)) is not None:
+            self.guard.record.event("fewer_replicas", step=state.step, steps=fewer, rejoined=False)
         if self.ctx.is_chief:
             if self.metric_name and start_epoch >= self.epochs:  # a rerun at the final checkpoint: report it again
                 self.reporter.report_final(str(self.metric_name), state.history, state.step)

@@ -193,6 +193,8 @@ class RunGuard:
     def exporting(self) -> None:
         """The final checkpoint is committed: the export is a region a stop ends at once."""
         self.watchdog.end_startup()  # nothing was left to train (a rerun at the final checkpoint)
+        if self.survivors is not None:  # a lost node's replacement still starting has nothing left to join
+            self.survivors.membership.finish()
         self.watchdog.phase = "exporting the model (chief) and waiting for it (the others)"
         self.record.enter("export")
         self.request.enter(EXPORT)

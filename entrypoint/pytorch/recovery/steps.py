@@ -24,7 +24,8 @@ loop calls it at a handful of points:
   notice; each batch beats), then the epoch's checkpoint.
 - ``attempts(state)``: the training runs once; with survivors-keep-training on (``survivors.py``) and a layout in which
   a live replica holds every lost rank's state (every rank holds the whole model, or HSDP by node), a lost peer
-  re-forms the group with its replacement and the training runs again from the live replica's position; a stop
+  re-forms the group with its replacement (HSDP: over the live nodes at once, taking the returning node in at the step
+  boundary the vote agrees on) and the training runs again from the live replica's position; a stop
   while the survivors wait for it commits the last trained step (``stops.py``). A failure ends the checkpoint write
   in flight before the failure's last line.
 - ``finishing(state)``: every write committed, the writer closed; the export is a region a stop ends at once.
@@ -48,7 +49,7 @@ from entrypoint.pytorch.checkpoints.resume import LoopCheckpoints
 from entrypoint.pytorch.recovery.guard import RunGuard
 from entrypoint.pytorch.recovery.healing import Healing
 from entrypoint.pytorch.recovery.stops import OffStep
-from entrypoint.pytorch.recovery.survivors import InPlace
+from entrypoint.pytorch.recovery.survivors import InPlace, Rejoin
 from entrypoint.pytorch.recovery.vote import StepVerdict, StepVote, nonfinite
 from entrypoint.pytorch.state import TrainState
 
@@ -81,7 +82,10 @@ class StepGuard:
             log.info("survivors keep training is off for a model sharded over every rank (FSDP): a lost peer "
                      "restarts the job from its newest sharded checkpoint")
         self.skips_nonfinite = self.plan.options.on_nonfinite == "skip"
-        self.vote = StepVote(self.comm, self.request, self.ctx.device)
+        self._rejoin = False  # the vote said a lost node's replacement is there: take it in at the next boundary
+        if self.survivors is not None and replica_size > 1:  # HSDP by node: train on with fewer replicas meanwhile
+            self.survivors.train_on(replica_size, lambda: guard.board)
+        self.vote = self._new_vote()
         # A stop the step vote cannot agree on (``stops.py``): ranks that each write their shards meet first.
         self.off_step = OffStep(self, together=saver.format.collective and self.ctx.world_size > 1)
         self.patience = patience(self.plan.options.grace_period)
@@ -156,6 +160,7 @@ class StepGuard:
         self.notice.after_step(state.saved_step, self.saver.io.write_seconds)
         if save:
             self.checkpoint(state)
+        self._take_in(state)
 
     @contextlib.contextmanager
     def evaluating(self, state: TrainState) -> Iterator[Evaluation]:
@@ -172,6 +177,7 @@ class StepGuard:
         self.record.metrics = dict(state.metrics)
         self.checkpoint(state)
         self.guard.beat(state.step)
+        self._take_in(state)
 
     def settle(self, state: TrainState) -> None:
         """Finish the vote in flight (before saving, evaluating or exporting); stop or fail as it says."""
@@ -207,6 +213,8 @@ class StepGuard:
             self.stop_agreed(state, where)
         if verdict is not None and verdict.notices:
             self._save_on_notice(state, verdict)
+        if verdict is not None and verdict.joining:
+            self._rejoin = True
 
     def _save_on_notice(self, state: TrainState, verdict: StepVerdict) -> None:
         """Every rank heard of the platform's advance notice at the same step: commit this step at once (outside
@@ -273,36 +281,54 @@ class StepGuard:
                 return
 
     def recover(self, state: TrainState, exc: BaseException) -> bool:
-        """A lost peer with survivors-keep-training on: re-form the group and go on (False: fail as usual). A lost
+        """A lost peer with survivors-keep-training on: re-form the group and go on (False: fail as usual); a returning
+        node that every rank agreed to take in at this step boundary (``Rejoin``): the same, healing it. A lost
         peer while this process stops, or that stopped on a signal itself, is a stop: the last trained step is
         committed (``stops.py``), as it is when a stop comes while the survivors wait for the replacement."""
-        if not failures.is_peer_lost(exc):
+        rejoin = isinstance(exc, Rejoin)
+        if not rejoin and not failures.is_peer_lost(exc):
             return False
-        if self.request.requested or self.guard.peer_stopped() is not None:
+        if not rejoin and (self.request.requested or self.guard.peer_stopped() is not None):
             self.off_step.stop(state, f"{self.watchdog.phase} (a stopping peer left the group)")
         if self.survivors is None:
             return False
-        self._recoveries_at.append(state.step)
+        self._recoveries_at += [] if rejoin else [state.step]
         if self._recoveries_at.count(state.step) > MAX_RECOVERIES_AT_ONE_STEP:
             log.warning("lost a peer at step %d again after %d in-place recoveries there: the failure repeats, so "
                         "the job restarts from its checkpoint instead", state.step, MAX_RECOVERIES_AT_ONE_STEP)
             return False
-        in_flight = time.monotonic() - self._step_started
-        if self.saver.format.collective:  # a write of every rank's shards cannot end without the lost one
+        in_flight = 0.0 if rejoin else time.monotonic() - self._step_started
+        if rejoin or self.saver.format.collective:  # a write of every rank's shards runs on the group
             with contextlib.suppress(BaseException):
                 self.saver.io.wait()  # its failure is said once, in its log line; what it left is removed
         board = self.guard.board
-        lost = [s.member.replica for s in board.silent()] if board is not None else []
-        self.record.enter("recovery", t=self.record.last_step_end)  # from the last good step to training again
-        self.watchdog.phase = "re-forming the group after losing a peer"
-        self.vote = StepVote(self.comm, self.request, self.ctx.device)
+        silent = board.silent() if board is not None and not rejoin else []
+        what = "taking a returning node back into the group" if rejoin else "waiting for a lost peer's replacement"
+        self.record.enter("rejoin" if rejoin else "recovery", t=self.record.last_step_end)  # to training again
+        self.watchdog.phase = what if rejoin else "re-forming the group after losing a peer"
+        self.vote = self._new_vote()
         try:
-            with self.request.interruptible("waiting for a lost peer's replacement"):
-                self.survivors.recover(state, in_flight, lost)
+            with self.request.interruptible(what):
+                fewer = self.survivors.recover(state, in_flight, silent, rejoin)
         except Interrupted:
-            self.off_step.stop(state, "waiting for a lost peer's replacement")
+            self.off_step.stop(state, what)
+        if fewer is not None:  # the ledger: how many steps ran with fewer replicas
+            self.record.event("fewer_replicas", step=state.step, steps=fewer, rejoined=True)
         self.watchdog.beat(state.step, WAITING)
         return True
+
+    def _new_vote(self) -> StepVote:
+        """The step vote; with fewer replicas, rank 0's says whether a lost node's replacement is there to join."""
+        returning = self.survivors.returning if self.survivors is not None else lambda: False
+        return StepVote(self.comm, self.request, self.ctx.device, returning)
+
+    def _take_in(self, state: TrainState) -> None:
+        """A step boundary: when the vote said a returning node is there, every rank takes it in (``recover``)."""
+        if not self._rejoin:
+            return
+        self.settle(state)
+        self._rejoin = False
+        raise Rejoin(state.step)
 
     def writes_done(self) -> None:
         """A failure: the checkpoint write in flight ends (and says how) before the failure's last line, not after it

@@ -149,7 +149,8 @@ class OffStep:
         try:
             store.put(f"{key}{self.r.ctx.rank}", "1")
             if self.r.ctx.is_chief:
-                ranks = range(self.r.ctx.world_size)
+                survivors = guard.survivors  # HSDP's survivors training without a lost node: the live ranks
+                ranks = survivors.membership.members if survivors is not None else range(self.r.ctx.world_size)
                 together = _until(lambda: all(store.fetch(f"{key}{r}") for r in ranks) or None, seconds)
                 store.put(f"{key}verdict", "together" if together else "alone")
                 return bool(together)

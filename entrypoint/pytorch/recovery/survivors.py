@@ -6,7 +6,10 @@ process group, waits with the others for the replacement (``membership.py``), fo
 and every rank whose state differs from its source's (the replacement, or a survivor that got one step
 further or less) receives its source's live state (``healing.py``: rank 0's for a replicated model, under HSDP the
 same local rank of the first node): model, optimizer, scheduler, position, history. A replacement asks to join
-once its model is built, before placing it (HSDP places it on groups of the job's). Each step draws its randomness
+once its model is built, before placing it (HSDP places it on groups of the job's). Under HSDP by node the
+survivors do not wait for it: they train on over the live nodes at once (``membership.py``: fewer replicas, the lost
+node's share of each global batch skipped) and take it in at the step boundary the per-step vote agrees on
+(``Rejoin``). Each step draws its randomness
 from (seed, rank, step) (``state.reseed``), so the replayed step and the replacement's steps draw exactly what an
 uninterrupted run would: at most the step in flight is lost.
 """
@@ -18,6 +21,7 @@ import hashlib
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -25,10 +29,11 @@ from typing import Any
 from torch import nn
 
 from entrypoint.lifecycle import lost_work
+from entrypoint.lifecycle.watch.peers import PeerBoard, Silent
 from entrypoint.planning.plan import Plan
 from entrypoint.planning.usercode import module_source
 from entrypoint.pytorch.launch.collectives import TorchDistributed
-from entrypoint.pytorch.launch.membership import Membership, fingerprint
+from entrypoint.pytorch.launch.membership import GroupVerdict, Membership, fingerprint
 from entrypoint.pytorch.recovery.healing import Healing, heal
 from entrypoint.pytorch.state import TrainState
 
@@ -53,6 +58,10 @@ def model_fingerprint(model: nn.Module, plan: Plan, world_size: int) -> dict[str
     return fingerprint(world_size, shapes, code_digest(plan))
 
 
+class Rejoin(Exception):
+    """Every rank agreed at this step boundary to take a returning node in: the attempt ends and starts again."""
+
+
 class InPlace:
     """Survivors keep training: the group's generations, and what each recovery cost."""
 
@@ -61,6 +70,20 @@ class InPlace:
         self.fingerprint: dict[str, Any] = {}
         self.joining = False
         self.replica_size = 1  # the layout's: ranks holding one replica together (``healing.py``)
+        self.fewer_since = 0  # the step from which the group trained with fewer replicas (``membership.fewer``)
+
+    def train_on(self, replica_size: int, board: Callable[[], PeerBoard | None]) -> None:
+        """HSDP by node: when a node is lost, the others train on without it (rank 0 leaves out the nodes whose
+        heartbeats on ``board`` stopped) until its replacement joins at a step boundary."""
+        def silent() -> set[int]:
+            found = board()
+            return {s.member.rank for s in found.silent()} if found is not None else set()
+
+        self.membership.shrink_by, self.membership.lost = replica_size, silent
+
+    def returning(self) -> bool:
+        """Rank 0, for the step vote: a lost node's replacement announced all its ranks (take it in now)."""
+        return self.comm.rank == 0 and self.membership.fewer and self.membership.ready()
 
     def form(self) -> bool:
         """Form generation 0 before anything is built, unless a job is in progress: then this process replaces a
@@ -77,7 +100,7 @@ class InPlace:
             return
         self.fingerprint = model_fingerprint(model, self.plan, self.comm.world_size)
         self.membership.join(self.fingerprint)
-        self.comm.form_group(self.membership.pg_store())
+        self._form()
 
     def enter(self, state: TrainState) -> Healing | None:
         """Generation 0 is formed (None), or, as a replacement taken in (``admit``), heal from a live replica
@@ -95,19 +118,64 @@ class InPlace:
         """Generation 0 trains: replacements may join from now on."""
         self.membership.started(self.fingerprint)
 
-    def recover(self, state: TrainState, in_flight: float, lost: list[str]) -> None:
-        """After losing a peer: drop the group, re-form it with the replacement, heal; raises PeerError if not."""
+    def recover(self, state: TrainState, in_flight: float, silent: list[Silent], rejoin: bool = False) -> int | None:
+        """After losing a peer: drop the group, re-form it (with the replacement, or, HSDP, over the live nodes at
+        once), heal; raises PeerError if not. ``rejoin``: every rank is at the step boundary the vote agreed on to take
+        a returning node in (they all say so before any drops the group: none is still in a collective with it).
+        Returns how many steps ran with fewer replicas when a returning node made the group whole again."""
         failed_at, step = time.time(), state.step
-        self.comm.drop_group()
+        fewer_before = self.membership.fewer
+        lost = [s.member.replica for s in silent]
+        if not rejoin:
+            self.comm.drop_group()
         state.wrapped = None
         gc.collect()  # the old DDP's hooks and buffers go with it
-        log.warning("lost %s at step %d: keeping this process and re-forming the group (generation %d)",
-                    ", ".join(lost) or "a peer", step, self.membership.generation + 1)
-        verdict = self.membership.reform(step)
-        self.comm.form_group(self.membership.pg_store())
+        if not rejoin:
+            log.warning("lost %s at step %d: keeping this process and re-forming the group (generation %d)",
+                        ", ".join(lost) or "a peer", step, self.membership.generation + 1)
+        verdict = self.membership.reform(step, {s.member.rank for s in silent})
+        if rejoin:
+            self.comm.drop_group()
+        fewer = None
+        if fewer_before and (rejoin or verdict.joiners) and state.recoveries:  # before healing: the joiner gets it
+            fewer = state.step - self.fewer_since
+            state.recoveries[-1]["fewer_replicas_steps"] = fewer
+        self._form()
         done = heal(self.comm, state, False, self.me, self.replica_size)
+        if not rejoin:
+            self._record(state, verdict, done, lost, in_flight, failed_at)
+        if fewer is not None:
+            log.info("%s joined again at step %d; %s", ", ".join(dict.fromkeys(
+                self.membership.names(r) for r in sorted(verdict.joiners))) or "the lost replica", state.step,
+                lost_work.Recovery(**state.recoveries[-1]).line())
+        log.info("group re-formed with %d replicas at step %d, healed %s in %.2f s; fingerprints %s",
+                 self.comm.world_size, state.step, done.words(), done.seconds, " ".join(done.fingerprints))
+        if self.membership.fewer and not fewer_before:
+            self.fewer_since = state.step
+        if self.membership.fewer:
+            self._say_fewer(state)
+        return fewer
+
+    def ended(self, state: TrainState) -> int | None:
+        """The training ended while a node was out: how many steps ran with fewer replicas (None: none), recorded."""
+        if not self.membership.fewer or not state.recoveries:
+            return None
+        fewer = state.step - self.fewer_since
+        state.recoveries[-1]["fewer_replicas_steps"] = fewer
+        log.info("the training ended without the lost replica; %s", lost_work.Recovery(**state.recoveries[-1]).line())
+        return fewer
+
+    def _form(self) -> None:
+        """The generation's group: over every rank, or over the live nodes' (compacted)."""
+        self.comm.form_group(self.membership.pg_store(), self.membership.members if self.membership.fewer else None)
+
+    def _record(self, state: TrainState, verdict: GroupVerdict, done: Healing, lost: list[str], in_flight: float,
+                failed_at: float) -> None:
+        """What the loss cost, in the state's recoveries and the log's recovery line."""
+        out = [r for r in range(self.membership.world_size) if r not in self.membership.members]
         # each rank of a replica names the replica: one name per replica lost (two processes a node named it twice)
-        names = list(dict.fromkeys([self.membership.names(r) for r in sorted(verdict.joiners)] or lost or ["a peer"]))
+        names = list(dict.fromkeys([self.membership.names(r) for r in sorted(verdict.joiners) or out]
+                                   or lost or ["a peer"]))
         reached = max(done.steps)
         cost = lost_work.Recovery(
             replica=", ".join(names), lost_at_step=reached, resumed_from_step=state.step,
@@ -115,5 +183,13 @@ class InPlace:
             stalled_seconds=round(time.time() - failed_at, 3))
         state.recoveries.append(cost.to_dict())
         log.info("%s", cost.line())
-        log.info("group re-formed with %d replicas at step %d, healed %s in %.2f s; fingerprints %s",
-                 self.comm.world_size, state.step, done.words(), done.seconds, " ".join(done.fingerprints))
+
+    def _say_fewer(self, state: TrainState) -> None:
+        """The group trains without some nodes: how, and until when."""
+        members, world = self.membership.members, self.membership.world_size
+        size = max(self.replica_size, 1)
+        out = list(dict.fromkeys(self.membership.names(r) for r in range(world) if r not in members))
+        log.warning("training on with %d of %d replicas from step %d without %s: each live replica keeps its own "
+                    "share of every global batch (the lost replicas' shares of these steps are skipped), the gradients "
+                    "are averaged over the %d live replicas, until the replacement joins at a step boundary",
+                    len(members) // size, world // size, state.step, ", ".join(out), len(members) // size)

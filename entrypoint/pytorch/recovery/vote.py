@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -22,6 +23,7 @@ class StepVerdict:
     nonfinite: int
     preempted: int = 0
     maintenance: int = 0
+    joining: int = 0  # rank 0 saw a lost node's replacement announce itself: take it in at this step boundary
 
     @property
     def notices(self) -> int:
@@ -39,15 +41,17 @@ class StepVote:
     finite.
     """
 
-    def __init__(self, comm: Collectives, request: StopRequest, device: torch.device) -> None:
-        self.comm, self.request, self.device = comm, request, device
+    def __init__(self, comm: Collectives, request: StopRequest, device: torch.device,
+                 joining: Callable[[], bool] = lambda: False) -> None:
+        self.comm, self.request, self.device, self.joining = comm, request, device, joining
         self._pending: tuple[int, Vote] | None = None
 
     def poll(self, step: int, loss: torch.Tensor | None, notice: tuple[int, int] = NO_NOTICE) -> StepVerdict | None:
         """Read the previous step's vote (if any) and start this step's (``loss`` None: not checked here;
         ``notice``: whether this process heard a reclaim, host maintenance since its last vote)."""
         verdict = self.drain()
-        flags = torch.tensor([int(self.request.requested), *notice], dtype=torch.int64, device=self.device)
+        flags = torch.tensor([int(self.request.requested), *notice, int(self.joining())], dtype=torch.int64,
+                             device=self.device)
         bad = nonfinite(loss) if loss is not None else torch.zeros(1, dtype=torch.int64, device=self.device)
         self._pending = (step, self.comm.start_vote(torch.cat([flags[:1], bad, flags[1:]])))
         return verdict
@@ -57,8 +61,8 @@ class StepVote:
         if self._pending is None:
             return None
         (step, vote), self._pending = self._pending, None
-        stop, bad, preempted, maintenance = vote.result()
-        return StepVerdict(step, stop > 0, bad, preempted, maintenance)
+        stop, bad, preempted, maintenance, joining = vote.result()
+        return StepVerdict(step, stop > 0, bad, preempted, maintenance, joining)
 
 
 def nonfinite(loss: torch.Tensor) -> torch.Tensor:
