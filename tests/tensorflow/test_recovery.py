@@ -48,22 +48,31 @@ def assert_consistent(job: Job, out: Path, *victims: str, rerun: int = 0) -> dic
     return result
 
 
-@pytest.mark.parametrize("victim", ["workerpool0-0", "workerpool1-0"])
-def test_multi_worker_mirrored_survives_a_lost_replica(tmp_path: Path, victim: str) -> None:
+def test_multi_worker_mirrored_survives_losing_its_worker_then_its_chief(tmp_path: Path) -> None:
+    """One job loses each replica in turn (one job each before: the same start-up and training twice): the worker in
+    epoch 3, then the restarted chief in epoch 4, each after a commit. Each time the survivor notices within
+    --timeout, ``local`` restarts both in place, and the job resumes from the backup and ends as one that lost a
+    single replica does."""
     out = tmp_path / "job"
     job = start(out, "--workers", "2", run=("--checkpoint-every", "8"))
+    losses = (("workerpool1-0", "workerpool0-0", 40), ("workerpool0-0", "workerpool1-0", 56))  # of 64 steps
+    noticed = []
     try:
-        job.wait_for_step(40)  # epoch 2 of 4, after the first epoch's commit
-        killed = vanish(job, victim)
-        survivor = "workerpool1-0" if victim == "workerpool0-0" else "workerpool0-0"
-        job.wait_for(rf"\[local\] {survivor} exited", timeout=240)
-        noticed = time.monotonic() - killed
-        result = assert_consistent(job, out, victim)
+        for number, (victim, survivor, step) in enumerate(losses, 1):
+            job.wait_for_step(step)
+            killed = vanish(job, victim)
+            job.wait_for(rf"\[local\] {survivor} exited \d+ \(retryable\): restart {number} of", timeout=240)
+            noticed.append(time.monotonic() - killed)
+        result = assert_consistent(job, out, "workerpool1-0")  # the first loss: restart 1 of its replica
     finally:
         job.cleanup()
-    assert noticed < 60 + 15, f"the survivor noticed the lost peer after {noticed:.0f} s (--timeout is 60)"
+    output = job.output()
+    assert re.search(r"\[local\] workerpool0-0 exited 137 \(retryable\): restart 2 of 5", output), output[-3000:]
+    assert "[workerpool0-0#2]" in output and "[workerpool1-0#2]" in output  # both restarted again, in place
+    assert "job restart" not in output, output[-3000:]
+    assert all(n < 60 + 15 for n in noticed), f"the survivor noticed the lost peer after {noticed} s (--timeout 60)"
     assert result["strategy"] == "MultiWorkerMirroredStrategy"
-    assert result["recoveries"]
+    assert len(result["recoveries"]) == 2, result["recoveries"]  # each loss on record
 
 
 @pytest.mark.parametrize("victims", [("workerpool1-0", "workerpool3-0"), ("workerpool2-0",)],
