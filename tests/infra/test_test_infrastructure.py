@@ -275,13 +275,21 @@ def test_the_committed_durations_name_tests_that_exist() -> None:
     assert gone == [], "renamed or removed tests: rewrite tests/durations.json (python3 tests/tiers.py durations)"
 
 
-def test_a_tiers_own_module_skipped_at_collection_fails_that_tier_only(tmp_path: Path) -> None:
+GUARDS = {  # the two ways a module skips where its venv lacks a package: importing it, or (cheaper) looking it up
+    "importorskip": "pytest.importorskip('no_such_module_of_the_tier')\n",
+    "find_spec": "import importlib.util\nif importlib.util.find_spec('no_such_module_of_the_tier') is None:\n"
+                 "    pytest.skip('could not import no_such_module_of_the_tier', allow_module_level=True)\n",
+}
+
+
+@pytest.mark.parametrize("guard", sorted(GUARDS))
+def test_a_tiers_own_module_skipped_at_collection_fails_that_tier_only(tmp_path: Path, guard: str) -> None:
     """A PyTorch module whose import-time dependency is missing: a failure in the catch-all tier that selects it (its
     venv lacks what the tier needs), a skip in the TensorFlow tier (as every other tier's modules skip there), and
     a skip without -m (a developer's run of some files)."""
     (tmp_path / "test_own.py").write_text(
         "import pytest\n"
-        "pytest.importorskip('no_such_module_of_the_tier')\n"
+        f"{GUARDS[guard]}"
         "pytestmark = [pytest.mark.pytorch, pytest.mark.slow]\n"
         "def test_it():\n"
         "    pass\n")
