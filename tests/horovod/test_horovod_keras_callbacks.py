@@ -6,18 +6,16 @@ patches it to tf.keras's (tf-keras here), without which the example dies at the 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import skip_unless_installed
 from tests.horovod.keras_callbacks_check import SCRIPT, check_callbacks
 from tests.runs import entrypoint, failure_text
 
-for _name in ("horovod", "tensorflow"):  # looked up, not imported (horovod.tensorflow.keras: TensorFlow, 4.7 s of CPU)
-    if importlib.util.find_spec(_name) is None:  # at collection; the example imports it, and fails without its ops
-        pytest.skip(f"could not import {_name!r}: not installed", allow_module_level=True)
+skip_unless_installed("horovod", "tensorflow")  # horovod.tensorflow.keras: the example imports it
 pytestmark = [pytest.mark.horovod, pytest.mark.slow]
 
 

@@ -277,8 +277,8 @@ def test_the_committed_durations_name_tests_that_exist() -> None:
 
 GUARDS = {  # the two ways a module skips where its venv lacks a package: importing it, or (cheaper) looking it up
     "importorskip": "pytest.importorskip('no_such_module_of_the_tier')\n",
-    "find_spec": "import importlib.util\nif importlib.util.find_spec('no_such_module_of_the_tier') is None:\n"
-                 "    pytest.skip('could not import no_such_module_of_the_tier', allow_module_level=True)\n",
+    "skip_unless_installed": "from tests.conftest import skip_unless_installed\n"
+                             "skip_unless_installed('no_such_module_of_the_tier')\n",
 }
 
 

@@ -3,17 +3,15 @@ every process of every replica): what it reads must be what scikit-learn's own l
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 
 import numpy as np
 import pytest
 
-from tests.conftest import PYTHON, subprocess_env
+from tests.conftest import PYTHON, skip_unless_installed, subprocess_env
 
 pytest.importorskip("torch")  # collected in every venv; these run where torch is
-if importlib.util.find_spec("sklearn") is None:  # looked up, not imported (1.1 s of CPU) in each collecting process
-    pytest.skip("could not import 'sklearn': not installed", allow_module_level=True)
+skip_unless_installed("sklearn")  # imported by the test that compares with it (1.1 s of CPU)
 pytestmark = pytest.mark.pytorch
 
 

@@ -9,7 +9,6 @@ The two definitions differ, so the comparison is of the same quantity: ours reco
 from __future__ import annotations
 
 import datetime
-import importlib.util
 import json
 import os
 import re
@@ -20,13 +19,11 @@ from typing import Any
 import pytest
 
 from entrypoint.outputs.goodput import ledger
+from tests.conftest import skip_unless_installed
 from tests.runs import Job, entrypoint, failure_text, replica_group, wait_gone
 
 pytest.importorskip("torch")  # collected in every venv; these run where torch is
-# Looked up, not imported, at collection: the package imports Cloud Monitoring's client and more (2.8 s of CPU), in
-# every pytest process of every tier that collects this module; the tests import it (theirs()).
-if importlib.util.find_spec("ml_goodput_measurement") is None:
-    pytest.skip("could not import 'ml_goodput_measurement': not installed", allow_module_level=True)
+skip_unless_installed("ml_goodput_measurement")  # imported by theirs(): 2.8 s of CPU (Cloud Monitoring's client)
 pytestmark = [pytest.mark.pytorch, pytest.mark.slow]
 JOB_NAME = "goodput-reference"
 RUN = ["--module", "tests.pytorch.faults", "--checkpoint-every", "5", "--log-every", "1", "--timeout", "120"]

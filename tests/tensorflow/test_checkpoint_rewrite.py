@@ -4,7 +4,6 @@ the committed checkpoint of that step loadable, with its own weights."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from typing import Any
 
@@ -12,10 +11,9 @@ import numpy as np
 import pytest
 
 from entrypoint.outputs import checkpoints
+from tests.conftest import skip_unless_installed
 
-for _name in ("tensorflow", "tf_keras"):  # looked up, not imported (4.7 s of CPU) at collection; the images' tf.keras
-    if importlib.util.find_spec(_name) is None:
-        pytest.skip(f"could not import {_name!r}: not installed", allow_module_level=True)
+skip_unless_installed("tensorflow", "tf_keras")  # the images' tf.keras (TF_USE_LEGACY_KERAS=1)
 pytestmark = pytest.mark.tensorflow
 
 

@@ -7,7 +7,6 @@ the emulator. The server is gcp-storage-emulator on 127.0.0.1 (tests/gcs.py); no
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import signal
 import time
@@ -17,15 +16,12 @@ import pytest
 
 from entrypoint.outputs import checkpoints, storage
 from entrypoint.outputs.storage import RemotePath
-from tests.conftest import ROOT
+from tests.conftest import ROOT, skip_unless_installed
 from tests.gcs import BUCKET, Emulator, gs_dir
 from tests.runs import Job, entrypoint, failure_text, last_line, wait_gone
 from tests.tensorflow.runs import SLOW, TOY, assert_loadable, run_args
 
-if importlib.util.find_spec("tensorflow") is None:  # looked up, not imported (4.7 s of CPU) at collection
-    pytest.skip("could not import 'tensorflow': not installed", allow_module_level=True)
-pytest.importorskip("gcsfs")
-pytest.importorskip("gcp_storage_emulator")
+skip_unless_installed("tensorflow", "gcsfs", "gcp_storage_emulator")
 pytestmark = [pytest.mark.tensorflow, pytest.mark.slow]
 
 

@@ -3,7 +3,6 @@ job restarts from its backup), a preemption, a rerun to completion; every second
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import signal
 import time
@@ -11,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import skip_unless_installed
 from tests.runs import Job, entrypoint, failure_text, summary, vanish
 from tests.tensorflow.runs import SLOW
 
-if importlib.util.find_spec("tensorflow") is None:  # looked up, not imported (4.7 s of CPU) at collection
-    pytest.skip("could not import 'tensorflow': not installed", allow_module_level=True)
+skip_unless_installed("tensorflow")
 pytestmark = [pytest.mark.tensorflow, pytest.mark.slow]
 # The platform's grace period (the default): the save on SIGTERM must land on a loaded machine too. With 5 s, CI's
 # ledger had the chief's attempt without an end, `killed` and not `preempted`: `local` SIGKILLs 5 s + its margin

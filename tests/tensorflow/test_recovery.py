@@ -9,7 +9,6 @@ output, never sleeps.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import time
@@ -18,11 +17,11 @@ from pathlib import Path
 import pytest
 
 from entrypoint.outputs.checkpoints import committed
+from tests.conftest import skip_unless_installed
 from tests.runs import Job, assert_restarted_in_place, summary, vanish
 from tests.tensorflow.runs import SLOW
 
-if importlib.util.find_spec("tensorflow") is None:  # looked up, not imported (4.7 s of CPU) at collection
-    pytest.skip("could not import 'tensorflow': not installed", allow_module_level=True)
+skip_unless_installed("tensorflow")
 pytestmark = [pytest.mark.tensorflow, pytest.mark.slow]
 RUN = ["run", "--framework", "tensorflow", "--module", SLOW, "--log-every", "2", "--timeout", "60",
        "--hang-timeout", "30", "--grace-period", "5"]

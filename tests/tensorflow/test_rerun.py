@@ -3,17 +3,15 @@ the whole summary and the tuning metric: the checkpoint's marker carries the job
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import PYTHON
+from tests.conftest import PYTHON, skip_unless_installed
 from tests.tensorflow.runs import TOY, run_args, run_job, summary, tail
 
-if importlib.util.find_spec("tensorflow") is None:  # looked up, not imported (4.7 s of CPU) at collection
-    pytest.skip("could not import 'tensorflow': not installed", allow_module_level=True)
+skip_unless_installed("tensorflow")
 pytestmark = [pytest.mark.tensorflow, pytest.mark.slow]
 
 

@@ -4,18 +4,16 @@ first step: a small one never fires while building)."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
 
 import pytest
 
 from entrypoint.failures.records import read_records
-from tests.conftest import PYTHON, ROOT
+from tests.conftest import PYTHON, ROOT, skip_unless_installed
 from tests.tensorflow.runs import SLOW, run_args, run_job, tail
 
-if importlib.util.find_spec("tensorflow") is None:  # looked up, not imported (4.7 s of CPU) at collection
-    pytest.skip("could not import 'tensorflow': not installed", allow_module_level=True)
+skip_unless_installed("tensorflow")
 pytestmark = [pytest.mark.tensorflow, pytest.mark.slow]
 
 
