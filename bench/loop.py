@@ -106,12 +106,13 @@ def measure(world: int, size: Size, repeats: int) -> list[Row]:
     return rows
 
 
-def digits_step_seconds() -> float:
+def digits_step_seconds(epochs: int | None = None) -> float:
     """The digits demo's step time (``trainers.digits_torch``, one process), as its own job ledger measured it:
-    the steps' seconds over their count, the first step of the attempt left out (imports, first batches)."""
+    the steps' seconds over their count, the first step of the attempt left out (imports, first batches).
+    ``epochs``: fewer than the demo's own 15 (the quick size: one epoch is 45 steps, plenty for a mean)."""
     with tempfile.TemporaryDirectory() as job:
         cmd = [*python(), "-m", "entrypoint", "run", "--framework", "pytorch", "--module", "trainers.digits_torch",
-               "--job-dir", job, "--log-every", "1000000"]
+               "--job-dir", job, "--log-every", "1000000", *(["--epochs", str(epochs)] if epochs else [])]
         timed([(cmd, clean_env(thread_env(1)))])
         records = [json.loads(line) for path in (Path(job) / "ledger").glob("*.jsonl")
                    for line in path.read_text().splitlines() if '"progress"' in line]
@@ -140,10 +141,11 @@ def recorder_step_seconds(steps: int) -> float:
     return elapsed / steps
 
 
-def ledger_rows(repeats: int) -> list[Row]:
-    """The job ledger's cost per step against the digits demo's step time, measured in the same run."""
-    results = interleave({"digits demo step (anchor)": digits_step_seconds,
-                          "job ledger per step": lambda: recorder_step_seconds(20000)}, repeats)
+def ledger_rows(repeats: int, steps: int, epochs: int | None) -> list[Row]:
+    """The job ledger's cost per ``steps`` steps against the digits demo's step time (its first ``epochs``, or all),
+    measured in the same run."""
+    results = interleave({"digits demo step (anchor)": lambda: digits_step_seconds(epochs),
+                          "job ledger per step": lambda: recorder_step_seconds(steps)}, repeats)
     rows = compare("job ledger", {k: [v * 1e6 for v in vs] for k, vs in results.items()}, "us",
                    "digits demo step (anchor)", "x digits step")
     check(rows[1], "<=", 0.01)
@@ -157,12 +159,14 @@ def run(quick: bool) -> FamilyResult:
     result = FamilyResult("loop", "Hooks-loop throughput vs a hand-written loop (tokens/s, higher is better)")
     for world in worlds:
         result.rows += measure(world, size, repeats)
-    result.rows += ledger_rows(repeats)
+    steps, epochs = (2000, 1) if quick else (20000, None)  # quick: the ledger's cost the same, the demo 45 steps
+    result.rows += ledger_rows(repeats, steps, epochs)
     result.notes.append(f"bench.gpt config '{size.config}', batch {size.batch} per process, {size.steps} steps, "
                         f"timed from step {size.warmup} to the last; {repeats} interleaved repetitions")
     result.notes.append("job ledger: the chief's per-step recording (two clock reads, counters, a progress record "
-                        "every 10 s written to a local job dir) over 20000 steps, against one step of "
-                        "`entrypoint run --module trainers.digits_torch` as its own ledger timed it")
+                        f"every 10 s written to a local job dir) over {steps} steps, against one step of "
+                        "`entrypoint run --module trainers.digits_torch` as its own ledger timed it"
+                        f"{f' ({epochs} epoch)' if epochs else ''}")
     result.notes.append("world 1: the entrypoint trains in its own process without a process group, so the "
                         "hand loop runs without DDP too; DDP buckets: torch's 25 MB (hand) vs our 64 MB")
     return result

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import sys
@@ -56,6 +57,10 @@ def subprocess_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     # its replicas, at least one each). Without it every process starts an OpenMP pool as wide as the machine and
     # the pools spin against each other: a two-replica job took 4x the CPU on two busy cores (docs/testing.md).
     env["TRAINER_CPUS"] = "1"
+    # And one Inductor compile thread, for the same reason: torch sizes a --compile process's compile pool (a process
+    # that imports torch, and its workers) by the host's CPUs, not the job's share, and compiles in-process at 1. The
+    # FSDP compile test (2 ranks) took 52-54 s of CPU with the pool, 45 s without; the kernels and caches are the same.
+    env["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
     # No test asks a real metadata server for the platform's advance notice (a CI VM on GCE has one): a closed port
     # here; the tests of the notice give their fake server's address (tests/metadata.py).
     env["GCE_METADATA_HOST"] = "127.0.0.1:9"
@@ -64,6 +69,16 @@ def subprocess_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 PYTHON = sys.executable
+
+
+def skip_unless_installed(*names: str) -> None:
+    """At a test module's top: skip the module (at collection, as ``pytest.importorskip`` does) where one of these
+    packages is not installed, without importing it. Every xdist worker of every tier collects every module, and
+    importing TensorFlow there cost each of them 4.7 s of CPU (gcsfs 0.7 s); the tests that use one import it."""
+    module = sys._getframe(1).f_globals.get("__name__", "?")  # the skip's report shows this helper's line
+    for name in names:
+        if importlib.util.find_spec(name) is None:
+            pytest.skip(f"{module}: could not import {name!r}: not installed", allow_module_level=True)
 
 
 UNKNOWN_SECONDS = 10.0  # a multi-process test not on record yet (a new one): about a typical one

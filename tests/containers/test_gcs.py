@@ -17,13 +17,12 @@ import pytest
 
 from entrypoint.outputs import checkpoints
 from entrypoint.outputs.storage import RemotePath
-from tests.conftest import ROOT
+from tests.conftest import ROOT, skip_unless_installed
 from tests.containers.engine import PROGRESS, Container, started
 from tests.containers.test_preemption import TRAIN, logged_steps, stop
 from tests.gcs import BUCKET, Emulator
 
-pytest.importorskip("gcsfs")
-pytest.importorskip("gcp_storage_emulator")
+skip_unless_installed("gcsfs", "gcp_storage_emulator")
 pytestmark = pytest.mark.containers
 
 

@@ -9,12 +9,12 @@ import pytest
 
 from entrypoint.outputs import checkpoints
 from entrypoint.outputs.storage import RemotePath
+from tests.conftest import skip_unless_installed
 from tests.gcs import BUCKET, Emulator
 from tests.runs import entrypoint, failure_text
 
 pytest.importorskip("horovod.torch")
-pytest.importorskip("gcsfs")
-pytest.importorskip("gcp_storage_emulator")
+skip_unless_installed("gcsfs", "gcp_storage_emulator")
 pytestmark = [pytest.mark.horovod, pytest.mark.slow]
 
 

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import skip_unless_installed
 from tests.horovod.keras_callbacks_check import SCRIPT, check_callbacks
 from tests.runs import entrypoint, failure_text
 
-pytest.importorskip("horovod.tensorflow.keras")
+skip_unless_installed("horovod", "tensorflow")  # horovod.tensorflow.keras: the example imports it
 pytestmark = [pytest.mark.horovod, pytest.mark.slow]
 
 

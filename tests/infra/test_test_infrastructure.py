@@ -1,6 +1,7 @@
 """The test infrastructure of `make test` (docs/testing.md): tests/tiers.py (a tier logged, timed and reported),
 tests/diagnostics.py (a failed test says where to look), tests/slots.py (a limit on multi-process tests) and
-tests/bytecode.py (a .pyc cut short is removed before a tier runs, the checkout is compiled) and the run order
+tests/bytecode.py (a .pyc cut short is removed before a tier runs, the checkout is compiled, pytest's rewritten test
+modules written once) and the run order
 (tests/durations.json: the longest multi-process tests first)."""
 
 from __future__ import annotations
@@ -184,6 +185,34 @@ def test_the_checkout_is_compiled_where_imports_may_not_write_bytecode(
     assert bytecode.heal([tmp_path], tag) == []  # whole files
 
 
+def test_pytest_finds_the_rewritten_test_modules_bytecode_wrote_where_imports_may_not_write_bytecode(
+        tmp_path: Path) -> None:
+    tests = tmp_path / "tests"
+    tests.mkdir()
+    (tests / "__init__.py").write_text("")
+    (tests / "conftest.py").write_text('pytest_plugins = ["tests.plug"]\n')
+    (tests / "plug.py").write_text("def pytest_configure(config):\n    assert config is not None\n")
+    (tests / "helper.py").write_text("VALUE = 2\n")  # imported plainly: pytest does not rewrite it
+    (tests / "test_x.py").write_text("from tests.helper import VALUE\n\ndef test_x():\n    assert VALUE + 1 == 4\n")
+    written = bytecode.rewrite_tests(tmp_path)
+    tail = f".{sys.implementation.cache_tag}-pytest-{pytest.__version__}.pyc"
+    assert sorted(p.name for p in written) == [f"conftest{tail}", f"plug{tail}", f"test_x{tail}"]
+    assert bytecode.rewrite_tests(tmp_path) == []  # current: nothing written again
+    env = {**subprocess_env(), "PYTHONPATH": str(tmp_path), "PYTHONDONTWRITEBYTECODE": "1"}
+    debug = tmp_path / "debug.log"
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly",
+                           f"--debug={debug}", "--rootdir", str(tmp_path), str(tests)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "assert (2 + 1) == 4" in proc.stdout, proc.stdout[-3000:]  # its asserts rewritten
+    log = debug.read_text().splitlines()  # traced from the collection on (the conftest and plugins load before)
+    assert any(f"found cached rewritten pyc for {tests / 'test_x.py'}" in line for line in log)
+    assert not any(line.strip().startswith("rewriting") and str(tests) in line for line in log)
+    from _pytest.assertion.rewrite import _read_pyc  # what pytest checks before it uses one: the source's hash
+
+    for name in ("conftest", "plug"):
+        assert _read_pyc(tests / f"{name}.py", tests / "__pycache__" / f"{name}{tail}") is not None, name
+
+
 def test_each_test_records_its_cpu_with_its_processes_and_the_table_shows_the_costliest(tmp_path: Path) -> None:
     (tmp_path / "test_burn.py").write_text(
         "import subprocess, sys\n"
@@ -246,13 +275,21 @@ def test_the_committed_durations_name_tests_that_exist() -> None:
     assert gone == [], "renamed or removed tests: rewrite tests/durations.json (python3 tests/tiers.py durations)"
 
 
-def test_a_tiers_own_module_skipped_at_collection_fails_that_tier_only(tmp_path: Path) -> None:
+GUARDS = {  # the two ways a module skips where its venv lacks a package: importing it, or (cheaper) looking it up
+    "importorskip": "pytest.importorskip('no_such_module_of_the_tier')\n",
+    "skip_unless_installed": "from tests.conftest import skip_unless_installed\n"
+                             "skip_unless_installed('no_such_module_of_the_tier')\n",
+}
+
+
+@pytest.mark.parametrize("guard", sorted(GUARDS))
+def test_a_tiers_own_module_skipped_at_collection_fails_that_tier_only(tmp_path: Path, guard: str) -> None:
     """A PyTorch module whose import-time dependency is missing: a failure in the catch-all tier that selects it (its
     venv lacks what the tier needs), a skip in the TensorFlow tier (as every other tier's modules skip there), and
     a skip without -m (a developer's run of some files)."""
     (tmp_path / "test_own.py").write_text(
         "import pytest\n"
-        "pytest.importorskip('no_such_module_of_the_tier')\n"
+        f"{GUARDS[guard]}"
         "pytestmark = [pytest.mark.pytorch, pytest.mark.slow]\n"
         "def test_it():\n"
         "    pass\n")

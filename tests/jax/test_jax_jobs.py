@@ -21,6 +21,7 @@ from entrypoint.failures.records import read_records
 from entrypoint.lifecycle.startup.ports import free_ports
 from entrypoint.outputs.checkpoints import committed
 from tests.metadata import FakeMetadata
+from tests.references import reference as shared_reference
 from tests.runs import Job, entrypoint, failure_text
 
 h5py = pytest.importorskip("h5py")  # the JAX venv's (Keras 3's); the other tiers collect this module and skip it
@@ -51,11 +52,11 @@ def assert_close(a: list[np.ndarray], b: list[np.ndarray], tol: float) -> None:
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Two processes under ``local --workers 2``, 8 samples a replica: the run the others are compared with."""
-    out = tmp_path_factory.mktemp("jax-reference")
-    proc = entrypoint("local", "--workers", "2", "--restart-policy", "never", "--output-dir", str(out), "--",
-                      "run", *HOOKS, *FAST, "--batch-size", "8")
-    assert proc.returncode == 0, failure_text(proc)
+    """Two processes under ``local --workers 2``, 8 samples a replica: the run the others are compared with, run once
+    for every test and xdist worker that asks (tests/references.py)."""
+    out = shared_reference(tmp_path_factory, "jax-local-workers-2", lambda out: [
+        "local", "--workers", "2", "--restart-policy", "never", "--output-dir", str(out), "--",
+        "run", *HOOKS, *FAST, "--batch-size", "8"]).out
     summary = json.loads((out / "model" / "training_summary.json").read_text())
     assert (summary["world_size"], summary["replicas_in_sync"], summary["global_batch_size"]) == (2, 2, 16)
     assert summary["strategy"] == "data_parallel" and summary["final_step"] == 32

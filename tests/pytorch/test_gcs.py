@@ -14,13 +14,12 @@ import pytest
 
 from entrypoint.outputs import checkpoints
 from entrypoint.outputs.storage import RemotePath
-from tests.conftest import ROOT
+from tests.conftest import ROOT, skip_unless_installed
 from tests.gcs import BUCKET, Emulator, gs_dir
 from tests.runs import Job, entrypoint, failure_text, last_line, wait_gone
 
 pytest.importorskip("torch")
-pytest.importorskip("gcsfs")
-pytest.importorskip("gcp_storage_emulator")
+skip_unless_installed("gcsfs", "gcp_storage_emulator")
 pytestmark = [pytest.mark.pytorch, pytest.mark.slow]
 FAULTS = ["--module", "tests.pytorch.faults", "--log-every", "2"]
 SLOW = ["--", "--step-sleep", "0.05"]

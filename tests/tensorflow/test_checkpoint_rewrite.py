@@ -11,13 +11,15 @@ import numpy as np
 import pytest
 
 from entrypoint.outputs import checkpoints
+from tests.conftest import skip_unless_installed
 
-tf = pytest.importorskip("tensorflow")
-keras = pytest.importorskip("tf_keras")  # the images' tf.keras (TF_USE_LEGACY_KERAS=1)
+skip_unless_installed("tensorflow", "tf_keras")  # the images' tf.keras (TF_USE_LEGACY_KERAS=1)
 pytestmark = pytest.mark.tensorflow
 
 
 def model(seed: int) -> Any:
+    import tf_keras as keras  # the images' tf.keras (TF_USE_LEGACY_KERAS=1)
+
     keras.utils.set_random_seed(seed)
     built = keras.Sequential([keras.layers.Dense(3, input_shape=(4,)), keras.layers.Dense(2)])
     built.compile(optimizer="adam", loss="mse")

@@ -16,14 +16,12 @@ import pytest
 
 from entrypoint.outputs import checkpoints, storage
 from entrypoint.outputs.storage import RemotePath
-from tests.conftest import ROOT
+from tests.conftest import ROOT, skip_unless_installed
 from tests.gcs import BUCKET, Emulator, gs_dir
 from tests.runs import Job, entrypoint, failure_text, last_line, wait_gone
 from tests.tensorflow.runs import SLOW, TOY, assert_loadable, run_args
 
-pytest.importorskip("tensorflow")
-pytest.importorskip("gcsfs")
-pytest.importorskip("gcp_storage_emulator")
+skip_unless_installed("tensorflow", "gcsfs", "gcp_storage_emulator")
 pytestmark = [pytest.mark.tensorflow, pytest.mark.slow]
 
 

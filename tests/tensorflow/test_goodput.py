@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import skip_unless_installed
 from tests.runs import Job, entrypoint, failure_text, summary, vanish
 from tests.tensorflow.runs import SLOW
 
-pytest.importorskip("tensorflow")
+skip_unless_installed("tensorflow")
 pytestmark = [pytest.mark.tensorflow, pytest.mark.slow]
 # The platform's grace period (the default): the save on SIGTERM must land on a loaded machine too. With 5 s, CI's
 # ledger had the chief's attempt without an end, `killed` and not `preempted`: `local` SIGKILLs 5 s + its margin

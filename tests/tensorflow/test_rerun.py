@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import PYTHON
+from tests.conftest import PYTHON, skip_unless_installed
 from tests.tensorflow.runs import TOY, run_args, run_job, summary, tail
 
-pytest.importorskip("tensorflow")
+skip_unless_installed("tensorflow")
 pytestmark = [pytest.mark.tensorflow, pytest.mark.slow]
 
 

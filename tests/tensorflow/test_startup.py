@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from entrypoint.failures.records import read_records
-from tests.conftest import PYTHON, ROOT
+from tests.conftest import PYTHON, ROOT, skip_unless_installed
 from tests.tensorflow.runs import SLOW, run_args, run_job, tail
 
-pytest.importorskip("tensorflow")
+skip_unless_installed("tensorflow")
 pytestmark = [pytest.mark.tensorflow, pytest.mark.slow]
 
 

@@ -27,6 +27,7 @@ from entrypoint.lifecycle.startup.ports import free_ports
 from entrypoint.outputs.checkpoints import checkpoint_path, committed, read_marker
 from tests.conftest import PYTHON, ROOT, subprocess_env
 from tests.metadata import FakeMetadata
+from tests.references import reference
 from tests.runs import Job, wait_gone
 from tests.tensorflow.runs import JOB_TIMEOUT, SLOW, Stopped, run_args, run_job, summary, tail
 
@@ -241,10 +242,9 @@ def two_workers(out: Path) -> list[str]:
 
 @pytest.fixture(scope="module")
 def uninterrupted_two(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("uninterrupted-two") / "out"
-    proc = run_job([PYTHON, "-m", "entrypoint", *two_workers(out)], out.parent, timeout=2 * JOB_TIMEOUT)
-    assert proc.returncode == 0, tail(proc)
-    return out
+    """The two-worker job never stopped, run once per pytest run: both tests that compare with it share it, on
+    whichever xdist workers they land (tests/references.py)."""
+    return reference(tmp_path_factory, "tensorflow-slow-eval-two-workers", two_workers, timeout=2 * JOB_TIMEOUT).out
 
 
 @pytest.mark.slow

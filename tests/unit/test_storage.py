@@ -16,10 +16,10 @@ from entrypoint.errors import ConfigError
 from entrypoint.failures.records import read_records
 from entrypoint.outputs import checkpoints, storage
 from entrypoint.outputs.storage import RemotePath, StorageError
+from tests.conftest import skip_unless_installed
 from tests.gcs import BUCKET, Emulator, running
 
-pytest.importorskip("gcsfs")
-pytest.importorskip("gcp_storage_emulator")
+skip_unless_installed("gcsfs", "gcp_storage_emulator")
 
 
 @pytest.fixture(scope="module")
