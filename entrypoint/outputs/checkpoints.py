@@ -299,11 +299,16 @@ def _step_of(path: Location) -> int:
 def write_beside(target: Path, write: Callable[[Path], None]) -> None:
     """Write the checkpoint directory ``target`` (local) with ``write``, which commits it, whole beside it first
     (``.partial-<name>``) and swap it in: a committed checkpoint already at ``target`` stays loadable until then
-    (a failure or a kill mid-write leaves it as it was), and is removed after."""
+    (a failure or a kill mid-write leaves it as it was), and is removed after. A failed write's partial copy is
+    removed (a full disk does not stay full); one a kill left is removed by the next write of the step or pruned."""
     partial = partial_of(target)
     shutil.rmtree(partial, ignore_errors=True)  # what an earlier attempt left
     partial.mkdir(parents=True)
-    write(partial)
+    try:
+        write(partial)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
     swap_in(partial, target)
 
 

@@ -41,6 +41,7 @@ def test_a_rewrite_that_fails_leaves_the_committed_checkpoint_loadable(tmp_path:
     assert checkpoints.committed(tmp_path) == [(3, target)]
     checkpoints.verify(target)
     assert (target / "state.bin").read_bytes() == b"old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-00000003"]  # the failed copy does not fill the disk
 
 
 KILLED_MID_WRITE = """

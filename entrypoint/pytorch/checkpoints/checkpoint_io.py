@@ -18,7 +18,6 @@ import hashlib
 import io
 import logging
 import os
-import shutil
 import threading
 import time
 from typing import IO, Any
@@ -258,10 +257,9 @@ class ReplicatedCheckpointIO(BackgroundWriter):
         checkpoints.check_sizes(path)
 
     def _failure(self, path: Location, exc: BaseException) -> BaseException:
-        """What the failed write left removed (on a local disk its partial copy: a committed ``path`` stays)."""
-        if not isinstance(path, RemotePath):
-            shutil.rmtree(checkpoints.partial_of(path), ignore_errors=True)
-        elif not isinstance(exc, StorageError):
+        """What the failed write left removed (on a local disk ``write_beside`` removed its partial copy: a committed
+        ``path`` stays)."""
+        if isinstance(path, RemotePath) and not isinstance(exc, StorageError):
             with contextlib.suppress(Exception):  # a store that failed would fail this too: uncommitted is skipped
                 storage.rmtree(path)
         return output_error(exc, path)
