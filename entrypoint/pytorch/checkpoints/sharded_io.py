@@ -124,7 +124,7 @@ class ShardedCheckpointIO(BackgroundWriter):
     def _form_group(self) -> None:
         """The saves' gloo group, formed at the first save (every rank saves at the same step, in the training
         thread), and again after survivors re-formed the job's group (the old one went with it)."""
-        if self._group is None or self._group not in dist.distributed_c10d._world.pg_map:
+        if not self._group_live():
             self._group = dist.new_group(backend="gloo", timeout=timedelta(seconds=self.timeout))
 
     def _stage(self, state: dict[str, Any]) -> Any:
@@ -140,9 +140,11 @@ class ShardedCheckpointIO(BackgroundWriter):
     def _group_rank(self) -> int:
         """This rank in the saves' group (DCP names its files by it): the placement's, or, while HSDP's survivors
         train with fewer replicas, its place among the live ranks."""
-        group = self._group
-        return dist.get_rank(group) if group is not None and group in dist.distributed_c10d._world.pg_map else \
-            self.rank
+        return dist.get_rank(self._group) if self._group_live() else self.rank
+
+    def _group_live(self) -> bool:
+        """Whether the saves' group is formed and still in torch's registry (survivors destroy the job's groups)."""
+        return self._group is not None and self._group in dist.distributed_c10d._world.pg_map
 
     @property
     def is_chief(self) -> bool:
