@@ -138,8 +138,7 @@ class InPlace:
             self.comm.drop_group()
         fewer = None
         if fewer_before and (rejoin or verdict.joiners) and state.recoveries:  # before healing: the joiner gets it
-            fewer = state.step - self.fewer_since
-            state.recoveries[-1]["fewer_replicas_steps"] = fewer
+            fewer = self._fewer_steps(state)
         self._form()
         done = heal(self.comm, state, False, self.me, self.replica_size)
         if not rejoin:
@@ -160,9 +159,14 @@ class InPlace:
         """The training ended while a node was out: how many steps ran with fewer replicas (None: none), recorded."""
         if not self.membership.fewer or not state.recoveries:
             return None
+        fewer = self._fewer_steps(state)
+        log.info("the training ended without the lost replica; %s", lost_work.Recovery(**state.recoveries[-1]).line())
+        return fewer
+
+    def _fewer_steps(self, state: TrainState) -> int:
+        """The steps trained with fewer replicas up to now, kept in the last recovery's record."""
         fewer = state.step - self.fewer_since
         state.recoveries[-1]["fewer_replicas_steps"] = fewer
-        log.info("the training ended without the lost replica; %s", lost_work.Recovery(**state.recoveries[-1]).line())
         return fewer
 
     def _form(self) -> None:
