@@ -30,6 +30,8 @@ model = sharded.shard(model, lambda m: list(m))
 model(x).sum().backward()
 print("compiled", parallel.compile_seconds() > 0)
 dist.destroy_process_group()
+from entrypoint.lifecycle import shutdown
+shutdown.end(0)  # as our processes end: gloo's threads must not meet finalization (SIGABRT)
 """
 
 

@@ -40,6 +40,8 @@ io.save(checkpoints.checkpoint_path(ckpts, 3), {"shards": {f"w{rank}": torch.ful
 io.close()
 print("saved", phase, flush=True)
 dist.destroy_process_group()
+from entrypoint.lifecycle import shutdown
+shutdown.end(0)  # as our processes end: gloo's threads must not meet finalization (SIGABRT)
 """
 
 

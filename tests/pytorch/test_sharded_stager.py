@@ -53,6 +53,8 @@ for step in (1, 2, 3):
 io.close()
 print("committed", [step for step, _ in checkpoints.committed(Path(sys.argv[2]))])
 dist.destroy_process_group()
+from entrypoint.lifecycle import shutdown
+shutdown.end(0)  # as our processes end: gloo's threads must not meet finalization (SIGABRT)
 """
 
 
