@@ -21,6 +21,7 @@ Which of the two is the layout's fact, given once (``together``: its ranks each 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import time
@@ -37,13 +38,14 @@ from entrypoint.outputs.storage import Location
 from entrypoint.planning.plan import Plan
 from entrypoint.pytorch.checkpoints.resume import LoopCheckpoints
 from entrypoint.pytorch.defaults import HookContext
-from entrypoint.pytorch.launch.collectives import Collectives
+from entrypoint.pytorch.launch.collectives import Collectives, TorchStore
 from entrypoint.pytorch.recovery.guard import RunGuard
 from entrypoint.pytorch.recovery.vote import StepVerdict, StepVote
 from entrypoint.pytorch.state import TrainState
 
 log = logging.getLogger("entrypoint.pytorch")
 MEET_SECONDS = 5.0  # at most, for every rank of a sharded model to come to a stop outside a step
+TOGETHER, WOKEN = "together", "woken"  # how the ranks of a sharded model met (``OffStep._meet``)
 
 
 class Loop(Protocol):
@@ -71,6 +73,7 @@ class OffStep:
 
     def __init__(self, loop: Loop, together: bool) -> None:
         self.r, self.together = loop, together
+        self.verdict: StepVerdict | None = None  # the vote a woken sharded model read before its stop
 
     @property
     def guard(self) -> RunGuard:
@@ -83,8 +86,11 @@ class OffStep:
         r = self.r
         r.watchdog.phase = f"saving before stopping ({where})"
         if self.together:
-            if self._meet(state.step):
+            met = self._meet(state)
+            if met == TOGETHER:
                 r.stop_agreed(state)  # every rank waits at this step: the usual stop, with its collectives
+            if met == WOKEN:
+                self._commit_woken(state, where)
             self.guard.post_stop(state.step)
             r.comm.leave()
             self._raise(state, where, committed=None)
@@ -139,25 +145,61 @@ class OffStep:
         return checkpoints.checkpoint_path(self.r.ctx.checkpoint_dir, state.step)
 
     # ---- a sharded model: meet in the job's store -----------------------------------------------------
-    def _meet(self, step: int) -> bool:
-        """Whether every rank came to a stop outside a step at ``step`` (the chief decides; the others read it)."""
-        store, guard = self.guard.store, self.guard
-        if store is None:
-            return False
+    def _meet(self, state: TrainState) -> str | None:
+        """Whether every rank comes to a stop outside a step at ``state.step``: ``TOGETHER`` (at once, the group
+        intact), ``WOKEN`` (once the ranks blocked in the next step's collectives were woken, the group broken), or
+        None (one never came: nothing newer can be committed). Each decision is claimed in the store, so every rank
+        reads the same."""
+        store, guard, step = self.guard.store, self.guard, state.step
+        if not isinstance(store, TorchStore):
+            return None
         key = f"trainer/stop-meet/{self.r.plan.topology.trial or ''}/{step}/"
-        seconds = min(MEET_SECONDS, guard.left() / 4)
+        survivors = guard.survivors  # HSDP's survivors training without a lost node: the live ranks
+        ranks = survivors.membership.members if survivors is not None else range(self.r.ctx.world_size)
+
+        def here() -> bool | None:
+            return all(store.fetch(f"{key}{r}") for r in ranks) or None
+
         try:
             store.put(f"{key}{self.r.ctx.rank}", "1")
-            if self.r.ctx.is_chief:
-                survivors = guard.survivors  # HSDP's survivors training without a lost node: the live ranks
-                ranks = survivors.membership.members if survivors is not None else range(self.r.ctx.world_size)
-                together = _until(lambda: all(store.fetch(f"{key}{r}") for r in ranks) or None, seconds)
-                store.put(f"{key}verdict", "together" if together else "alone")
-                return bool(together)
-            verdict = _until(lambda: store.fetch(f"{key}verdict"), seconds + 2.0)
+            came = _until(here, min(MEET_SECONDS, guard.left() / 4))
+            if store.claim(f"{key}verdict", TOGETHER if came else WOKEN) == TOGETHER:
+                return TOGETHER
+            self._wake(state)  # a rank not here is inside step ``step + 1``'s collectives, waiting for this one
+            came = _until(here, min(MEET_SECONDS, guard.left() / 3))
+            return WOKEN if store.claim(f"{key}woken", "yes" if came else "no") == "yes" else None
         except Exception:  # the store is gone with its host: no meeting
-            return False
-        return verdict == "together"
+            return None
+
+    def _wake(self, state: TrainState) -> None:
+        """Wake the ranks blocked in step ``state.step + 1``'s collectives: the vote every rank started after that
+        step is read (it was finite), the write in flight finished, this stop posted (a woken rank learns that a
+        peer stopped, ``guard.post_stop``), then every connection of this rank shut down (``Collectives.wake``).
+        A woken rank's step never reached its optimizer (that needs this rank's collectives): its state is
+        ``state.step``'s, and it wakes the others in turn."""
+        r = self.r
+        self.verdict = self._drain(state)
+        with contextlib.suppress(Exception):  # its failure was said in its log line; what it left is removed
+            r.saver.io.wait()
+        self.guard.post_stop(state.step)
+        r.comm.wake()
+
+    def _commit_woken(self, state: TrainState, where: str) -> NoReturn:
+        """Every rank met after the wake: each writes its shards of ``state.step`` over a new group (the training
+        group and the saves' group are broken), the chief commits; each says what is committed."""
+        r = self.r
+        r.watchdog.phase = f"saving before stopping ({where}; the ranks in the next step woken)"
+        if self.verdict is None and not _finite(state):
+            log.warning("the weights of step %d are not finite: not committing them", state.step)
+        elif state.saved_step != state.step:
+            r.saver.io.regroup()
+            with r.record.phase("checkpoint", step=state.step):
+                r.saver.save(state, alone=True)  # no gather of random streams: every step reseeds them
+                r.saver.io.wait()
+            r.record.committed(state.step)
+        committed = checkpoints.is_committed(self._path(state)) if r.ctx.is_chief else \
+            self.guard.wait_for_commit(state.step)
+        self._raise(state, where, committed=committed)
 
 
 def _until(look: Callable[[], object], seconds: float) -> object:
