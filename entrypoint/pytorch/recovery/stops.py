@@ -12,9 +12,17 @@ meet it. So:
   vote, leave the group (a peer blocked in a collective on them sees it at once, and stops too: ``guard.py``'s
   ``post_stop``) and wait, within the grace period, until that checkpoint is committed. Each says what is committed.
 - **A sharded model** (FSDP, HSDP): every rank must write its own shards, with collectives. The ranks that were
-  interrupted waiting for a batch meet in the job's store: when every rank waits there at the same step, the
-  chief says so and they commit together (the usual stop, ``StepGuard.stop_agreed``); when one does not come within
-  a few seconds (it is inside the next step's collectives), nothing newer can be committed, and each says so.
+  interrupted waiting for a batch meet in the job's store: when every rank waits there at the same step, they commit
+  together (the usual stop, ``StepGuard.stop_agreed``). When one does not come within a few seconds, it is inside
+  step k+1's collectives, waiting for them: they wake it (``_wake``: the step's vote read, the write in flight
+  finished, the stop posted, every connection shut down, which fails its collective at once). It reads that a peer
+  stopped (``guard.py``), and its state is step k's: step k+1 never reached its optimizer (that needs the waiting
+  ranks' collectives), and the step counter, the data position and the step's random streams move only after the
+  update (its gradients are dropped at the next step's ``zero_grad`` and never saved). It joins the meeting at step
+  k, wakes the ranks that may be blocked on it, and every rank writes its shards of step k over a new gloo group
+  formed over the job's store (the training group and the saves' group are broken), the chief commits, each says
+  so. Each decision is claimed in the store (the first claim wins), so every rank acts on the same one; a rank that
+  does not come even then leaves step k uncommitted, and each says so.
 
 Which of the two is the layout's fact, given once (``together``: its ranks each write their shards).
 """
@@ -165,20 +173,32 @@ class OffStep:
             came = _until(here, min(MEET_SECONDS, guard.left() / 4))
             if store.claim(f"{key}verdict", TOGETHER if came else WOKEN) == TOGETHER:
                 return TOGETHER
-            self._wake(state)  # a rank not here is inside step ``step + 1``'s collectives, waiting for this one
-            came = _until(here, min(MEET_SECONDS, guard.left() / 3))
-            return WOKEN if store.claim(f"{key}woken", "yes" if came else "no") == "yes" else None
         except Exception:  # the store is gone with its host: no meeting
             return None
+        self._wake(state)  # a rank not here is inside step ``step + 1``'s collectives, waiting for this one
+        verdict = self.verdict
+        bad = verdict is not None and verdict.nonfinite > 0
+        try:
+            came = None if bad else _until(here, min(MEET_SECONDS, guard.left() / 3))
+            met = store.claim(f"{key}woken", "yes" if came else "no") == "yes"
+        except Exception:
+            return None
+        if verdict is not None and bad:  # after the wake, once no rank can take this meeting for a commit: fail
+            self.r.fail_nonfinite(state, verdict)
+        return WOKEN if met else None
 
     def _wake(self, state: TrainState) -> None:
         """Wake the ranks blocked in step ``state.step + 1``'s collectives: the vote every rank started after that
-        step is read (it was finite), the write in flight finished, this stop posted (a woken rank learns that a
-        peer stopped, ``guard.post_stop``), then every connection of this rank shut down (``Collectives.wake``).
-        A woken rank's step never reached its optimizer (that needs this rank's collectives): its state is
-        ``state.step``'s, and it wakes the others in turn."""
+        step is read (a non-finite one fails once the others are woken: ``_meet``), the write in flight finished,
+        this stop posted (a woken rank learns that a peer stopped, ``guard.post_stop``), then every connection of
+        this rank shut down (``Collectives.wake``). A woken rank's step never reached its optimizer (that needs this
+        rank's collectives): its state is ``state.step``'s, and it wakes the others in turn."""
         r = self.r
-        self.verdict = self._drain(state)
+        try:
+            verdict = r.vote.drain()
+            self.verdict = verdict if verdict is not None else StepVerdict(state.step, False, 0)
+        except Exception:  # the group broke (this rank was woken): the vote's answer is gone with it
+            self.verdict = None
         with contextlib.suppress(Exception):  # its failure was said in its log line; what it left is removed
             r.saver.io.wait()
         self.guard.post_stop(state.step)
