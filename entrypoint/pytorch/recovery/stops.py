@@ -17,12 +17,13 @@ meet it. So:
   step k+1's collectives, waiting for them: they wake it (``_wake``: the step's vote read, the write in flight
   finished, the stop posted, every connection shut down, which fails its collective at once). It reads that a peer
   stopped (``guard.py``), and its state is step k's: step k+1 never reached its optimizer (that needs the waiting
-  ranks' collectives), and the step counter, the data position and the step's random streams move only after the
-  update (its gradients are dropped at the next step's ``zero_grad`` and never saved). It joins the meeting at step
+  ranks' collectives), the step counter and the data position move only after the update, every step reseeds its
+  random streams, and gradients are never saved (the next step's ``zero_grad`` drops them). It joins the meeting at step
   k, wakes the ranks that may be blocked on it, and every rank writes its shards of step k over a new gloo group
   formed over the job's store (the training group and the saves' group are broken), the chief commits, each says
   so. Each decision is claimed in the store (the first claim wins), so every rank acts on the same one; a rank that
-  does not come even then leaves step k uncommitted, and each says so.
+  does not come even then leaves step k uncommitted, and each says so (over NCCL, where a collective waits on the
+  GPU, the wake is untried: a rank it does not wake is such a rank).
 
 Which of the two is the layout's fact, given once (``together``: its ranks each write their shards).
 """
