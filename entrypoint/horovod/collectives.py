@@ -85,6 +85,10 @@ class HorovodCollectives:
         """Shut Horovod down in this process: a peer's pending collective on it fails (HorovodInternalError)."""
         hvd.shutdown()
 
+    def wake(self) -> None:
+        """A replicated model's stop never wakes its peers to commit together (the chief commits alone): leave."""
+        hvd.shutdown()
+
     def prepare(
         self, model: nn.Module, optimizer: Any, device: torch.device, bucket_cap_mb: int
     ) -> tuple[nn.Module, Any]:

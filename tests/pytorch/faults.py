@@ -142,12 +142,17 @@ def build_model(args: argparse.Namespace, ctx: Any) -> nn.Module:
 
 
 def export(model: nn.Module, model_dir: Path, ctx: Any) -> None:
-    """The default export, after ``--export-delay`` seconds (a window after the last commit, before the export)."""
+    """The default export, after ``--export-delay`` seconds (a window after the last commit, before the export); a
+    sharded model's ranks each save their shards' state dict."""
     args = _state["args"]
     if args.export_delay:
         print(f"exporting in {args.export_delay:g} s", flush=True)
         time.sleep(args.export_delay)
     model_dir.mkdir(parents=True, exist_ok=True)
+    if any(type(p).__name__ == "DTensor" for p in model.parameters()):  # sharded: every rank exports its shards
+        torch.save(model.state_dict(), model_dir / f"state_dict-rank{ctx.rank}.pt")  # (FSDP's classes do not pickle)
+        print(f"exported to {model_dir}", flush=True)
+        return
     torch.save(model.state_dict(), model_dir / "state_dict.pt")
     torch.save(model, model_dir / "model.pt")
     print(f"exported to {model_dir}", flush=True)

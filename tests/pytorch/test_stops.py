@@ -22,7 +22,7 @@ from bench import stops
 from bench.stops import Stop
 from entrypoint.outputs import checkpoints
 from tests.metadata import FakeMetadata
-from tests.references import faults_digest
+from tests.references import faults_digest, reference
 from tests.runs import Job, entrypoint, failure_records, failure_text, last_line, summary, vanish, wait_gone
 
 pytest.importorskip("torch")
@@ -164,11 +164,27 @@ def test_a_live_evaluation_and_a_slow_read_making_progress_are_not_hangs(tmp_pat
     assert phases == ["waiting for the next batch", "waiting for the next batch"]
 
 
-def test_a_sharded_model_whose_ranks_wait_for_a_batch_together_commits_every_shard_when_stopped(tmp_path: Path) -> None:
+def sharded_digest(factory: pytest.TempPathFactory) -> str:
+    """The final weights' digest of the faults module on a node of 2 processes under FSDP, never stopped (FSDP's
+    reduce-scatter rounds as DDP's all-reduce does not: ``faults_digest`` is not its reference)."""
+    def args(out: Path) -> list[str]:
+        return ["run", *FAULTS, "--nproc-per-node", "2", "--strategy", "fsdp", "--job-dir", str(out)]
+
+    out = reference(factory, "faults-fsdp-node-of-2", args).out
+    return str(json.loads((out / "model" / "training_summary.json").read_text())["param_digests"][0])
+
+
+def test_a_sharded_model_stopped_while_its_ranks_wait_for_a_batch_commits_every_shard_of_the_step_every_rank_trained(
+        tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    expected = sharded_digest(tmp_path_factory)
     seed, rng = seeded()
-    phase = next(p for p in stops.PHASES if p.name == "loader wait")
-    stop = stops.stop_in("node of 2 processes", phase, tmp_path, rng, at=rng.randint(3, 15), flags=("--strategy",
-                                                                                                     "fsdp"))
-    assert_committed([stop], seed)  # both ranks were interrupted at the same step: they met, every shard is committed
-    marker = checkpoints.read_marker(checkpoints.checkpoint_path(tmp_path / "checkpoints", stop.trained))
-    assert marker["sharded"] and marker["step"] == stop.trained, marker
+    phases = {p.name: p for p in stops.phases("node of 2 processes")}
+    # Both ranks wait for their batch (they meet at once); then rank 1 alone, while rank 0 is blocked in the next
+    # step's all-gather, waiting for it: rank 1 wakes it, and they commit the step both trained on a group that works.
+    waits = (phases["loader wait"], phases["loader wait, rank 1 only"])
+    chain, digest = stops.chain("node of 2 processes", rng, tmp_path, print, waits, flags=("--strategy", "fsdp"))
+    assert_committed(chain, seed)
+    for stop in chain:  # every rank wrote its shards of the step both trained (the rerun prunes them later)
+        said = f"checkpoint ckpt-{stop.trained:08d} committed (sharded over 2 ranks)"
+        assert any(said in line for line in stop.lines), f"seed {seed}: {stop.phase}:\n" + "\n".join(stop.lines[-30:])
+    assert digest == expected, f"seed {seed}"  # the rerun resumed from the last commit and ended exactly

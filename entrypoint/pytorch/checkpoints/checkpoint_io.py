@@ -227,6 +227,10 @@ class BackgroundWriter:
         """The write in flight committed (its failure raised); what the writer holds released."""
         self.wait()
 
+    def regroup(self) -> None:
+        """The connections the writer's collectives use were shut down (a sharded model's stop woke its peers): the
+        next save forms new ones. A writer with no collective has none."""
+
 
 class ReplicatedCheckpointIO(BackgroundWriter):
     """The whole state in one file, ``state.pt``, written by the chief: inline (``--checkpoint-mode sync``), or

@@ -127,6 +127,11 @@ class ShardedCheckpointIO(BackgroundWriter):
         if not self._group_live():
             self._group = dist.new_group(backend="gloo", timeout=timedelta(seconds=self.timeout))
 
+    def regroup(self) -> None:
+        """The saves' group's connections were shut down (``Collectives.wake``): the next save forms a new gloo group
+        over the job's store, with every rank (the broken one stays registered, unused)."""
+        self._group = None
+
     def _stage(self, state: dict[str, Any]) -> Any:
         """``state["shards"]`` copied into host memory (with ``state["extra"]``); a stager this torch closed after the
         copy is replaced for the next. The saves' group is formed here, in the training thread."""

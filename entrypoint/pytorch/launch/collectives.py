@@ -73,6 +73,10 @@ class Collectives(Protocol):
     def leave(self) -> None:
         """Leave the group for good (a stopping process): a peer blocked in a collective on it fails at once."""
 
+    def wake(self) -> None:
+        """Break this process's connections to its peers (a peer blocked in a collective on it fails at once), but
+        keep the group formed: a new group can still be formed over the job's store (a sharded model's stop)."""
+
 
 class TorchDistributed:
     """torch.distributed (DDP over nccl or gloo); a single process while no group is formed.
@@ -168,6 +172,13 @@ class TorchDistributed:
         with contextlib.suppress(Exception):  # a group whose connections are gone may not close cleanly
             dist.destroy_process_group()
 
+    def wake(self) -> None:
+        """Shut down every connection of this process but the store's (the training group's, a layout's own groups,
+        the saves' group): a peer blocked in a collective on it fails at once. The groups stay registered, so a new
+        one forms over the job's store (``dist.new_group``) by every rank that was woken; none of the old works."""
+        if self.active:
+            _shut_down(_sockets(), _store_port(dist.distributed_c10d._get_default_store()))
+
     def send_object(self, value: Any, dst: int) -> None:
         """Send ``value`` to rank ``dst`` (pickled)."""
         dist.send_object_list([value], dst=dst)
@@ -253,6 +264,10 @@ class TorchStore:
         if not self.store.check([key]):
             return None
         return bytes(self.store.get(key)).decode()
+
+    def claim(self, key: str, value: str) -> str:
+        """Set ``key`` to ``value`` unless it is set (atomically: the first to claim it wins); its value now."""
+        return bytes(self.store.compare_set(key, "", value)).decode()
 
 
 def _sockets() -> dict[int, str]:

@@ -12,15 +12,25 @@ meet it. So:
   vote, leave the group (a peer blocked in a collective on them sees it at once, and stops too: ``guard.py``'s
   ``post_stop``) and wait, within the grace period, until that checkpoint is committed. Each says what is committed.
 - **A sharded model** (FSDP, HSDP): every rank must write its own shards, with collectives. The ranks that were
-  interrupted waiting for a batch meet in the job's store: when every rank waits there at the same step, the
-  chief says so and they commit together (the usual stop, ``StepGuard.stop_agreed``); when one does not come within
-  a few seconds (it is inside the next step's collectives), nothing newer can be committed, and each says so.
+  interrupted waiting for a batch meet in the job's store: when every rank waits there at the same step, they commit
+  together (the usual stop, ``StepGuard.stop_agreed``). When one does not come within a few seconds, it is inside
+  step k+1's collectives, waiting for them: they wake it (``_wake``: the step's vote read, the write in flight
+  finished, the stop posted, every connection shut down, which fails its collective at once). It reads that a peer
+  stopped (``guard.py``), and its state is step k's: step k+1 never reached its optimizer (that needs the waiting
+  ranks' collectives), the step counter and the data position move only after the update, every step reseeds its
+  random streams, and gradients are never saved (the next step's ``zero_grad`` drops them). It joins the meeting at step
+  k, wakes the ranks that may be blocked on it, and every rank writes its shards of step k over a new gloo group
+  formed over the job's store (the training group and the saves' group are broken), the chief commits, each says
+  so. Each decision is claimed in the store (the first claim wins), so every rank acts on the same one; a rank that
+  does not come even then leaves step k uncommitted, and each says so (over NCCL, where a collective waits on the
+  GPU, the wake is untried: a rank it does not wake is such a rank).
 
 Which of the two is the layout's fact, given once (``together``: its ranks each write their shards).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import time
@@ -37,13 +47,14 @@ from entrypoint.outputs.storage import Location
 from entrypoint.planning.plan import Plan
 from entrypoint.pytorch.checkpoints.resume import LoopCheckpoints
 from entrypoint.pytorch.defaults import HookContext
-from entrypoint.pytorch.launch.collectives import Collectives
+from entrypoint.pytorch.launch.collectives import Collectives, TorchStore
 from entrypoint.pytorch.recovery.guard import RunGuard
 from entrypoint.pytorch.recovery.vote import StepVerdict, StepVote
 from entrypoint.pytorch.state import TrainState
 
 log = logging.getLogger("entrypoint.pytorch")
 MEET_SECONDS = 5.0  # at most, for every rank of a sharded model to come to a stop outside a step
+TOGETHER, WOKEN = "together", "woken"  # how the ranks of a sharded model met (``OffStep._meet``)
 
 
 class Loop(Protocol):
@@ -71,6 +82,7 @@ class OffStep:
 
     def __init__(self, loop: Loop, together: bool) -> None:
         self.r, self.together = loop, together
+        self.verdict: StepVerdict | None = None  # the vote a woken sharded model read before its stop
 
     @property
     def guard(self) -> RunGuard:
@@ -83,8 +95,11 @@ class OffStep:
         r = self.r
         r.watchdog.phase = f"saving before stopping ({where})"
         if self.together:
-            if self._meet(state.step):
+            met = self._meet(state)
+            if met == TOGETHER:
                 r.stop_agreed(state)  # every rank waits at this step: the usual stop, with its collectives
+            if met == WOKEN:
+                self._commit_woken(state, where)
             self.guard.post_stop(state.step)
             r.comm.leave()
             self._raise(state, where, committed=None)
@@ -139,25 +154,73 @@ class OffStep:
         return checkpoints.checkpoint_path(self.r.ctx.checkpoint_dir, state.step)
 
     # ---- a sharded model: meet in the job's store -----------------------------------------------------
-    def _meet(self, step: int) -> bool:
-        """Whether every rank came to a stop outside a step at ``step`` (the chief decides; the others read it)."""
-        store, guard = self.guard.store, self.guard
-        if store is None:
-            return False
+    def _meet(self, state: TrainState) -> str | None:
+        """Whether every rank comes to a stop outside a step at ``state.step``: ``TOGETHER`` (at once, the group
+        intact), ``WOKEN`` (once the ranks blocked in the next step's collectives were woken, the group broken), or
+        None (one never came: nothing newer can be committed). Each decision is claimed in the store, so every rank
+        reads the same."""
+        store, guard, step = self.guard.store, self.guard, state.step
+        if not isinstance(store, TorchStore):
+            return None
         key = f"trainer/stop-meet/{self.r.plan.topology.trial or ''}/{step}/"
-        seconds = min(MEET_SECONDS, guard.left() / 4)
+        survivors = guard.survivors  # HSDP's survivors training without a lost node: the live ranks
+        ranks = survivors.membership.members if survivors is not None else range(self.r.ctx.world_size)
+
+        def here() -> bool | None:
+            return all(store.fetch(f"{key}{r}") for r in ranks) or None
+
         try:
             store.put(f"{key}{self.r.ctx.rank}", "1")
-            if self.r.ctx.is_chief:
-                survivors = guard.survivors  # HSDP's survivors training without a lost node: the live ranks
-                ranks = survivors.membership.members if survivors is not None else range(self.r.ctx.world_size)
-                together = _until(lambda: all(store.fetch(f"{key}{r}") for r in ranks) or None, seconds)
-                store.put(f"{key}verdict", "together" if together else "alone")
-                return bool(together)
-            verdict = _until(lambda: store.fetch(f"{key}verdict"), seconds + 2.0)
+            came = _until(here, min(MEET_SECONDS, guard.left() / 4))
+            if store.claim(f"{key}verdict", TOGETHER if came else WOKEN) == TOGETHER:
+                return TOGETHER
         except Exception:  # the store is gone with its host: no meeting
-            return False
-        return verdict == "together"
+            return None
+        self._wake(state)  # a rank not here is inside step ``step + 1``'s collectives, waiting for this one
+        verdict = self.verdict
+        bad = verdict is not None and verdict.nonfinite > 0
+        try:
+            came = None if bad else _until(here, min(MEET_SECONDS, guard.left() / 3))
+            met = store.claim(f"{key}woken", "yes" if came else "no") == "yes"
+        except Exception:
+            return None
+        if verdict is not None and bad:  # after the wake, once no rank can take this meeting for a commit: fail
+            self.r.fail_nonfinite(state, verdict)
+        return WOKEN if met else None
+
+    def _wake(self, state: TrainState) -> None:
+        """Wake the ranks blocked in step ``state.step + 1``'s collectives: the vote every rank started after that
+        step is read (a non-finite one fails once the others are woken: ``_meet``), the write in flight finished,
+        this stop posted (a woken rank learns that a peer stopped, ``guard.post_stop``), then every connection of
+        this rank shut down (``Collectives.wake``). A woken rank's step never reached its optimizer (that needs this
+        rank's collectives): its state is ``state.step``'s, and it wakes the others in turn."""
+        r = self.r
+        try:
+            verdict = r.vote.drain()
+            self.verdict = verdict if verdict is not None else StepVerdict(state.step, False, 0)
+        except Exception:  # the group broke (this rank was woken): the vote's answer is gone with it
+            self.verdict = None
+        with contextlib.suppress(Exception):  # its failure was said in its log line; what it left is removed
+            r.saver.io.wait()
+        self.guard.post_stop(state.step)
+        r.comm.wake()
+
+    def _commit_woken(self, state: TrainState, where: str) -> NoReturn:
+        """Every rank met after the wake: each writes its shards of ``state.step`` over a new group (the training
+        group and the saves' group are broken), the chief commits; each says what is committed."""
+        r = self.r
+        r.watchdog.phase = f"saving before stopping ({where}; the ranks in the next step woken)"
+        if self.verdict is None and not _finite(state):
+            log.warning("the weights of step %d are not finite: not committing them", state.step)
+        elif state.saved_step != state.step:
+            r.saver.io.regroup()
+            with r.record.phase("checkpoint", step=state.step):
+                r.saver.save(state, alone=True)  # no gather of random streams: every step reseeds them
+                r.saver.io.wait()
+            r.record.committed(state.step)
+        committed = checkpoints.is_committed(self._path(state)) if r.ctx.is_chief else \
+            self.guard.wait_for_commit(state.step)
+        self._raise(state, where, committed=committed)
 
 
 def _until(look: Callable[[], object], seconds: float) -> object:
