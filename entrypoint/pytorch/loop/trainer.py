@@ -148,7 +148,7 @@ class Trainer:
             raise ConfigError("--batch-size", f"{self.batch_size} x {ctx.world_size} replicas exceeds the training set")
         saver = LoopCheckpoints(self.plan, self.comm, ctx, layout.checkpoints, self.batch_size)
         steps = StepGuard(self.guard, saver, layout.evaluates_in_lockstep, layout.survives_lost_peer,
-                          layout.replica_size)
+                          layout.replica_size, layout.peer_snapshots)
         return state, batches, eval_set, layout, steps
 
     def _units(self) -> Callable[[nn.Module], list[nn.Module]] | None:

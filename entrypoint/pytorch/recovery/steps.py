@@ -48,6 +48,7 @@ from entrypoint.outputs import checkpoints
 from entrypoint.pytorch.checkpoints.resume import LoopCheckpoints
 from entrypoint.pytorch.recovery.guard import RunGuard
 from entrypoint.pytorch.recovery.healing import Healing
+from entrypoint.pytorch.recovery.snapshots import PeerSnapshots
 from entrypoint.pytorch.recovery.stops import OffStep
 from entrypoint.pytorch.recovery.survivors import InPlace, Rejoin
 from entrypoint.pytorch.recovery.vote import StepVerdict, StepVote, nonfinite
@@ -70,7 +71,7 @@ class StepGuard:
     """The vote, non-finite steps, saves and stops, and in-place recovery around the hooks loop's steps."""
 
     def __init__(self, guard: RunGuard, saver: LoopCheckpoints, lockstep: bool, survives_lost_peer: bool,
-                 replica_size: int = 1) -> None:
+                 replica_size: int = 1, peer_snapshots: bool = False) -> None:
         self.guard, self.saver = guard, saver
         self.plan, self.comm, self.ctx = guard.plan, guard.comm, guard.ctx
         self.record, self.watchdog, self.notice, self.request = guard.record, guard.watchdog, guard.notice, \
@@ -78,9 +79,12 @@ class StepGuard:
         self.survivors: InPlace | None = guard.survivors if survives_lost_peer else None
         if self.survivors is not None:
             self.survivors.replica_size = replica_size  # a healed rank takes rank r % replica_size's state
+            if peer_snapshots:  # FSDP: each rank's shards in a peer's memory (``snapshots.py``)
+                self.survivors.snapshots = PeerSnapshots(self.survivors.comm, self.plan.placed.local_world_size,
+                                                         self.plan.options.timeout)
         if guard.survivors is not None and not survives_lost_peer:
-            log.info("survivors keep training is off for a model sharded over every rank (FSDP): a lost peer "
-                     "restarts the job from its newest sharded checkpoint")
+            log.info("survivors keep training is off for a model sharded over every rank (FSDP) with "
+                     "--peer-snapshots off: a lost peer restarts the job from its newest sharded checkpoint")
         self.skips_nonfinite = self.plan.options.on_nonfinite == "skip"
         self._rejoin = False  # the vote said a lost node's replacement is there: take it in at the next boundary
         if self.survivors is not None and replica_size > 1:  # HSDP by node: train on with fewer replicas meanwhile
@@ -191,6 +195,8 @@ class StepGuard:
             self.watchdog.phase = "checkpointing"
             self._save(state)
             self.notice.saved(state.step)
+        if self.survivors is not None and self.survivors.snapshots is not None:  # FSDP: in peer memory too
+            self.survivors.snapshots.take(state)
         flag = torch.tensor([int(self.request.requested)], dtype=torch.int64, device=self.ctx.device)
         if int(self.comm.all_reduce_sum(flag).item()):
             self.stop_agreed(state)
