@@ -210,6 +210,8 @@ class StepGuard:
         with self.record.phase("checkpoint"):
             self.saver.io.wait()
         self.saver.close()
+        if self.survivors is not None and self.survivors.snapshots is not None:
+            self.survivors.snapshots.settle()  # the last exchange ends with the training, not in the export
         self.guard.exporting()
 
     def _act(self, state: TrainState, verdict: StepVerdict | None, where: str = "") -> None:
