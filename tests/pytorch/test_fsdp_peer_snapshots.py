@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from entrypoint.outputs.goodput import IN_PLACE
-from tests.pytorch.test_hsdp_survivors import spoil
-from tests.runs import Job, entrypoint, failure_text, replica_group, summary, vanish, wait_gone
+from tests.pytorch.test_hsdp_survivors import lose_the_worker_node, spoil
+from tests.runs import Job, entrypoint, failure_text, summary
 
 torch = pytest.importorskip("torch")  # collected in every venv; these run where torch is
 pytestmark = [pytest.mark.pytorch, pytest.mark.slow]
@@ -41,17 +41,11 @@ def test_a_lost_fsdp_node_heals_from_its_peers_memory_and_ends_as_a_run_resumed_
     try:
         job.wait_for(f"checkpoint ckpt-{2 * EVERY:08d} committed")
         job.wait_for_step(2 * EVERY + 2)
-        survivor = replica_group(job, "workerpool0-0")
         shutil.copytree(out / "checkpoints", saved)  # what a resume from storage would read, kept aside
         assert spoil(out / "checkpoints"), "no checkpoint was committed before the loss"
-        hold.touch()  # the replacement builds its datasets once the survivors said whom they wait for
-        vanish(job, "workerpool1-0")
-        job.wait_for(r"\[workerpool0-0\] .*waiting for workerpool1-0 \(rank 2\), workerpool1-0 \(rank 3\)")
-        hold.unlink()
-        rolled = job.wait_for(ROLLED, timeout=240)
-        assert replica_group(job, "workerpool0-0") == survivor  # the chief's node kept its processes
-        assert job.wait(300) == 0, job.output()[-4000:]
-        assert wait_gone(job.marker) == []
+        # the survivors keep their processes and say whom they wait for
+        waiting = r"\[workerpool0-0\] .*waiting for workerpool1-0 \(rank 2\), workerpool1-0 \(rank 3\)"
+        rolled = lose_the_worker_node(job, hold, waiting, ROLLED)
     finally:
         job.cleanup()
     output = job.output()
@@ -72,6 +66,7 @@ def test_a_lost_fsdp_node_heals_from_its_peers_memory_and_ends_as_a_run_resumed_
     assert (out / "model" / "model.safetensors").is_file()
     report = json.loads(entrypoint("goodput", str(out), "--json").stdout)
     assert report["disruptions"].get(IN_PLACE) == 1, report["disruptions"]
+    assert report["steps"]["lost"] == lost["lost_steps"], report["steps"]  # the ledger counts the rolled-back steps
     # the same job resumed from the checkpoint of that step (storage's copy, kept aside) ends with the same weights
     again = tmp_path / "again"
     (again / "checkpoints").mkdir(parents=True)

@@ -315,11 +315,15 @@ class StepGuard:
         self.record.enter("rejoin" if rejoin else "recovery", t=self.record.last_step_end)  # to training again
         self.watchdog.phase = what if rejoin else "re-forming the group after losing a peer"
         self.vote = self._new_vote()
+        reached = state.step
         try:
             with self.request.interruptible(what):
                 fewer = self.survivors.recover(state, in_flight, silent, rejoin)
         except Interrupted:
             self.off_step.stop(state, what)
+        if state.step < reached:  # FSDP: rolled back to a snapshot in peer memory (the ledger's steps lost)
+            self.record.last_step = state.step  # not the attempt's first step again (``restored`` would say so)
+            self.record.event("restored", step=state.step, in_place=True)
         if fewer is not None:  # the ledger: how many steps ran with fewer replicas
             self.record.event("fewer_replicas", step=state.step, steps=fewer, rejoined=True)
         self.watchdog.beat(state.step, WAITING)
