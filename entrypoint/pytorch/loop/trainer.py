@@ -147,8 +147,10 @@ class Trainer:
         if batches.steps_per_epoch == 0:
             raise ConfigError("--batch-size", f"{self.batch_size} x {ctx.world_size} replicas exceeds the training set")
         saver = LoopCheckpoints(self.plan, self.comm, ctx, layout.checkpoints, self.batch_size)
+        if layout.peer_snapshots and self.guard.survivors is not None:  # FSDP: each rank's shards in a peer's memory
+            self.guard.survivors.keep_snapshots(self.plan.placed.local_world_size, opts.timeout)
         steps = StepGuard(self.guard, saver, layout.evaluates_in_lockstep, layout.survives_lost_peer,
-                          layout.replica_size, layout.peer_snapshots)
+                          layout.replica_size)
         return state, batches, eval_set, layout, steps
 
     def _units(self) -> Callable[[nn.Module], list[nn.Module]] | None:

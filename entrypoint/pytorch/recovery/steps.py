@@ -22,12 +22,11 @@ loop calls it at a handful of points:
 - ``evaluating(state)`` and ``epoch_done(state)``: the vote between evaluation batches (every rank abandons it at the
   same batch on a stop: the trained step is committed, the restart evaluates again; or commits at once on a
   notice; each batch beats), then the epoch's checkpoint.
-- ``attempts(state)``: the training runs once; with survivors-keep-training on (``survivors.py``) and a layout in which
-  a live replica holds every lost rank's state (every rank holds the whole model, or HSDP by node), a lost peer
-  re-forms the group with its replacement (HSDP: over the live nodes at once, taking the returning node in at the step
-  boundary the vote agrees on) and the training runs again from the live replica's position; a stop
-  while the survivors wait for it commits the last trained step (``stops.py``). A failure ends the checkpoint write
-  in flight before the failure's last line.
+- ``attempts(state)``: the training runs once; with survivors-keep-training on (``survivors.py``) and a layout whose
+  lost ranks' state lives on (a replicated model, HSDP by node, FSDP's snapshots in peer memory), a lost peer re-forms
+  the group with its replacement (HSDP: over the live nodes at once, taking the returning node in at the step boundary
+  the vote agrees on) and the training runs again from the healed position; a stop while the survivors wait commits
+  the last trained step (``stops.py``). A failure ends the checkpoint write in flight before its last line.
 - ``finishing(state)``: every write committed, the writer closed; the export is a region a stop ends at once.
 """
 
@@ -48,7 +47,6 @@ from entrypoint.outputs import checkpoints
 from entrypoint.pytorch.checkpoints.resume import LoopCheckpoints
 from entrypoint.pytorch.recovery.guard import RunGuard
 from entrypoint.pytorch.recovery.healing import Healing
-from entrypoint.pytorch.recovery.snapshots import PeerSnapshots
 from entrypoint.pytorch.recovery.stops import OffStep
 from entrypoint.pytorch.recovery.survivors import InPlace, Rejoin
 from entrypoint.pytorch.recovery.vote import StepVerdict, StepVote, nonfinite
@@ -71,7 +69,7 @@ class StepGuard:
     """The vote, non-finite steps, saves and stops, and in-place recovery around the hooks loop's steps."""
 
     def __init__(self, guard: RunGuard, saver: LoopCheckpoints, lockstep: bool, survives_lost_peer: bool,
-                 replica_size: int = 1, peer_snapshots: bool = False) -> None:
+                 replica_size: int = 1) -> None:
         self.guard, self.saver = guard, saver
         self.plan, self.comm, self.ctx = guard.plan, guard.comm, guard.ctx
         self.record, self.watchdog, self.notice, self.request = guard.record, guard.watchdog, guard.notice, \
@@ -79,9 +77,6 @@ class StepGuard:
         self.survivors: InPlace | None = guard.survivors if survives_lost_peer else None
         if self.survivors is not None:
             self.survivors.replica_size = replica_size  # a healed rank takes rank r % replica_size's state
-            if peer_snapshots:  # FSDP: each rank's shards in a peer's memory (``snapshots.py``)
-                self.survivors.snapshots = PeerSnapshots(self.survivors.comm, self.plan.placed.local_world_size,
-                                                         self.plan.options.timeout)
         if guard.survivors is not None and not survives_lost_peer:
             log.info("survivors keep training is off for a model sharded over every rank (FSDP) with "
                      "--peer-snapshots off: a lost peer restarts the job from its newest sharded checkpoint")
@@ -195,8 +190,8 @@ class StepGuard:
             self.watchdog.phase = "checkpointing"
             self._save(state)
             self.notice.saved(state.step)
-        if self.survivors is not None and self.survivors.snapshots is not None:  # FSDP: in peer memory too
-            self.survivors.snapshots.take(state)
+        if self.survivors is not None:  # FSDP: a snapshot in peer memory too
+            self.survivors.snapshot(state)
         flag = torch.tensor([int(self.request.requested)], dtype=torch.int64, device=self.ctx.device)
         if int(self.comm.all_reduce_sum(flag).item()):
             self.stop_agreed(state)
@@ -210,8 +205,6 @@ class StepGuard:
         with self.record.phase("checkpoint"):
             self.saver.io.wait()
         self.saver.close()
-        if self.survivors is not None and self.survivors.snapshots is not None:
-            self.survivors.snapshots.settle()  # the last exchange ends with the training, not in the export
         self.guard.exporting()
 
     def _act(self, state: TrainState, verdict: StepVerdict | None, where: str = "") -> None:
@@ -315,15 +308,11 @@ class StepGuard:
         self.record.enter("rejoin" if rejoin else "recovery", t=self.record.last_step_end)  # to training again
         self.watchdog.phase = what if rejoin else "re-forming the group after losing a peer"
         self.vote = self._new_vote()
-        reached = state.step
         try:
             with self.request.interruptible(what):
                 fewer = self.survivors.recover(state, in_flight, silent, rejoin)
         except Interrupted:
             self.off_step.stop(state, what)
-        if state.step < reached:  # FSDP: rolled back to a snapshot in peer memory (the ledger's steps lost)
-            self.record.last_step = state.step  # not the attempt's first step again (``restored`` would say so)
-            self.record.event("restored", step=state.step, in_place=True)
         if fewer is not None:  # the ledger: how many steps ran with fewer replicas
             self.record.event("fewer_replicas", step=state.step, steps=fewer, rejoined=True)
         self.watchdog.beat(state.step, WAITING)

@@ -73,6 +73,22 @@ class InPlace:
         self.replica_size = 1  # the layout's: ranks holding one replica together (``healing.py``)
         self.fewer_since = 0  # the step from which the group trained with fewer replicas (``membership.fewer``)
         self.snapshots: PeerSnapshots | None = None  # FSDP: every rank heals from peer memory (``snapshots.py``)
+        self.record: Any = None  # the ledger's recorder (``RunGuard``): a rollback's steps lost
+
+    def keep_snapshots(self, local_size: int, timeout: float) -> None:
+        """FSDP: each rank's shards in a peer's memory, taken at each commit (``snapshot``)."""
+        self.snapshots = PeerSnapshots(self.comm, local_size, timeout)
+
+    def snapshot(self, state: TrainState) -> None:
+        """A commit: FSDP's snapshot in peer memory (nothing otherwise)."""
+        if self.snapshots is not None:
+            self.snapshots.take(state)
+
+    def finished(self) -> None:
+        """The training ended: the last exchange ends with it, not in the export; no replacement is taken in."""
+        if self.snapshots is not None:
+            self.snapshots.settle()
+        self.membership.finish()
 
     def train_on(self, replica_size: int, board: Callable[[], PeerBoard | None]) -> None:
         """HSDP by node: when a node is lost, the others train on without it (rank 0 leaves out the nodes whose
@@ -152,6 +168,8 @@ class InPlace:
             fewer = self._fewer_steps(state)
         self._form()
         done = self._heal(state, False)
+        if state.step < step and self.record is not None:  # FSDP: rolled back to a snapshot (the ledger's steps lost)
+            self.record.rolled_back(state.step)
         if not rejoin:
             self._record(state, verdict, done, lost, in_flight, failed_at)
         if fewer is not None:
