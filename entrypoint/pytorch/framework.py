@@ -65,6 +65,8 @@ FLAGS = (
          "copy of its shards and sends one to the same local rank of the next node, so a lost node's replacement "
          "heals from peer memory and every rank rolls back to that commit (default); off: a lost peer restarts the "
          "job from its newest sharded checkpoint", choices=("on", "off")),
+    Flag("--snapshot-every", "FSDP with --peer-snapshots on: a snapshot in peer memory every N steps too, besides each "
+         "commit, so that a lost node costs at most N steps (default: at each commit only)", positive_int),
     Flag("--bucket-cap-mb", f"DDP gradient bucket size (default {BUCKET_CAP_MB_DEFAULT})", positive_int),
     Flag("--compile", "torch.compile the model (each shard unit under FSDP/HSDP); the summary reports the compile "
          "time", switch=True),
