@@ -238,7 +238,8 @@ def _outside_chief(attempts: list[Attempt], chiefs: list[Attempt], buckets: dict
 def _progress(chiefs: list[Attempt], attempts: list[Attempt], witnesses: Sequence[Witness]) -> list[Segment]:
     """Every progress segment of the chief's attempts, with what restores rolled back marked wasted (a restore
     within an attempt, ``in_place``: FSDP's survivors rolled back to a snapshot in peer memory, rolls back its own
-    segments before it too). A job that ended without finishing (not running) also loses what its newest commit does not hold."""
+    segments before it too). A job that ended without finishing (not running) also loses what its newest commit
+    does not hold."""
     live: list[Segment] = []
     committed, finished = 0, False
     for a in chiefs:
