@@ -176,6 +176,12 @@ class Recorder:
         self._first_done = False
         self.event("restored", step=step, **fields)
 
+    def rolled_back(self, step: int) -> None:
+        """The training goes on after ``step`` within this attempt (FSDP's survivors rolled back to a snapshot in peer
+        memory): the steps after it are lost, and the next one is not the attempt's first."""
+        self.last_step = step
+        self.event("restored", step=step, in_place=True)
+
     def committed(self, step: int) -> None:
         self.event("committed", step=step)
 

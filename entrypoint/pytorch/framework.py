@@ -50,6 +50,7 @@ def plan(topo: ClusterTopology, options: RunOptions, user_set: Mapping[str, str]
 
 USER_VARIABLES = (ev.OMP_NUM_THREADS, ev.TORCH_NCCL_ASYNC_ERROR_HANDLING)  # torchrun keeps the user's values
 RECOVERY_DEFAULT = "in-place"
+PEER_SNAPSHOTS_DEFAULT = "on"
 BUCKET_CAP_MB_DEFAULT = 64
 # The CUDA major version of images/pytorch's GPU image: torch 2.13's PyPI wheels are built for CUDA 13.
 CUDA_MAJOR = 13
@@ -60,6 +61,12 @@ FLAGS = (
          "training with its replacement, healed from a live replica (default); restart: every process exits, the "
          "job restarts from its checkpoint",
          choices=("in-place", "restart")),
+    Flag("--peer-snapshots", "FSDP across nodes with --recovery in-place: on: at each commit every rank keeps a host "
+         "copy of its shards and sends one to the same local rank of the next node, so a lost node's replacement "
+         "heals from peer memory and every rank rolls back to that commit (default); off: a lost peer restarts the "
+         "job from its newest sharded checkpoint", choices=("on", "off")),
+    Flag("--snapshot-every", "FSDP with --peer-snapshots on: a snapshot in peer memory every N steps too, besides each "
+         "commit, so that a lost node costs at most N steps (default: at each commit only)", positive_int),
     Flag("--bucket-cap-mb", f"DDP gradient bucket size (default {BUCKET_CAP_MB_DEFAULT})", positive_int),
     Flag("--compile", "torch.compile the model (each shard unit under FSDP/HSDP); the summary reports the compile "
          "time", switch=True),

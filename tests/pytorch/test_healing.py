@@ -105,10 +105,17 @@ def plan(strategy: str, *extra: tuple[str, Any]) -> Any:
 @pytest.mark.parametrize(("strategy", "recovery", "expected"), [
     ("ddp", "in-place", True),
     ("hsdp", "in-place", True),  # a live node holds a whole replica
-    ("fsdp", "in-place", False),  # a lost rank takes its shards with it
+    ("fsdp", "in-place", True),  # a peer's memory holds each rank's shards (--peer-snapshots on, the default)
     ("hsdp", "restart", False),  # the off switch
 ])
 def test_which_jobs_keep_training_in_place(strategy: str, recovery: str, expected: bool) -> None:
     from entrypoint.pytorch.launch.membership import applies
 
     assert applies(plan(strategy, ("recovery", recovery))) is expected
+
+
+def test_fsdp_with_peer_snapshots_off_restarts_from_storage() -> None:
+    """Without copies in a peer's memory a lost rank takes its shards with it: the job restarts."""
+    from entrypoint.pytorch.launch.membership import applies
+
+    assert applies(plan("fsdp", ("recovery", "in-place"), ("peer_snapshots", "off"))) is False

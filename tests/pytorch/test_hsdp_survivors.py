@@ -35,6 +35,21 @@ def spoil(checkpoint_dir: Path) -> list[Path]:
     return spoiled
 
 
+def lose_the_worker_node(job: Job, hold: Path, noticed: str, healed: str) -> re.Match[str]:
+    """SIGKILL the worker node, its replacement held back (``--hold``) until the survivors logged ``noticed``; the
+    job ends 0 once ``healed`` was logged, the chief's node keeping its processes; the line ``healed`` matched."""
+    survivor = replica_group(job, "workerpool0-0")
+    hold.touch()  # the replacement builds its datasets once the survivors noticed the loss: else, restarted before
+    vanish(job, "workerpool1-0")  # they noticed it, it would be taken in at once, as before
+    job.wait_for(noticed)
+    hold.unlink()
+    found = job.wait_for(healed, timeout=240)
+    assert replica_group(job, "workerpool0-0") == survivor  # the chief's node kept its processes
+    assert job.wait(300) == 0, job.output()[-4000:]
+    assert wait_gone(job.marker) == []
+    return found
+
+
 def chief_steps(output: str) -> list[int]:
     """The steps of the chief's progress lines, in the order it logged them."""
     return [int(m.group(1)) for line in output.splitlines() if line.startswith("[workerpool0-0]")
@@ -78,17 +93,11 @@ def test_a_lost_hsdp_node_is_healed_from_the_live_replica_and_the_survivors_neve
     try:
         job.wait_for("checkpoint ckpt-00000004 committed")
         job.wait_for_step(9)
-        survivor = replica_group(job, "workerpool0-0")
         committed = max(step for step, _ in checkpoints.committed(out / "checkpoints"))
         assert spoil(out / "checkpoints"), "no checkpoint was committed before the loss"
-        hold.touch()  # the replacement builds its datasets once the survivors went on without it: else, restarted
-        vanish(job, "workerpool1-0")  # before they noticed the loss, it would be taken in at once, as before
-        job.wait_for(r"\[workerpool0-0\] .*training on with 1 of 2 replicas from step \d+ without workerpool1-0")
-        hold.unlink()
-        healed = job.wait_for(HEALED, timeout=240)
-        assert replica_group(job, "workerpool0-0") == survivor  # the chief's node kept its processes
-        assert job.wait(300) == 0, job.output()[-4000:]
-        assert wait_gone(job.marker) == []
+        healed = lose_the_worker_node(
+            job, hold, r"\[workerpool0-0\] .*training on with 1 of 2 replicas from step \d+ without workerpool1-0",
+            HEALED)
     finally:
         job.cleanup()
     output = job.output()

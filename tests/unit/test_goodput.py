@@ -209,6 +209,22 @@ def test_an_in_place_recovery(tmp_path: Path) -> None:
     assert report.mean_time_between_disruptions == pytest.approx(24)
 
 
+def test_an_in_place_recovery_that_rolls_back_to_a_snapshot_loses_the_steps_after_it(tmp_path: Path) -> None:
+    """FSDP's survivors roll back to a snapshot in peer memory within their attempt: the steps after it are lost."""
+    job = Job(tmp_path)
+    job.start("a1", 0)
+    job.add("a1", "restored", 1, step=0)
+    job.progress("a1", 1, 1, 10)
+    job.phase("a1", "recovery", 11, 14)
+    job.add("a1", "restored", 14, step=8, in_place=True)  # the snapshot of step 8: steps 9 and 10 again
+    job.progress("a1", 14, 9, 20)
+    job.add("a1", "training_end", 26, step=20, outcome="finished")
+    job.end("a1", 26)
+    report = job.report()
+    assert report.disruptions == {IN_PLACE: 1}
+    assert (report.steps_lost, report.steps_productive, report.final_step) == (2, 20, 20)
+
+
 def test_a_running_job_is_provisional_and_ends_now(tmp_path: Path) -> None:
     job = Job(tmp_path)
     job.start("a1", 0)

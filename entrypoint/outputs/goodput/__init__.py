@@ -236,19 +236,23 @@ def _outside_chief(attempts: list[Attempt], chiefs: list[Attempt], buckets: dict
 
 
 def _progress(chiefs: list[Attempt], attempts: list[Attempt], witnesses: Sequence[Witness]) -> list[Segment]:
-    """Every progress segment of the chief's attempts, with what restores rolled back marked wasted. A job that
-    ended without finishing (not running) also loses what its newest commit does not hold."""
+    """Every progress segment of the chief's attempts, with what restores rolled back marked wasted (a restore
+    within an attempt, ``in_place``: FSDP's survivors rolled back to a snapshot in peer memory, rolls back its own
+    segments before it too). A job that ended without finishing (not running) also loses what its newest commit
+    does not hold."""
     live: list[Segment] = []
     committed, finished = 0, False
     for a in chiefs:
+        mine = _segments(a)
         for r in sorted(a.training, key=lambda r: float(r.get("t0", r["t"]))):
             if r["kind"] == "restored":
-                _roll_back(live, int(r.get("step", 0)))
+                at = float(r.get("t0", r["t"])) if r.get("in_place") else float("-inf")
+                _roll_back([*live, *(s for s in mine if s.t1 <= at)], int(r.get("step", 0)))
             elif r["kind"] == "committed":
                 committed = max(committed, int(r.get("step", 0)))
             elif r["kind"] == "training_end" and r.get("outcome") == "finished":
                 finished = True
-        live.extend(_segments(a))
+        live.extend(mine)
         live.extend(_unrecorded(a, live, attempts, witnesses))
     if chiefs and not finished and not chiefs[-1].running:
         _roll_back(live, committed)

@@ -39,7 +39,7 @@ from typing import Any
 from entrypoint.errors import PeerError
 from entrypoint.lifecycle.waiting import LOG_EVERY, Wait
 from entrypoint.planning import registry
-from entrypoint.pytorch.framework import RECOVERY_DEFAULT
+from entrypoint.pytorch.framework import PEER_SNAPSHOTS_DEFAULT, RECOVERY_DEFAULT
 from entrypoint.pytorch.launch.store import job_run_id
 
 log = logging.getLogger("entrypoint.pytorch")
@@ -286,11 +286,12 @@ class Membership:
 def applies(plan: Any) -> bool:
     """Whether survivors keep training in this job: the PyTorch hooks loop across nodes, ``--recovery in-place``,
     processes placed by our launcher (not by the platform's own torchrun), a replicated model or HSDP (a live node
-    holds a whole replica; a model sharded over every rank restarts from its checkpoint: a lost rank takes its
-    shards with it)."""
+    holds a whole replica), or FSDP with ``--peer-snapshots on`` (a peer's memory holds each rank's shards; off: a
+    model sharded over every rank restarts from its checkpoint, a lost rank takes its shards with it)."""
     topo, recovery = plan.topology, plan.options.framework_option("recovery", RECOVERY_DEFAULT)
+    peers = plan.options.framework_option("peer_snapshots", PEER_SNAPSHOTS_DEFAULT) == "on"
     return bool(registry.get(plan.framework).survivors_regroup and recovery == "in-place" and topo.num_nodes >= 2
-                and plan.strategy != "fsdp"
+                and (plan.strategy != "fsdp" or peers)
                 and topo.chief_host_port() is not None and not topo.processes_started_externally
                 and plan.require_code().kind == "hooks")
 

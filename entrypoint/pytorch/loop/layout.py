@@ -22,7 +22,7 @@ from torch import nn
 from entrypoint.planning import registry
 from entrypoint.planning.plan import Plan
 from entrypoint.pytorch.checkpoints.formats import CheckpointFormat, ReplicatedFormat, ShardedFormat
-from entrypoint.pytorch.framework import BUCKET_CAP_MB_DEFAULT
+from entrypoint.pytorch.framework import BUCKET_CAP_MB_DEFAULT, PEER_SNAPSHOTS_DEFAULT
 from entrypoint.pytorch.launch.collectives import Collectives, TorchDistributed
 from entrypoint.pytorch.loop import parallel
 from entrypoint.pytorch.loop.export import SHARDS, WHOLE, Export
@@ -43,6 +43,7 @@ class Layout:
     survives_lost_peer: bool  # survivors may keep training (a live replica holds the lost one's state); else a restart
     load_with: str  # how the training summary says to load what the job wrote
     replica_size: int = 1  # ranks that hold one replica together: a healed rank r takes rank r % replica_size's state
+    peer_snapshots: bool = False  # FSDP across nodes: each rank's shards in a peer's memory heal a lost node
 
 
 def lay_out(model: nn.Module, plan: Plan, comm: Collectives, device: torch.device, compiled: bool,
@@ -67,9 +68,13 @@ def lay_out(model: nn.Module, plan: Plan, comm: Collectives, device: torch.devic
     if not healing:  # a replacement's weights come from the live replica
         parallel.same_weights_everywhere(model, comm)
     by_node = survivors.by_node(placed.local_rank, local) if survivors is not None and choice.name == "hsdp" else None
+    peers = survivors is not None and choice.name == "fsdp" and nodes > 1 and \
+        options.framework_option("peer_snapshots", PEER_SNAPSHOTS_DEFAULT) == "on"
     sharded = Sharded(choice, device, nodes, local, options.bf16, compiled, by_node,
-                      survivors.average_replicas if by_node is not None and survivors is not None else None)
+                      survivors.average_replicas if by_node is not None and survivors is not None else None,
+                      regroups=peers)
     return Layout(choice, sharded,
                   ShardedFormat.for_mode(mode, keep, placed.training_rank, options.timeout, device.type == "cuda"),
-                  evaluates_in_lockstep=True, export=SHARDS, survives_lost_peer=by_node is not None,
-                  load_with=parallel.LOAD_SHARDED, replica_size=local if by_node is not None else 1)
+                  evaluates_in_lockstep=True, export=SHARDS, survives_lost_peer=by_node is not None or peers,
+                  load_with=parallel.LOAD_SHARDED, replica_size=local if by_node is not None else 1,
+                  peer_snapshots=peers)

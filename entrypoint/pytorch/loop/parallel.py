@@ -189,10 +189,11 @@ class Sharded:
 
     def __init__(self, choice: Choice, device: torch.device, num_nodes: int, local_world_size: int, bf16: bool,
                  compile: bool, by_node: NodeReplicas | None = None,
-                 average: Callable[[list[torch.Tensor]], None] | None = None) -> None:
+                 average: Callable[[list[torch.Tensor]], None] | None = None, regroups: bool = False) -> None:
         from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
         self.device, self.compile, self.average = device, compile, average  # average: across replicas (by node)
+        self.regroups = regroups  # FSDP whose survivors re-form the job's group: the mesh follows it (``wrap``)
         if by_node is not None:  # HSDP whose replicas survive a lost node: FSDP within the node (``replicas.py``)
             self.mesh = DeviceMesh.from_group(by_node.form_node(), device.type, mesh_dim_names=("shard",))
         elif choice.name == "hsdp":  # ``choose`` made it FSDP where the ranks are not nodes x processes per node
@@ -225,7 +226,9 @@ class Sharded:
         return model
 
     def wrap(self, model: nn.Module, optimizer: Any) -> tuple[nn.Module, Any]:
-        """Nothing to wrap: the sharded model reduces its own gradients."""
+        """Nothing to wrap: the sharded model reduces its own gradients (over the current group: ``regroup``)."""
+        if self.regroups:
+            regroup(model, self.mesh)
         return model, optimizer
 
     def reduce_gradients(self, model: nn.Module) -> None:
@@ -240,6 +243,34 @@ class Sharded:
     def digest(self, model: nn.Module) -> str:
         """A digest of this rank's shards (ranks hold different shards: compare one rank across runs)."""
         return param_digest(model)
+
+
+def regroup(model: nn.Module, mesh: Any) -> None:
+    """FSDP over every rank whose survivors re-formed the job's group after a lost peer: the mesh and every unit
+    ``fully_shard`` made (its mesh infos captured the group once) gather and reduce on the current group from now
+    on. Its shards, ranks and layout are unchanged (the same world size): only the broken group is swapped."""
+    from torch.distributed.distributed_c10d import _get_default_group
+    from torch.distributed.fsdp import FSDPModule
+
+    group = _get_default_group()
+    name = group.group_name
+    mesh._dim_group_names = [name]
+    registry = getattr(mesh, "_pg_registry", None)
+    if isinstance(registry, dict):
+        registry.clear()
+        registry[name] = group
+    for module in model.modules():
+        if not isinstance(module, FSDPModule):
+            continue
+        params = module._get_fsdp_state()._fsdp_param_group
+        if params is None:
+            continue
+        infos = [params.mesh_info, params.post_forward_mesh_info]
+        for param in params.fsdp_params:
+            infos += [param.mesh_info, param.post_forward_mesh_info]
+        for info in infos:
+            if info is not None and hasattr(info, "shard_process_group"):
+                info.shard_process_group = group
 
 
 def compile_forward(unit: nn.Module) -> None:

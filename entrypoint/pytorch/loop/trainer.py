@@ -147,6 +147,11 @@ class Trainer:
         if batches.steps_per_epoch == 0:
             raise ConfigError("--batch-size", f"{self.batch_size} x {ctx.world_size} replicas exceeds the training set")
         saver = LoopCheckpoints(self.plan, self.comm, ctx, layout.checkpoints, self.batch_size)
+        if layout.peer_snapshots and self.guard.survivors is not None:  # FSDP: each rank's shards in a peer's memory
+            self.guard.survivors.keep_snapshots(self.plan.placed.local_world_size, opts.timeout)
+        elif opts.framework_option("snapshot_every") and ctx.is_chief:
+            log.warning("--snapshot-every has no effect here: snapshots in peer memory are taken for FSDP across "
+                        "nodes with --recovery in-place and --peer-snapshots on only")
         steps = StepGuard(self.guard, saver, layout.evaluates_in_lockstep, layout.survives_lost_peer,
                           layout.replica_size)
         return state, batches, eval_set, layout, steps
@@ -188,6 +193,7 @@ class Trainer:
             state.advance(batches.samples_per_step)
             self._report(state, loss, epoch, progress)
             steps.after_step(state, loss, save=self._checkpoint_due(state, batches))
+            self._snapshot(state, batches)
             self.compiled.after_step(state)  # the chief keeps --compile's caches in the job dir once they grew
 
     def _step(self, state: TrainState, batch: Any, steps: StepGuard) -> torch.Tensor:
@@ -233,6 +239,14 @@ class Trainer:
         """A ``--checkpoint-every`` step inside the epoch (its end checkpoints anyway)."""
         every = self.options.checkpoint_every
         return bool(every) and state.step % every == 0 and batches.steps_left(state.sample) > 0
+
+    def _snapshot(self, state: TrainState, batches: TrainBatches) -> None:
+        """``--snapshot-every``: FSDP's snapshot in peer memory at a step no commit takes one at (every rank here)."""
+        every, survivors = self.options.framework_option("snapshot_every"), self.guard.survivors
+        if survivors is None or not every or state.step % int(every) or batches.steps_left(state.sample) == 0:
+            return  # the epoch's last step: its end commits (and snapshots) anyway
+        if not self._checkpoint_due(state, batches):
+            survivors.snapshot(state)
 
     def _end_epoch(self, state: TrainState, eval_set: Dataset[Any], epoch: int, layout: Layout,
                    steps: StepGuard) -> None:

@@ -72,6 +72,8 @@ class RunGuard:
         self.survivors = survivors  # survivors keep training: the group's generations (``survivors.py``)
         # The job ledger (the chief's; a no-op elsewhere): phases, steps, saves, restores, recoveries (goodput).
         self.record = recorder.for_training(plan.outputs.job_dir, plan.topology.replica_name, ctx.rank, ctx.is_chief)
+        if survivors is not None:
+            survivors.record = self.record  # an in-place rollback's steps lost (FSDP's snapshots)
         self.request = StopRequest()
         self.watchdog = HangWatchdog(plan.options.hang_timeout, failure_context, plan.options.startup_timeout)
         self.watchdog.stop_deadline(self.request, plan.options.grace_period, self.holding)
@@ -194,7 +196,7 @@ class RunGuard:
         """The final checkpoint is committed: the export is a region a stop ends at once."""
         self.watchdog.end_startup()  # nothing was left to train (a rerun at the final checkpoint)
         if self.survivors is not None:  # a lost node's replacement still starting has nothing left to join
-            self.survivors.membership.finish()
+            self.survivors.finished()
         self.watchdog.phase = "exporting the model (chief) and waiting for it (the others)"
         self.record.enter("export")
         self.request.enter(EXPORT)

@@ -60,11 +60,17 @@ def _bytes(tensor: torch.Tensor) -> bytes:
 
 def state_digest(state: TrainState) -> str:
     """A digest of this rank's parameters (its shards) and optimizer state, bytes as they are."""
+    return tensors_digest(state.model.state_dict(), state.optimizer.state_dict()["state"])
+
+
+def tensors_digest(model: dict[str, Any], optimizer_state: dict[Any, Any]) -> str:
+    """``state_digest`` of a model's state dict and an optimizer's ``state`` (live, or the host copy
+    ``live_shards`` made of them: the same digest)."""
     digest = hashlib.sha256()
-    for name, tensor in state.model.state_dict().items():
+    for name, tensor in model.items():
         digest.update(name.encode())
         digest.update(_bytes(tensor))
-    for index, entry in sorted(state.optimizer.state_dict()["state"].items()):
+    for index, entry in sorted(optimizer_state.items()):
         for key, value in sorted(entry.items()):
             digest.update(f"{index}/{key}".encode())
             if isinstance(value, torch.Tensor):

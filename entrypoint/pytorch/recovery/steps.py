@@ -22,12 +22,11 @@ loop calls it at a handful of points:
 - ``evaluating(state)`` and ``epoch_done(state)``: the vote between evaluation batches (every rank abandons it at the
   same batch on a stop: the trained step is committed, the restart evaluates again; or commits at once on a
   notice; each batch beats), then the epoch's checkpoint.
-- ``attempts(state)``: the training runs once; with survivors-keep-training on (``survivors.py``) and a layout in which
-  a live replica holds every lost rank's state (every rank holds the whole model, or HSDP by node), a lost peer
-  re-forms the group with its replacement (HSDP: over the live nodes at once, taking the returning node in at the step
-  boundary the vote agrees on) and the training runs again from the live replica's position; a stop
-  while the survivors wait for it commits the last trained step (``stops.py``). A failure ends the checkpoint write
-  in flight before the failure's last line.
+- ``attempts(state)``: the training runs once; with survivors-keep-training on (``survivors.py``) and a layout whose
+  lost ranks' state lives on (a replicated model, HSDP by node, FSDP's snapshots in peer memory), a lost peer re-forms
+  the group with its replacement (HSDP: over the live nodes at once, taking the returning node in at the step boundary
+  the vote agrees on) and the training runs again from the healed position; a stop while the survivors wait commits
+  the last trained step (``stops.py``). A failure ends the checkpoint write in flight before its last line.
 - ``finishing(state)``: every write committed, the writer closed; the export is a region a stop ends at once.
 """
 
@@ -79,8 +78,8 @@ class StepGuard:
         if self.survivors is not None:
             self.survivors.replica_size = replica_size  # a healed rank takes rank r % replica_size's state
         if guard.survivors is not None and not survives_lost_peer:
-            log.info("survivors keep training is off for a model sharded over every rank (FSDP): a lost peer "
-                     "restarts the job from its newest sharded checkpoint")
+            log.info("survivors keep training is off for a model sharded over every rank (FSDP) with "
+                     "--peer-snapshots off: a lost peer restarts the job from its newest sharded checkpoint")
         self.skips_nonfinite = self.plan.options.on_nonfinite == "skip"
         self._rejoin = False  # the vote said a lost node's replacement is there: take it in at the next boundary
         if self.survivors is not None and replica_size > 1:  # HSDP by node: train on with fewer replicas meanwhile
@@ -191,6 +190,8 @@ class StepGuard:
             self.watchdog.phase = "checkpointing"
             self._save(state)
             self.notice.saved(state.step)
+        if self.survivors is not None:  # FSDP: a snapshot in peer memory too
+            self.survivors.snapshot(state)
         flag = torch.tensor([int(self.request.requested)], dtype=torch.int64, device=self.ctx.device)
         if int(self.comm.all_reduce_sum(flag).item()):
             self.stop_agreed(state)

@@ -35,6 +35,7 @@ from entrypoint.planning.usercode import module_source
 from entrypoint.pytorch.launch.collectives import TorchDistributed
 from entrypoint.pytorch.launch.membership import GroupVerdict, Membership, fingerprint
 from entrypoint.pytorch.recovery.healing import Healing, heal
+from entrypoint.pytorch.recovery.snapshots import PeerSnapshots
 from entrypoint.pytorch.state import TrainState
 
 log = logging.getLogger("entrypoint.pytorch")
@@ -71,6 +72,23 @@ class InPlace:
         self.joining = False
         self.replica_size = 1  # the layout's: ranks holding one replica together (``healing.py``)
         self.fewer_since = 0  # the step from which the group trained with fewer replicas (``membership.fewer``)
+        self.snapshots: PeerSnapshots | None = None  # FSDP: every rank heals from peer memory (``snapshots.py``)
+        self.record: Any = None  # the ledger's recorder (``RunGuard``): a rollback's steps lost
+
+    def keep_snapshots(self, local_size: int, timeout: float) -> None:
+        """FSDP: each rank's shards in a peer's memory, taken at each commit (``snapshot``)."""
+        self.snapshots = PeerSnapshots(self.comm, local_size, timeout)
+
+    def snapshot(self, state: TrainState) -> None:
+        """A commit: FSDP's snapshot in peer memory (nothing otherwise)."""
+        if self.snapshots is not None:
+            self.snapshots.take(state)
+
+    def finished(self) -> None:
+        """The training ended: the last exchange ends with it, not in the export; no replacement is taken in."""
+        if self.snapshots is not None:
+            self.snapshots.settle()
+        self.membership.finish()
 
     def train_on(self, replica_size: int, board: Callable[[], PeerBoard | None]) -> None:
         """HSDP by node: when a node is lost, the others train on without it (rank 0 leaves out the nodes whose
@@ -108,11 +126,18 @@ class InPlace:
         if not self.joining:
             self.fingerprint = model_fingerprint(state.model, self.plan, self.comm.world_size)
             return None
-        done = heal(self.comm, state, True, self.me, self.replica_size)
-        log.info("joined the group (generation %d) at step %d, healed %s in %.2f s from the live replica, nothing "
+        done = self._heal(state, True)
+        source = "its peer's memory" if self.snapshots is not None else "the live replica"
+        log.info("joined the group (generation %d) at step %d, healed %s in %.2f s from %s, nothing "
                  "read from storage; fingerprints %s", self.membership.generation, state.step, done.words(),
-                 done.seconds, " ".join(done.fingerprints))
+                 done.seconds, source, " ".join(done.fingerprints))
         return done
+
+    def _heal(self, state: TrainState, joining: bool) -> Healing:
+        """From a live replica, or (FSDP) every rank from the newest snapshot every rank's copy of is there."""
+        if self.snapshots is not None:
+            return self.snapshots.heal(state, joining, self.me)
+        return heal(self.comm, state, joining, self.me, self.replica_size)
 
     def started(self) -> None:
         """Generation 0 trains: replacements may join from now on."""
@@ -125,8 +150,10 @@ class InPlace:
         Returns how many steps ran with fewer replicas when a returning node made the group whole again."""
         failed_at, step = time.time(), state.step
         fewer_before = self.membership.fewer
-        lost = [s.member.replica for s in silent]
+        lost = list(dict.fromkeys(s.member.replica for s in silent))  # a node's ranks name it once
         if not rejoin:
+            if self.snapshots is not None:
+                self.snapshots.dropped()  # the exchange in flight ends with its group
             self.comm.drop_group()
         state.wrapped = None
         gc.collect()  # the old DDP's hooks and buffers go with it
@@ -140,15 +167,22 @@ class InPlace:
         if fewer_before and (rejoin or verdict.joiners) and state.recoveries:  # before healing: the joiner gets it
             fewer = self._fewer_steps(state)
         self._form()
-        done = heal(self.comm, state, False, self.me, self.replica_size)
+        done = self._heal(state, False)
+        if state.step < step and self.record is not None:  # FSDP: rolled back to a snapshot (the ledger's steps lost)
+            self.record.rolled_back(state.step)
         if not rejoin:
             self._record(state, verdict, done, lost, in_flight, failed_at)
         if fewer is not None:
             log.info("%s joined again at step %d; %s", ", ".join(dict.fromkeys(
                 self.membership.names(r) for r in sorted(verdict.joiners))) or "the lost replica", state.step,
                 lost_work.Recovery(**state.recoveries[-1]).line())
-        log.info("group re-formed with %d replicas at step %d, healed %s in %.2f s; fingerprints %s",
-                 self.comm.world_size, state.step, done.words(), done.seconds, " ".join(done.fingerprints))
+        if self.snapshots is not None:
+            log.info("group re-formed with %d ranks: every rank rolled back to its snapshot of step %d, healed %s "
+                     "from peer memory in %.2f s, nothing read from storage; fingerprints %s", self.comm.world_size,
+                     state.step, done.words(), done.seconds, " ".join(done.fingerprints))
+        else:
+            log.info("group re-formed with %d replicas at step %d, healed %s in %.2f s; fingerprints %s",
+                     self.comm.world_size, state.step, done.words(), done.seconds, " ".join(done.fingerprints))
         if self.membership.fewer and not fewer_before:
             self.fewer_since = state.step
         if self.membership.fewer:
@@ -181,6 +215,9 @@ class InPlace:
         names = list(dict.fromkeys([self.membership.names(r) for r in sorted(verdict.joiners) or out]
                                    or lost or ["a peer"]))
         reached = max(done.steps)
+        taken = self.snapshots.taken_at(state.step) if self.snapshots is not None else None
+        if taken is not None and reached > state.step:  # rolled back: the training since the snapshot is lost too
+            in_flight += max(failed_at - taken, 0.0)
         cost = lost_work.Recovery(
             replica=", ".join(names), lost_at_step=reached, resumed_from_step=state.step,
             lost_steps=max(reached - state.step, 0), lost_seconds=round(in_flight, 3), how="in_place",

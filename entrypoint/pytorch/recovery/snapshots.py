@@ -1,0 +1,188 @@
+"""FSDP without replicas heals from peer memory: each rank's shards, in host memory here and on a peer.
+
+A model sharded over every rank (FSDP) has no live replica: a lost node takes shards no other process holds. So at
+each commit (``StepGuard.checkpoint``: every ``--checkpoint-every`` step and every epoch's end) every rank keeps a
+host copy of its own training state (``healing.live_shards``: its parameter shards and their optimizer state, the
+scheduler, the position in the data, the history) with a fingerprint of it (``healing.tensors_digest``), and sends
+one to its **peer**, the same local rank on the next node in ring order (rank ``r`` -> ``(r + L) % W``, ``L``
+processes per node, ``W`` ranks), which keeps it beside its own. The copy is made on the training thread (the state
+must not move under it); the fingerprint, the serialization and the exchange run in a background thread on a gloo
+group of their own (formed with the generation, at its first commit), off the training step. The two newest
+snapshots of each kind are kept (an exchange cut short by the loss leaves the one before).
+
+When a node is lost the survivors keep their processes and wait for its replacement (``survivors.py``, as the
+replicated model's do). Once it is taken in, every rank says which snapshots it holds; every rank rolls back to the
+newest step of which every rank's copy is there (a survivor's its own, a replacement's at its peer), the replacement
+receiving its copy from its peer rank to rank over the re-formed group; nothing is read from storage. Every rank's
+fingerprint after adopting it must equal the one its snapshot was taken with. The random streams follow from
+(seed, rank, step) (``state.reseed``), so the job trains on exactly as one resumed from a checkpoint of that step.
+Storage is the fallback, said in one line (a ``PeerError``: the job restarts from its newest checkpoint): no step of
+which every copy is there (a node lost with its peer, or before the first commit), a copy that does not match its
+fingerprint; a replacement of another world size or model is refused before (``membership.py``).
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import logging
+import threading
+import time
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from entrypoint.errors import PeerError
+from entrypoint.pytorch.launch.collectives import TorchDistributed
+from entrypoint.pytorch.recovery.healing import Healing, adopt_shards, live_shards, state_digest, tensors_digest
+from entrypoint.pytorch.state import TrainState
+
+log = logging.getLogger("entrypoint.pytorch")
+KEEP = 2  # snapshots of each kind kept: the newest, and the one before (an exchange the loss cut short)
+FALLBACK = "the job restarts from its newest checkpoint in storage"
+
+
+def peer_of(rank: int, local: int, world: int) -> int:
+    """The rank that keeps ``rank``'s copy: the same local rank on the next node, in ring order."""
+    return (rank + local) % world
+
+
+class PeerSnapshots:
+    """This rank's snapshots (its own, and its ring predecessor's copy), the exchange in flight, and the heal."""
+
+    def __init__(self, comm: TorchDistributed, local_size: int, timeout: float) -> None:
+        self.comm, self.local, self.timeout = comm, max(local_size, 1), timeout
+        self.own: dict[int, dict[str, Any]] = {}  # step -> {"payload", "digest", "at"}: this rank's
+        self.held: dict[int, dict[str, Any]] = {}  # step -> the same, of rank (r - L) % W
+        self.group: Any = None  # the exchange's gloo group, per generation
+        self.thread: threading.Thread | None = None
+        self.failed = ""  # the last exchange's failure, in words
+        self.exchange_seconds = 0.0  # the last exchange's time (in the background)
+        self.copy_seconds = 0.0  # the last host copy's time (on the training thread)
+        self.bytes = 0  # one snapshot's size, serialized
+        self._lock = threading.Lock()
+        self._said = False
+
+    # ---- at a commit -----------------------------------------------------------------------------
+    def take(self, state: TrainState) -> None:
+        """Every rank at the same commit: a host copy of this rank's state, fingerprinted and sent to its peer in the
+        background (the exchange before it is finished first)."""
+        world = self.comm.world_size
+        if world <= self.local:  # one node: no peer on another node
+            return
+        self.settle()
+        if self.group is None:  # every rank at its generation's first commit, in step
+            self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=self.timeout))
+        started = time.perf_counter()
+        payload = live_shards(state, world)
+        self.copy_seconds = time.perf_counter() - started
+        rank = self.comm.rank
+        self.thread = threading.Thread(
+            target=self._exchange, name="peer-snapshot", daemon=True,
+            args=(state.step, payload, peer_of(rank, self.local, world), (rank - self.local) % world))
+        self.thread.start()
+
+    def _exchange(self, step: int, payload: dict[str, Any], peer: int, source: int) -> None:
+        started = time.perf_counter()
+        own = {"payload": payload, "digest": tensors_digest(payload["model"], payload["optimizer"]["state"]),
+               "at": time.time()}
+        self._keep(self.own, step, own)
+        buffer = io.BytesIO()
+        torch.save(own, buffer)
+        data = torch.frombuffer(buffer.getbuffer(), dtype=torch.uint8)  # the buffer's bytes, not a copy
+        self.bytes = data.numel()
+        try:
+            sends = [dist.isend(torch.tensor([data.numel()], dtype=torch.int64), peer, group=self.group),
+                     dist.isend(data, peer, group=self.group)]
+            size = torch.zeros(1, dtype=torch.int64)
+            dist.recv(size, source, group=self.group)
+            got = torch.empty(int(size.item()), dtype=torch.uint8)
+            dist.recv(got, source, group=self.group)
+            for sent in sends:
+                if sent is not None:
+                    sent.wait()
+        except Exception as exc:  # a peer lost mid-exchange: the snapshot before this one is what it holds
+            self.failed = f"the exchange of step {step}'s snapshot with ranks {peer} and {source} failed: {exc}"
+            return
+        held = torch.load(io.BytesIO(got.numpy().data), weights_only=False)
+        self._keep(self.held, step, held)
+        self.failed, self.exchange_seconds = "", time.perf_counter() - started
+        if not self._said and self.comm.rank == 0:  # what it costs, once
+            self._said = True
+            log.info("peer snapshot of step %d: this rank's shards and optimizer state (%.1f MiB) copied to host "
+                     "memory in %.3f s on the training thread, fingerprinted and exchanged with rank %d in %.2f s in "
+                     "the background; each rank keeps its own two newest and its peer's", step, self.bytes / 2**20,
+                     self.copy_seconds, peer, self.exchange_seconds)
+
+    def _keep(self, kind: dict[int, dict[str, Any]], step: int, snapshot: dict[str, Any]) -> None:
+        with self._lock:
+            kind[step] = snapshot
+            for old in sorted(kind)[:-KEEP]:
+                del kind[old]
+
+    def settle(self) -> None:
+        """The exchange in flight ends (before the group is dropped, or the next one starts)."""
+        if self.thread is not None:
+            self.thread.join(self.timeout)
+            self.thread = None
+
+    def dropped(self) -> None:
+        """The generation's group is gone (a lost peer): so is the exchange's; the next generation forms its own."""
+        self.settle()
+        self.group = None
+
+    # ---- the heal --------------------------------------------------------------------------------
+    def heal(self, state: TrainState, joining: bool, me: tuple[str, str]) -> Healing:
+        """Every rank rolls back to the newest snapshot every rank's copy of is there (a replacement's from its peer,
+        rank to rank); fingerprints compared. Raises PeerError (the checkpoint path), naming why, when it cannot."""
+        comm, started = self.comm, time.perf_counter()
+        world, rank = comm.world_size, comm.rank
+        with self._lock:
+            own, held = ([], []) if joining else (sorted(self.own), sorted(self.held))
+        views = comm.gather_object((state.step, joining, me, own, held))
+        joiners = [r for r, view in enumerate(views) if view[1]]
+        holders = {r: peer_of(r, self.local, world) for r in joiners}
+        both = [r for r in joiners if views[holders[r]][1]]
+        if both:
+            raise PeerError(f"the peer-memory snapshots of rank {both[0]} are gone: it and its peer (rank "
+                            f"{holders[both[0]]}) were both lost; {FALLBACK}")
+        steps = [set(views[holders[r]][4]) if r in holders else set(views[r][3]) for r in range(world)]
+        common = set.intersection(*steps)
+        if not common:
+            short = min(range(world), key=lambda r: len(steps[r]))
+            raise PeerError(f"no peer-memory snapshot of one step is held for every rank (rank {short}'s: "
+                            f"{sorted(steps[short]) or 'none'}; none is taken before the first commit); {FALLBACK}")
+        step = max(common)
+        for joiner, holder in holders.items():
+            if holder == rank:
+                comm.send_object({**self.held[step], "recoveries": state.recoveries}, joiner)
+        if joining:
+            got = comm.recv_object(holders[rank])
+            recoveries = got["recoveries"]
+            self._keep(self.own, step, {key: got[key] for key in ("payload", "digest", "at")})
+        else:
+            got, recoveries = self.own[step], list(state.recoveries)
+        adopt_shards(state, copy.deepcopy(got["payload"]))  # what is kept never aliases the training state
+        state.recoveries = list(recoveries)  # the survivors' record of what losses cost, not the snapshot's
+        self._forget_after(step)
+        fingerprints = comm.gather_object((state_digest(state), got["digest"]))
+        differ = [r for r, (now, taken) in enumerate(fingerprints) if now != taken]
+        if differ:
+            raise PeerError(f"the peer-memory snapshot of step {step} does not match its fingerprint on " + ", ".join(
+                f"rank {r} ({fingerprints[r][0]}, taken as {fingerprints[r][1]})" for r in differ) + f"; {FALLBACK}")
+        return Healing(joiners, [int(v[0]) for v in views], [tuple(v[2]) for v in views], time.perf_counter() - started,
+                       holders, [str(f[0]) for f in fingerprints])
+
+    def _forget_after(self, step: int) -> None:
+        """Snapshots newer than the one every rank rolled back to describe steps that are trained again."""
+        with self._lock:
+            for kind in (self.own, self.held):
+                for newer in [s for s in kind if s > step]:
+                    del kind[newer]
+
+    def taken_at(self, step: int) -> float | None:
+        """When the snapshot of ``step`` was taken (wall clock), if this rank holds its own."""
+        snapshot = self.own.get(step)
+        return float(snapshot["at"]) if snapshot is not None else None

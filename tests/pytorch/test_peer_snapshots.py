@@ -1,0 +1,129 @@
+"""The pieces of FSDP's heal from peer memory that need no second process: a rank rolls back to its own snapshot bit
+for bit, a copy that does not match its fingerprint and a snapshot held by no live rank each fall back to storage in
+one line, and an FSDP model follows the job's group when the survivors re-form it. The whole recovery, with
+processes, is ``test_fsdp_peer_snapshots.py``."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from entrypoint.errors import PeerError
+from tests.pytorch.test_healing import one_rank, train
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+pytestmark = pytest.mark.pytorch
+__all__ = ["one_rank"]  # the fixture, used by name
+
+
+def world_sharded(seed: int) -> tuple[Any, Any]:
+    """A small model sharded by FSDP2 over the job's (default) group, in a TrainState with Adam; and its mesh."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from entrypoint.pytorch.state import TrainState
+
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),), mesh_dim_names=("shard",))
+    fully_shard(model, mesh=mesh)
+    return TrainState(model, torch.optim.Adam(model.parameters(), 1e-2), None), mesh
+
+
+def keep_own(snapshots: Any, state: Any) -> None:
+    """What ``take`` keeps of this rank at a commit (its exchange needs a peer on another node)."""
+    from entrypoint.pytorch.recovery.healing import live_shards, tensors_digest
+
+    payload = live_shards(state, 1)
+    digest = tensors_digest(payload["model"], payload["optimizer"]["state"])
+    snapshots._keep(snapshots.own, state.step, {"payload": payload, "digest": digest, "at": time.time()})
+
+
+def test_a_survivor_rolls_back_to_its_own_snapshot_bit_for_bit_and_keeps_its_record(one_rank: Any) -> None:
+    from entrypoint.pytorch.recovery.healing import state_digest, tensors_digest
+    from entrypoint.pytorch.recovery.snapshots import PeerSnapshots
+
+    state, _ = world_sharded(1)
+    snapshots = PeerSnapshots(one_rank, 1, 30)
+    train(state, 2)
+    keep_own(snapshots, state)
+    at_snapshot = state_digest(state)
+    train(state, 3)  # trained on past the snapshot, then the loss
+    state.recoveries = [{"replica": "workerpool1-0"}]
+    done = snapshots.heal(state, False, ("workerpool0-0", "host"))
+    assert (state.step, state.sample) == (2, 8) and state_digest(state) == at_snapshot
+    assert done.fingerprints == [at_snapshot] and done.steps == [5] and done.healed == []
+    assert state.recoveries == [{"replica": "workerpool1-0"}]  # the survivors' record, not the snapshot's
+    train(state, 1)  # trains on: what it kept is a copy, never the live state
+    kept = snapshots.own[2]["payload"]
+    assert tensors_digest(kept["model"], kept["optimizer"]["state"]) == at_snapshot
+
+
+def test_a_snapshot_that_does_not_match_its_fingerprint_falls_back_to_storage_in_one_line(one_rank: Any) -> None:
+    from entrypoint.pytorch.recovery.snapshots import PeerSnapshots
+
+    state, _ = world_sharded(1)
+    snapshots = PeerSnapshots(one_rank, 1, 30)
+    train(state, 2)
+    keep_own(snapshots, state)
+    next(iter(snapshots.own[2]["payload"]["model"].values())).view(-1)[0] += 1e-6  # a bit flipped in host memory
+    with pytest.raises(PeerError, match=r"^the peer-memory snapshot of step 2 does not match its fingerprint on "
+                                        r"rank 0 \(\w+, taken as \w+\); the job restarts from its newest checkpoint "
+                                        r"in storage$"):
+        snapshots.heal(state, False, ("workerpool0-0", "host"))
+
+
+def test_no_snapshot_before_the_first_commit_falls_back_to_storage(one_rank: Any) -> None:
+    from entrypoint.pytorch.recovery.snapshots import PeerSnapshots
+
+    state, _ = world_sharded(1)
+    with pytest.raises(PeerError, match=r"no peer-memory snapshot of one step is held for every rank \(rank 0's: "
+                                        r"none; none is taken before the first commit\); the job restarts from"):
+        PeerSnapshots(one_rank, 1, 30).heal(state, False, ("workerpool0-0", "host"))
+
+
+class Views:
+    """A group of ``world`` ranks as one rank sees it at the heal's first gather (what every rank holds)."""
+
+    def __init__(self, views: list[Any]) -> None:
+        self.views, self.rank, self.world_size = views, 0, len(views)
+
+    def gather_object(self, value: Any) -> list[Any]:
+        return self.views
+
+
+def test_a_node_lost_with_its_peer_falls_back_to_storage_naming_both() -> None:
+    from entrypoint.pytorch.recovery.snapshots import PeerSnapshots
+
+    me = ("w", "h")
+    # 3 nodes of 2 processes: nodes 1 and 2 lost together; node 2's copies were on node 0, node 1's on node 2
+    views = [(9, False, me, [8], [8]), (9, False, me, [8], [8]), (0, True, me, [], []), (0, True, me, [], []),
+             (0, True, me, [], []), (0, True, me, [], [])]
+    with pytest.raises(PeerError, match=r"^the peer-memory snapshots of rank 2 are gone: it and its peer \(rank 4\) "
+                                        r"were both lost; the job restarts from its newest checkpoint in storage$"):
+        PeerSnapshots(Views(views), 2, 30).heal(SimpleNamespace(step=9), False, me)  # type: ignore[arg-type]
+    # one node lost before its first exchange completed: the survivors hold their own copies, none of its
+    views = [(5, False, me, [4], []), (5, False, me, [4], []), (0, True, me, [], []), (0, True, me, [], [])]
+    with pytest.raises(PeerError, match=r"^no peer-memory snapshot of one step is held for every rank \(rank 2's: "
+                                        r"none; "):
+        PeerSnapshots(Views(views), 2, 30).heal(SimpleNamespace(step=9), False, me)  # type: ignore[arg-type]
+
+
+def test_an_fsdp_model_follows_the_jobs_group_when_the_survivors_re_form_it(one_rank: Any) -> None:
+    from entrypoint.pytorch.loop.parallel import regroup
+
+    state, mesh = world_sharded(1)
+    train(state, 1)
+    one_rank.drop_group()  # a lost peer: the group FSDP captured is destroyed
+    one_rank.form_group(dist.HashStore())  # the next generation
+    regroup(state.model, mesh)
+    group = dist.distributed_c10d._get_default_group()
+    assert mesh.get_group() is group  # what a clip of the gradients' norm reduces on
+    captured = state.model._get_fsdp_state()._fsdp_param_group  # what FSDP captured at fully_shard
+    assert captured._all_gather_process_group is group and captured._reduce_scatter_process_group is group
+    train(state, 1)  # gathers and reduces on the new group
+    assert state.step == 2
