@@ -161,6 +161,7 @@ def _run(options: RunOptions, ctx: failures.FailureContext) -> int:
     ctx.job_dir = resolve_outputs(job_dir=options.job_dir or settings.job_dir,
                                   model_dir=options.model_dir or settings.model_dir, checkpoint_dir=None,
                                   tensorboard_dir=None, trial=None).job_dir
+    ctx.run_started = settings.run_started  # `local`'s run: records from before it are an earlier run's
     ctx.replica = "this node"  # until the cluster's variables name it (they may be what is wrong)
     topology = resolve()
     ctx.replica = topology.replica_name

@@ -87,6 +87,9 @@ TRAINER_MODULE = "TRAINER_MODULE"
 TRAINER_JOB_DIR = "TRAINER_JOB_DIR"
 TRAINER_REPLICA = "TRAINER_REPLICA"
 TRAINER_RESTART_COUNT = "TRAINER_RESTART_COUNT"  # how many times the platform restarted this replica (0 at first)
+# When `local` started this run (wall clock, seconds): a failure record written before it is an earlier run's, even
+# one written a moment ago (a job run again at once), never the cause of this one's failure.
+TRAINER_RUN_STARTED = "TRAINER_RUN_STARTED"
 # The CPUs this replica may use: `local` gives each emulated replica its share of the host's (a replica's own VM would
 # have its own); a user may set it where a container is limited to fewer CPUs than the host shows. Each process then
 # gets OMP_NUM_THREADS = TRAINER_CPUS / its node's processes (at least 1), unless the user set OMP_NUM_THREADS.

@@ -42,6 +42,9 @@ class FailureContext:
     termination_log: bool = False  # Kubernetes: the message also goes to /dev/termination-log
     started: float = field(default_factory=time.time)
     before: frozenset[str] = frozenset()  # records present when this process started: never this run's (local)
+    # When ``local`` started the run this replica belongs to: a record written before it (on this same host, so no
+    # clock skew) is an earlier run's, never this one's cause; 0 where no supervisor on this host says so.
+    run_started: float = 0.0
     step: int | None = None  # the training step this process reached (the hooks loops keep it current)
     phase: str | None = None  # what the hooks loop is doing (its hang watchdog keeps it current)
     # A supervisor's replicas' latest starts (``local``): a record about one from before is an attempt the job
@@ -54,9 +57,9 @@ class FailureContext:
 
 def job_records(ctx: FailureContext) -> list[FailureRecord]:
     """The records of the job's current attempt written since this process started, oldest first: none about a
-    replica (this one included) from before its latest start."""
+    replica (this one included) from before its latest start, none from before the run (``run_started``)."""
     records = read_records(ctx.job_dir, ctx.started, ctx.before, ctx.private)
-    return current(records, {ctx.replica: ctx.started, **ctx.starts})
+    return current([r for r in records if r.time >= ctx.run_started], {ctx.replica: ctx.started, **ctx.starts})
 
 
 def redact(text: str, secrets: Iterable[str]) -> str:

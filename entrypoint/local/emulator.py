@@ -231,7 +231,8 @@ def run_cluster(pools: Sequence[Pool], output_dir: str, trial: str | None = None
         if not pool.start:
             print(f"[local] {pool.name}: {pool.replicas} replica(s) listed in CLUSTER_SPEC, not started: {pool.note}",
                   flush=True)
-    replicas = build_replicas(pools, output_dir, trial, dict(os.environ))
+    run_started = time.time()  # a record from before is an earlier run's (same host: no clock skew)
+    replicas = build_replicas(pools, output_dir, trial, {**os.environ, ev.TRAINER_RUN_STARTED: f"{run_started:.6f}"})
     output = _output_base(output_dir)
     job_dir = f"{output}/{trial}" if trial else output
     # A live job's dir, or another job's (another framework or code): refused before any replica starts, nothing
@@ -242,7 +243,7 @@ def run_cluster(pools: Sequence[Pool], output_dir: str, trial: str | None = None
     if refused is not None:
         raise refused
     # Records already there are an earlier run's, even one written a moment ago (read_records allows clock skew).
-    ctx = failures.FailureContext(replica="local", job_dir=job_dir, started=time.time(),
+    ctx = failures.FailureContext(replica="local", job_dir=job_dir, started=run_started, run_started=run_started,
                                   before=record_names(job_dir))
     platform = PlatformRecorder(job_dir)  # the job ledger's submission and end, as the platform sees them
     disks = Disks(Path.cwd())

@@ -283,3 +283,29 @@ def test_a_supervisor_reads_its_replicas_private_record_dirs(tmp_path: Path,
                                   private=(str(refused / "failures"),))
     assert failures.finish_child(ctx, 2, who="workerpool0-0") == 2
     assert "in use by another live job" in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_a_job_run_again_at_once_never_names_the_earlier_runs_failure(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """The earlier run's records were written a moment before this run's chief started (within the clock skew
+    read_records allows): `local` says when this run started (TRAINER_RUN_STARTED), so its lost peer names the
+    failure of this run, not the earlier run's preemption."""
+    job = str(tmp_path / "job")
+    first = _stored(job, PREEMPTED_WORKER, rec("workerpool1-0", "signal", 137, 32.0),
+                    rec("workerpool0-0", "peer_lost", 129, 33.0, rank=0))
+    run = first + 20.5 + 0.2  # the earlier run's preemption at +20.5 s, this run's start 0.2 s after it
+    for run_started, named in ((0.0, "preempted on workerpool1-0"), (run, "signal on workerpool1-0")):
+        ctx = failures.FailureContext(replica="workerpool0-0", job_dir=job, started=run + 0.3, run_started=run_started)
+        assert failures.finish_node(ctx, 129) == (143 if run_started == 0.0 else 137)
+        assert capsys.readouterr().err.strip().splitlines()[-1].startswith(f"entrypoint: error: {named}")
+
+
+@pytest.mark.parametrize("value", ["soon", "-1", "inf", "nan"])
+def test_a_run_start_that_is_not_a_time_is_a_configuration_error_naming_it(value: str) -> None:
+    from entrypoint.cluster.environments.settings import read_settings
+    from entrypoint.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="TRAINER_RUN_STARTED") as raised:
+        read_settings({"TRAINER_RUN_STARTED": value})
+    assert value not in str(raised.value).replace("TRAINER_RUN_STARTED", "")
+    assert read_settings({"TRAINER_RUN_STARTED": "1795950022.5"}).run_started == 1795950022.5

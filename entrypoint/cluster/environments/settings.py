@@ -36,6 +36,7 @@ class PlatformSettings:
     nccl_socket_ifname: str | None = None  # the user's NCCL_SOCKET_IFNAME, checked by `doctor`
     gloo_socket_ifname: str | None = None  # the user's GLOO_SOCKET_IFNAME, likewise
     restart_count: int = 0  # how many times the platform restarted this replica (TRAINER_RESTART_COUNT)
+    run_started: float = 0.0  # when `local` started this run (TRAINER_RUN_STARTED); 0: no supervisor said
     cpus: int | None = None  # the CPUs this replica may use (TRAINER_CPUS: `local` sets each replica's share)
     fabric: str | None = None  # TRAINER_FABRIC: the default --fabric (checked by cluster/fabric.py)
     fabric_root: str = "/"  # TRAINER_FABRIC_ROOT (tests only): where the node's tree is for the fabric step
@@ -81,6 +82,7 @@ def read_settings(environ: Mapping[str, str] | None = None) -> PlatformSettings:
         nccl_socket_ifname=get(ev.NCCL_SOCKET_IFNAME),
         gloo_socket_ifname=get(ev.GLOO_SOCKET_IFNAME),
         restart_count=_count(ev.TRAINER_RESTART_COUNT, get(ev.TRAINER_RESTART_COUNT)),
+        run_started=_run_started(get(ev.TRAINER_RUN_STARTED)),
         cpus=_cpus(get(ev.TRAINER_CPUS)),
         fabric=get(ev.TRAINER_FABRIC),
         fabric_root=get(ev.TRAINER_FABRIC_ROOT) or "/",
@@ -117,6 +119,20 @@ def host_cpus(environ: Mapping[str, str] | None = None) -> int:
 def affinity_cpus() -> int:
     """The CPUs this process may run on (its affinity; the host's count where the platform has none)."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def _run_started(value: str | None) -> float:
+    """A wall-clock time in seconds (unset: 0); anything else is a configuration error naming the variable."""
+    if value is None:
+        return 0.0
+    try:
+        started = float(value)
+    except ValueError:
+        started = -1.0
+    if not started >= 0 or started == float("inf"):
+        raise ConfigError(ev.TRAINER_RUN_STARTED, "must be a wall-clock time in seconds (`local` sets it); the value "
+                                                  "set is not one (values are never echoed)")
+    return started
 
 
 def _cpus(value: str | None) -> int | None:
