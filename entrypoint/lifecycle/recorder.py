@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("entrypoint")
 FLUSH_EVERY = 10.0  # seconds of training between progress records
 PROGRESS_CLOSE = 5.0  # seconds the end of a training waits for its last progress post, at most
+_TRAINING: list[Recorder] = []  # this process's chief training recorder (``ending_abruptly``)
 
 
 class Recorder:
@@ -275,9 +276,22 @@ def for_training(job_dir: str | None, replica: str, rank: int | None, chief: boo
 
     record = Recorder(Ledger(job_dir, attempt, replica, rank if rank is not None else 0),
                       KubeflowProgress.from_settings(), step_entries=goodput_job_name())
+    _TRAINING.append(record)
     if record.step_entries:  # ml-goodput-measurement's job start: when this attempt's node process started
         record.job_started(_attempt_started(attempt))
     return record
+
+
+def ending_abruptly() -> None:
+    """This process is about to end without its training's own end (``os._exit`` from another thread: node 0 ends
+    an attempt a restarted peer node made hopeless): what the chief's training recorded is written, its open
+    segment ending where its last whole step ended, so the steps it trained since its last progress record keep
+    their time (a restore rolls them back as wasted progress, not as steps of no duration)."""
+    for record in _TRAINING:
+        if record.ledger is not None:
+            with contextlib.suppress(Exception):  # the training thread may be mid-step: best effort, then gone
+                record._close_segment(time.time(), at_last_step=True)
+                record.ledger.flush()
 
 
 def _attempt_started(attempt: str) -> float:

@@ -21,7 +21,7 @@ from datetime import timedelta
 
 from entrypoint import failures
 from entrypoint.errors import PeerError
-from entrypoint.lifecycle import shutdown, signals
+from entrypoint.lifecycle import recorder, shutdown, signals
 from entrypoint.periodic import Periodic
 from entrypoint.planning.plan import Plan
 from entrypoint.pytorch.launch import barrier
@@ -70,5 +70,6 @@ def end_attempt(plan: Plan, nodes: list[int], ctx: failures.FailureContext) -> N
     error = lost_nodes(plan, nodes)
     log.warning("%s", error)
     signals.kill_descendants()
+    recorder.ending_abruptly()  # a training in this process (one process a node) keeps what it trained in the ledger
     own = failures.write_record(ctx, failures.classify(error))
     shutdown.now(failures.finish(ctx, own))
