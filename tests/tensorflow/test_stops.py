@@ -47,7 +47,9 @@ TWO_EVAL = ["--", "--eval-repeat", "4", "--eval-pause"]
 TWO_PAUSE, NOTICE_PAUSE = "0.04", "0.05"
 # The pause changes no metric: a job that is not stopped (the uninterrupted references, a rerun after the last stop)
 # validates without it, and its weights and history must still equal the stopped job's (assert_same_as checks it).
+# Nor does a restarted attempt's first pass, which validates the restored epoch again: only a later one is stopped.
 NO_PAUSE = "0"
+RESUMED = ["--resumed-eval-pause", NO_PAUSE]
 COMMITTED = re.compile(r"checkpoint committed \(([\d.]+) s after the signal\)")
 
 
@@ -108,7 +110,7 @@ def assert_same_as(job_dir: Path, baseline: Path) -> None:
 def one_worker(job: Path, pause: str = ONE_PAUSE) -> list[str]:
     return [PYTHON, "-m", "entrypoint", *run_args("--module", SLOW_EVAL, "--job-dir", str(job), "--epochs",
                                                   str(EPOCHS), "--keep-checkpoints", "5", "--", "--eval-pause", pause,
-                                                  "--eval-repeat", "2")]
+                                                  "--eval-repeat", "2", *RESUMED)]
 
 
 @pytest.fixture(scope="module")
@@ -240,7 +242,7 @@ def test_a_stop_during_the_export_ends_at_once_and_the_restart_exports(tmp_path:
 def two_workers(out: Path, pause: str = TWO_PAUSE) -> list[str]:
     return ["local", "--workers", "2", "--output-dir", str(out), "--",
             *run_args("--module", SLOW_EVAL, "--epochs", str(EPOCHS), "--keep-checkpoints", "5", "--grace-period",
-                      str(GRACE - 5), *TWO_EVAL, pause)]
+                      str(GRACE - 5), *TWO_EVAL, pause, *RESUMED)]
 
 
 @pytest.fixture(scope="module")
