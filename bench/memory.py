@@ -267,7 +267,8 @@ Command = Callable[[Path], list[str]]  # the job's command, given an output dire
 
 
 def jobs(steps: int, horovod: bool, quick: bool) -> dict[str, tuple[str, dict[str, Command]]]:
-    """Every launcher to measure, by group: group -> (its anchor, {name: command}); ``quick`` skips 1 process."""
+    """Every launcher to measure, by group: group -> (its anchor, {name: command}); ``quick`` skips 1 process and the
+    ``local`` supervisor (the launch family starts ``local`` at quick size too)."""
     ddp, after = ["--framework", "pytorch", "--script", DDP_SCRIPT], ["--", "--steps", str(steps)]
     run = [*python(), "-m", "entrypoint", "run"]
     tr = [*python(), "-m", "torch.distributed.run", "--standalone"]
@@ -279,9 +280,10 @@ def jobs(steps: int, horovod: bool, quick: bool) -> dict[str, tuple[str, dict[st
     found["2 processes, 1 node"] = ("torchrun --nproc-per-node 2", {
         "entrypoint run --nproc-per-node 2": lambda d: [*run, *ddp, "--nproc-per-node", "2", "--job-dir", str(d),
                                                         *after],
-        "torchrun --nproc-per-node 2": lambda d: [*tr, "--nproc-per-node", "2", DDP_SCRIPT, *after[1:]],
-        "local --workers 2 (supervisor)": lambda d: [*python(), "-m", "entrypoint", "local", "--workers", "2",
-                                                     "--output-dir", str(d), "--", "run", *ddp, *after]})
+        "torchrun --nproc-per-node 2": lambda d: [*tr, "--nproc-per-node", "2", DDP_SCRIPT, *after[1:]]})
+    if not quick:
+        found["2 processes, 1 node"][1]["local --workers 2 (supervisor)"] = lambda d: [
+            *python(), "-m", "entrypoint", "local", "--workers", "2", "--output-dir", str(d), "--", "run", *ddp, *after]
     horovodrun = shutil.which("horovodrun", path=str(Path(python()[0]).parent))
     if horovod and horovodrun:
         hvd = ["--framework", "horovod", "--script", HVD_SCRIPT]

@@ -20,9 +20,9 @@ pytest.importorskip("torch")
 pytestmark = [pytest.mark.pytorch, pytest.mark.slow]
 FAMILIES = ("launch", "loop", "checkpoint", "collectives", "memory", "gpt")
 # Its limit is a CPU budget, not its wall time: on a fresh machine with the image builds beside it the same run took
-# more than 540 s of wall time. It spends about 95 s of CPU on a quiet machine (50 processes), and spent 390 s in a
-# fresh `make test` under load whose venv had no .pyc (every process compiled torch's modules again); the budget is
-# twice that, to catch a family that spins, not a busy machine. The wall limit only catches a hang.
+# more than 540 s of wall time. It spent about 95 s of CPU on a quiet machine (50 processes; 7 fewer since), and 390 s
+# in a fresh `make test` under load whose venv had no .pyc (every process compiled torch's modules again); the budget
+# is twice that, to catch a family that spins, not a busy machine. The wall limit only catches a hang.
 CPU_BUDGET = 800
 WALL_LIMIT = 1800
 

@@ -40,12 +40,16 @@ ONE = 16  # steps per epoch on one worker: 256 examples, batch 16
 TWO = 8  # on two workers: global batch 32
 # One worker: 128 validation examples in 8 batches of 16, 0.05 s each: a pass of 6.4 s or more, stopped at most 3 s
 # after it began (the test reads its line a little later): the stop is taken in the pass, not at its end.
-ONE_EVAL = ["--", "--eval-pause", "0.05", "--eval-repeat", "2"]
+ONE_PAUSE = "0.05"
 # Two workers: each reads every example (DATA sharding), 256 of them in 8 global batches: a pass of 10 s or more,
-# stopped at most 4 s after it began; 12.8 s with the notice's pause (the platform's kill must fall in it). The pause
-# changes no metric.
+# stopped at most 4 s after it began; 12.8 s with the notice's pause (the platform's kill must fall in it).
 TWO_EVAL = ["--", "--eval-repeat", "4", "--eval-pause"]
 TWO_PAUSE, NOTICE_PAUSE = "0.04", "0.05"
+# The pause changes no metric: a job that is not stopped (the uninterrupted references, a rerun after the last stop)
+# validates without it, and its weights and history must still equal the stopped job's (assert_same_as checks it).
+# Nor does a restarted attempt's first pass, which validates the restored epoch again: only a later one is stopped.
+NO_PAUSE = "0"
+RESUMED = ["--resumed-eval-pause", NO_PAUSE]
 COMMITTED = re.compile(r"checkpoint committed \(([\d.]+) s after the signal\)")
 
 
@@ -103,15 +107,16 @@ def assert_same_as(job_dir: Path, baseline: Path) -> None:
     assert summary(job_dir / "model")["history"] == summary(baseline / "model")["history"]
 
 
-def one_worker(job: Path) -> list[str]:
+def one_worker(job: Path, pause: str = ONE_PAUSE) -> list[str]:
     return [PYTHON, "-m", "entrypoint", *run_args("--module", SLOW_EVAL, "--job-dir", str(job), "--epochs",
-                                                  str(EPOCHS), "--keep-checkpoints", "5", *ONE_EVAL)]
+                                                  str(EPOCHS), "--keep-checkpoints", "5", "--", "--eval-pause", pause,
+                                                  "--eval-repeat", "2", *RESUMED)]
 
 
 @pytest.fixture(scope="module")
 def uninterrupted_one(tmp_path_factory: pytest.TempPathFactory) -> Path:
     job = tmp_path_factory.mktemp("uninterrupted-one") / "job"
-    proc = run_job(one_worker(job), job.parent)
+    proc = run_job(one_worker(job, NO_PAUSE), job.parent)
     assert proc.returncode == 0, tail(proc)
     return job
 
@@ -140,7 +145,7 @@ def test_one_worker_stopped_in_its_validation_passes_commits_each_epochs_step_an
         assert took is not None, record.message
         print(f"figure: one worker, stopped in the validation pass {delay:.1f} s into it: committed {took.group(1)} s, "
               f"exited {stopped.seconds:.1f} s after SIGTERM")
-    proc = run_job(one_worker(job), tmp_path)
+    proc = run_job(one_worker(job, NO_PAUSE), tmp_path)  # the last epoch's pass: nothing stops it
     assert proc.returncode == 0, tail(proc)
     result = summary(job / "model")
     assert result["final_step"] == EPOCHS * ONE
@@ -234,17 +239,18 @@ def test_a_stop_during_the_export_ends_at_once_and_the_restart_exports(tmp_path:
     assert result["final_step"] == 2 * ONE and result["steps_per_replica"] == [0]  # exported, nothing trained
 
 
-def two_workers(out: Path) -> list[str]:
+def two_workers(out: Path, pause: str = TWO_PAUSE) -> list[str]:
     return ["local", "--workers", "2", "--output-dir", str(out), "--",
             *run_args("--module", SLOW_EVAL, "--epochs", str(EPOCHS), "--keep-checkpoints", "5", "--grace-period",
-                      str(GRACE - 5), *TWO_EVAL, TWO_PAUSE)]
+                      str(GRACE - 5), *TWO_EVAL, pause, *RESUMED)]
 
 
 @pytest.fixture(scope="module")
 def uninterrupted_two(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The two-worker job never stopped, run once per pytest run: both tests that compare with it share it, on
     whichever xdist workers they land (tests/references.py)."""
-    return reference(tmp_path_factory, "tensorflow-slow-eval-two-workers", two_workers, timeout=2 * JOB_TIMEOUT).out
+    return reference(tmp_path_factory, "tensorflow-slow-eval-two-workers", lambda out: two_workers(out, NO_PAUSE),
+                     timeout=2 * JOB_TIMEOUT).out
 
 
 @pytest.mark.slow
@@ -296,10 +302,10 @@ def test_a_reclaim_notice_in_a_validation_pass_commits_its_step_before_the_kill_
     chief, worker = free_ports(2)
     cluster = {"workerpool0": [f"127.0.0.1:{chief}"], "workerpool1": [f"127.0.0.1:{worker}"]}
 
-    def node(pool: str, server: FakeMetadata) -> Job:
+    def node(pool: str, server: FakeMetadata, pause: str = NOTICE_PAUSE) -> Job:
         spec = {"cluster": cluster, "environment": "cloud", "task": {"type": pool, "index": 0}}
         return Job(*run_args("--module", SLOW_EVAL, "--job-dir", str(tmp_path), "--epochs", str(EPOCHS),
-                             *TWO_EVAL, NOTICE_PAUSE),
+                             *TWO_EVAL, pause),
                    env={"CLUSTER_SPEC": json.dumps(spec), "GCE_METADATA_HOST": server.host})
 
     with FakeMetadata() as quiet, FakeMetadata() as reclaimed:
@@ -328,7 +334,7 @@ def test_a_reclaim_notice_in_a_validation_pass_commits_its_step_before_the_kill_
     assert step == 2 * TWO and marker["notice"] == "preempted (instance/preempted) on workerpool1-0"
     assert marker["validated"] is False
     with FakeMetadata() as quiet:
-        nodes = [node("workerpool0", quiet), node("workerpool1", quiet)]
+        nodes = [node("workerpool0", quiet, NO_PAUSE), node("workerpool1", quiet, NO_PAUSE)]
         try:
             assert [job.wait(2 * JOB_TIMEOUT) for job in nodes] == [0, 0], nodes[0].output()[-4000:]
         finally:
