@@ -41,6 +41,9 @@ class HostMemory:
         return f"{gib(self.available)} available ({self.source})"
 
 
+UNKNOWN = HostMemory(None, "")
+
+
 def gib(n: float) -> str:
     """Bytes in GiB, one decimal (``70.0 GiB``); under one, in MiB (``1.3 MiB``)."""
     return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
@@ -95,7 +98,7 @@ def available(meminfo: Path = MEMINFO, cgroup: Path = CGROUP) -> HostMemory:
     room = cgroup_room(cgroup)
     if room is not None and (host is None or room[0] < host):
         return HostMemory(room[0], room[1])
-    return HostMemory(host, "MemAvailable") if host is not None else HostMemory(None, "")
+    return HostMemory(host, "MemAvailable") if host is not None else UNKNOWN
 
 
 @dataclass(frozen=True)
