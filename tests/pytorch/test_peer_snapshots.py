@@ -189,3 +189,20 @@ def test_the_memory_guard_keeps_the_snapshots_on_where_every_node_holds_them(
     (said,) = [r.getMessage() for r in caplog.records if "peer snapshots" in r.getMessage()]
     assert re.fullmatch(r"peer snapshots fit in host memory: node b \(workerpool1-0\): 2 ranks with 20.0 GiB .* = "
                         r"100.0 GiB, 200.0 GiB available \(at most 50% of what it can give\)", said), said
+
+
+def test_an_exchange_starting_drops_the_oldest_copy_of_each_kind_and_keeps_the_newest() -> None:
+    """At rest each rank holds its own two newest and its peer's two newest (a loss may cut one rank's exchange short
+    and not its neighbour's: both roll back to the one before); as the next exchange starts, the oldest of each kind
+    is of no use: the peak is 5 copies, not 7."""
+    from entrypoint.pytorch.recovery.snapshots import PeerSnapshots
+
+    snapshots = PeerSnapshots(Views([]), 2, 30)  # type: ignore[arg-type]
+    for step in (2, 4):
+        snapshots._keep(snapshots.own, step, {"step": step})
+        snapshots._keep(snapshots.held, step, {"step": step})
+    assert sorted(snapshots.own) == sorted(snapshots.held) == [2, 4]
+    snapshots._starting(6, {"step": 6})
+    assert sorted(snapshots.own) == [4, 6] and sorted(snapshots.held) == [4]
+    snapshots._keep(snapshots.held, 6, {"step": 6})  # the peer's copy of step 6 arrived
+    assert sorted(snapshots.held) == [4, 6]

@@ -140,10 +140,7 @@ class PeerSnapshots:
         started = time.perf_counter()
         own = {"payload": payload, "digest": tensors_digest(payload["model"], payload["optimizer"]["state"]),
                "at": time.time()}
-        self._keep(self.own, step, own)
-        with self._lock:  # the peer's copy before the newest is not needed once an exchange after it starts
-            for old in sorted(self.held)[:-1]:
-                del self.held[old]
+        self._starting(step, own)
         buffer = io.BytesIO()
         torch.save(own, buffer)
         data = torch.frombuffer(buffer.getbuffer(), dtype=torch.uint8)  # the buffer's bytes, not a copy
@@ -173,6 +170,14 @@ class PeerSnapshots:
                      "the background; each rank keeps its own two newest and its peer's (at most %d copies while "
                      "one is exchanged)", step, self.bytes / 2**20, self.copy_seconds, peer, self.exchange_seconds,
                      memory.COPIES)
+
+    def _starting(self, step: int, own: dict[str, Any]) -> None:
+        """An exchange starts: this rank's newest snapshot kept (its oldest dropped), and its peer's oldest dropped
+        (a loss cut short now rolls back to the newest of both kinds; the one before is no rank's common step)."""
+        self._keep(self.own, step, own)
+        with self._lock:
+            for old in sorted(self.held)[:-1]:
+                del self.held[old]
 
     def _keep(self, kind: dict[int, dict[str, Any]], step: int, snapshot: dict[str, Any]) -> None:
         with self._lock:
