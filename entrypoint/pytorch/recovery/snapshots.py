@@ -14,7 +14,7 @@ until the next exchange starts; the oldest copy of its peer's is dropped then, a
 of the exchange are freed as soon as they are sent or read, so its peak is ``memory.COPIES`` (5) copies of the
 rank's state, 4 between exchanges.
 
-The copies must fit in the host: before the first, every rank works out what its own take (``memory.COPIES`` x the
+The copies must fit in the host: before the first, every rank works out what its copies take (``memory.COPIES`` x the
 bytes of its shards and optimizer state) and reads what its node can give (``memory.available``: MemAvailable, or
 the room under the container's cgroup limit); one all-gather shows every rank every node's sum, and where a node's
 copies exceed ``memory.MARGIN`` of what it can give, every rank turns the snapshots off for the job (the chief says
