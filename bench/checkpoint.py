@@ -17,7 +17,9 @@ Sharded training (issue #29), 2 processes, the 110M-parameter GPT of ``bench.gpt
 sync and async) vs our ``ReplicatedCheckpointIO`` (DDP, the chief writes) vs DCP's ``async_save`` (FSDP), every
 rank's slower figure. In the full size also through the hooks loop itself (``entrypoint run --module
 bench.gpt_hooks --strategy fsdp|ddp --checkpoint-every 3``): the training summary's
-``checkpoint_blocked_seconds`` / ``checkpoint_write_seconds`` (the chief's, summed over its saves).
+``checkpoint_blocked_seconds`` / ``checkpoint_write_seconds`` (the chief's, summed over its saves); and the seconds
+per step of the same GPT under FSDP over 2 nodes with its snapshots in peer memory on and off (``snapshot_cost.py``:
+issue 54's at most 2% of a step).
 
 Target (the async checkpoints of issue #12, #20 for gs://, #29 for the sharded writer): blocked / written at
 most 0.10 at ~100M parameters.
@@ -42,6 +44,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from bench import snapshot_cost
 from bench.common import REPO, FamilyResult, Row, check, clean_env, interleave, median, python, timed
 
 # (width, layers): ~10M and ~100M parameters; the quick size ~1M (the same code path, in seconds).
@@ -261,6 +264,10 @@ def run(quick: bool) -> FamilyResult:
     result.rows += rows
     if loop_repeats:
         result.rows += loop_rows(rows[0].group, config, loop_steps, loop_repeats, params)
+        peers, note = snapshot_cost.rows(f"{rows[0].group}: FSDP's snapshots in peer memory at each commit", config,
+                                         4 * SAVE_EVERY + 1, loop_repeats)
+        result.rows += peers
+        result.notes.append(note)
     result.notes.append(f"{repeats} interleaved repetitions after {warmup} warm-up round(s), in a temporary "
                         "directory on this machine's disk; 'written' is the background write for the async kinds")
     result.notes.append("the gs:// rows write through gcsfs (resumable uploads) to gcp-storage-emulator on 127.0.0.1, "

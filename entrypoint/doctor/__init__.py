@@ -81,6 +81,7 @@ def run_checks(plan: Plan, settings: PlatformSettings, cheap: bool) -> tuple[lis
         checks.nofile(node.nofile, need.workers),
         checks.memlock(node.memlock, need.nccl),
         checks.image(plan.image),
+        checks.peer_snapshots(_peer_snapshots(plan), node.host_memory, plan.world_size, plan.nproc_per_node),
     ]
     outs, chief = plan.outputs, plan.topology.is_chief_node
     places = [("job dir", outs.job_dir)]
@@ -99,6 +100,12 @@ def run_checks(plan: Plan, settings: PlatformSettings, cheap: bool) -> tuple[lis
         found.append(checks.peers(resolvable(hosts)))
         found += fabric_checks(plan, settings)  # run logs the fabric step itself (lifecycle/runner.py)
     return found, cap
+
+
+def _peer_snapshots(plan: Plan) -> str | None:
+    """Whether the plan's framework keeps FSDP's snapshots in peer memory (its record says)."""
+    decide = registry.get(plan.framework).peer_snapshots
+    return decide(plan) if decide is not None else None
 
 
 def framework_check(plan: Plan) -> Finding:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from entrypoint import errors
+from entrypoint.cluster import memory
 from entrypoint.doctor.facts import UNLIMITED, PathFacts, Space
 from entrypoint.errors import FailureClass
 from entrypoint.outputs.sbom import ImageIdentity
@@ -27,6 +28,11 @@ MIN_MEMLOCK = 64 * MIB
 MIN_FREE_DISK = GIB  # before the first checkpoint tells its size
 # CUDA minor-version compatibility: the oldest driver each CUDA major runs on.
 MIN_DRIVER = {13: (580,), 12: (525,), 11: (450,)}
+# ``--strategy fsdp`` on a node that cannot hold the peer-memory snapshots of a model this large: a warning (a model
+# worth sharding is rarely smaller).
+MIN_SNAPSHOT_PARAMETERS = 10**9
+FIX_SNAPSHOTS = ("--peer-snapshots off (a lost node restarts the job from storage), or more host memory for the "
+                 "container")
 FIX_SHM = ("docker run --shm-size=1g (or --ipc=host); on Kubernetes mount an emptyDir with medium: Memory "
            "at /dev/shm")
 
@@ -235,6 +241,27 @@ def memlock(limits: tuple[int, int], nccl: bool) -> Finding:
         return Finding("memlock", "warning", f"locked-memory limit {size(soft)} is low for NCCL",
                        "docker run --ulimit memlock=-1")
     return Finding("memlock", "ok", f"locked-memory limit {_limit_text(soft, True)}")
+
+
+# ---- FSDP's snapshots in peer memory --------------------------------------------------------------
+def peer_snapshots(kind: str | None, found: memory.HostMemory, world: int, local: int) -> Finding:
+    """The host memory FSDP's peer-memory snapshots will take per model parameter on this node (the model's size is
+    known only once it is built: the run's guard decides at the first commit) against what the node can give."""
+    if kind is None:
+        return Finding("peer snapshots", "skipped", "no FSDP across nodes with --peer-snapshots on in this plan")
+    if found.available is None:
+        return Finding("peer snapshots", "warning", f"{found.text()}: the run cannot check that FSDP's snapshots in "
+                       "peer memory fit (they are taken unchecked)", FIX_SNAPSHOTS)
+    per = memory.COPIES * memory.BYTES_PER_PARAMETER * local / max(world, 1)
+    most = memory.parameters_that_fit(found.available, world, local)
+    when = " (where FSDP is chosen by the model's size)" if kind == "fsdp by size" else ""
+    message = (f"{found.text()}; FSDP's snapshots in peer memory{when} take {memory.COPIES} copies x "
+               f"{memory.BYTES_PER_PARAMETER} bytes per parameter (fp32 weights and Adam state) / {world} ranks x "
+               f"{count(local, 'rank')} here = {per:.3g} bytes per model parameter: a model of up to "
+               f"{most / 1e9:.1f} B parameters fits in {memory.MARGIN:.0%} of it (larger: the run turns them off)")
+    if most < MIN_SNAPSHOT_PARAMETERS and kind == "fsdp":  # by size: a model too large for DDP, whose size comes later
+        return Finding("peer snapshots", "warning", message, FIX_SNAPSHOTS)
+    return Finding("peer snapshots", "ok", message)
 
 
 # ---- outputs, disk, peers --------------------------------------------------------------------------

@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from entrypoint.cluster import memory
 from entrypoint.cluster.environments.settings import PlatformSettings, affinity_cpus
 from entrypoint.cluster.gpus import driver_gpu_count
 from entrypoint.errors import TrainerError
@@ -58,6 +59,7 @@ class NodeFacts:
     nofile: tuple[int, int]  # soft and hard open-file limits (UNLIMITED: -1)
     memlock: tuple[int, int]  # soft and hard locked-memory limits in bytes
     cpus: int  # the CPUs this process may run on (its affinity)
+    host_memory: memory.HostMemory = memory.UNKNOWN  # what the host (or the container's limit) can give
 
 
 @dataclass(frozen=True)
@@ -124,6 +126,7 @@ def node_facts(settings: PlatformSettings) -> NodeFacts:
         forward_compat=any(FORWARD_COMPAT_DIR.glob("libcuda.so*")),
         interfaces=tuple(name for _, name in socket.if_nameindex()),
         nofile=_limit(resource.RLIMIT_NOFILE), memlock=_limit(resource.RLIMIT_MEMLOCK), cpus=affinity_cpus(),
+        host_memory=memory.available(),
     )
 
 

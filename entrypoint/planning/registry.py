@@ -128,6 +128,9 @@ class Framework:
     survivors_regroup: bool = False
     # Its hooks loop takes the model's first weights from --init-from (a Hugging Face safetensors checkpoint).
     init_from: bool = False
+    # Whether its hooks loop keeps FSDP's snapshots in peer memory for a plan (``doctor`` sizes their host memory):
+    # "fsdp" (``--strategy fsdp``), "fsdp by size" (where FSDP is chosen by the model's size), None where it does not.
+    peer_snapshots: Callable[[Any], str | None] | None = None
 
     @property
     def label(self) -> str:

@@ -6,6 +6,7 @@ Imports nothing heavy: ``describe`` plans a PyTorch job without importing torch.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from entrypoint.cluster import envvars as ev
 from entrypoint.cluster.placement import job_world_size
@@ -56,6 +57,20 @@ BUCKET_CAP_MB_DEFAULT = 64
 CUDA_MAJOR = 13
 # The hooks loop's DataLoader workers per process (2 on a GPU, 0 on CPU), and what a script is assumed to start.
 DATA_LOADER = DataLoaderDefaults(gpu=2, cpu=0, script=1)
+
+
+def peer_snapshots(plan: Any) -> str | None:
+    """Whether the hooks loop keeps FSDP's snapshots in peer memory for ``plan`` (``pytorch/recovery/snapshots.py``,
+    as ``membership.applies`` decides it): "fsdp", "fsdp by size" (DDP unless the model is too large), or None."""
+    options, code = plan.options, plan.code
+    if plan.topology.num_nodes < 2 or code is None or code.kind != "hooks" or \
+            plan.topology.processes_started_externally or \
+            options.framework_option("recovery", RECOVERY_DEFAULT) != "in-place" or \
+            options.framework_option("peer_snapshots", PEER_SNAPSHOTS_DEFAULT) != "on":
+        return None
+    return "fsdp" if options.strategy == "fsdp" else "fsdp by size" if options.strategy is None else None
+
+
 FLAGS = (
     Flag("--recovery", "a lost peer (PyTorch hooks across nodes, DDP or HSDP): in-place: the survivors keep "
          "training with its replacement, healed from a live replica (default); restart: every process exits, the "
@@ -108,6 +123,7 @@ FRAMEWORK = Framework(
     kubeflow_kinds=("pytorchjob", "trainjob"),
     survivors_regroup=True,
     init_from=True,  # pytorch/loop/pretrained.py
+    peer_snapshots=peer_snapshots,
     peer_errors=PEER_ERRORS,
     peer_modules=PEER_MODULES,
 )

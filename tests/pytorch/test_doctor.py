@@ -22,7 +22,7 @@ from tests.runs import entrypoint, failure_records, failure_text, last_line
 pytest.importorskip("torch")
 pytestmark = pytest.mark.pytorch
 FRAMEWORKS = ("torch", "tensorflow", "horovod", "keras")
-LINE = re.compile(r"^(ok|warning|error|skipped) +([a-z]+): \S")
+LINE = re.compile(r"^(ok|warning|error|skipped) +([a-z]+(?: [a-z]+)*): \S")
 TEXT_LOG = re.compile(r"^\d\d:\d\d:\d\d (?:\[rank \d+/\d+\] )?(INFO|WARNING|ERROR) ")
 JSON_KEYS = {"severity", "message", "time", "logging.googleapis.com/labels", "logging.googleapis.com/sourceLocation"}
 
@@ -45,8 +45,8 @@ def test_doctor_here_prints_one_line_a_check_and_imports_no_framework(tmp_path: 
     *lines, imported = proc.stdout.splitlines()
     assert imported == "imported: []"
     assert [LINE.match(line).group(2) for line in lines if LINE.match(line)] == [
-        "framework", "shm", "driver", "gpus", "cpus", "network", "nofile", "memlock", "image", "outputs", "disk",
-        "peers", "fabric"], \
+        "framework", "shm", "driver", "gpus", "cpus", "network", "nofile", "memlock", "image", "peer snapshots",
+        "outputs", "disk", "peers", "fabric"], \
         proc.stdout
     assert not list(tmp_path.iterdir())  # checking the outputs created nothing
     report = json.loads(entrypoint("doctor", "--framework", "pytorch", "--job-dir", str(tmp_path), "--json").stdout)

@@ -66,6 +66,10 @@ def test_a_lost_fsdp_node_heals_from_its_peers_memory_and_ends_as_a_run_resumed_
     # at most the steps since the last snapshot (and the step in flight) are lost
     assert lost["lost_steps"] == lost["lost_at_step"] - step <= SNAPSHOT + 1, lost
     assert "peer snapshot of step 2: " in output  # the first, between two commits (--snapshot-every)
+    # the memory guard ran before it, on every rank, and kept them on: the one host's 4 ranks, their sizes, its memory
+    assert re.search(r"\[workerpool0-0\] .*peer snapshots fit in host memory: node \S+ \(workerpool0-0, "
+                     r"workerpool1-0\): 4 ranks with [\d.]+ MiB of shards and optimizer state x 5 copies = [\d.]+ MiB, "
+                     r"[\d.]+ [GM]iB available \(at most 50% of what it can give\)", output), output[-4000:]
     assert (out / "model" / "model.safetensors").is_file()
     report = json.loads(entrypoint("goodput", str(out), "--json").stdout)
     assert report["disruptions"].get(IN_PLACE) == 1, report["disruptions"]

@@ -5,6 +5,8 @@ processes, is ``test_fsdp_peer_snapshots.py``."""
 
 from __future__ import annotations
 
+import logging
+import re
 import time
 from types import SimpleNamespace
 from typing import Any
@@ -101,13 +103,14 @@ def test_a_node_lost_with_its_peer_falls_back_to_storage_naming_both() -> None:
 
     me = ("w", "h")
     # 3 nodes of 2 processes: nodes 1 and 2 lost together; node 2's copies were on node 0, node 1's on node 2
-    views = [(9, False, me, [8], [8]), (9, False, me, [8], [8]), (0, True, me, [], []), (0, True, me, [], []),
-             (0, True, me, [], []), (0, True, me, [], [])]
+    views = [(9, False, me, [8], [8], ""), (9, False, me, [8], [8], ""), (0, True, me, [], [], ""),
+             (0, True, me, [], [], ""), (0, True, me, [], [], ""), (0, True, me, [], [], "")]
     with pytest.raises(PeerError, match=r"^the peer-memory snapshots of rank 2 are gone: it and its peer \(rank 4\) "
                                         r"were both lost; the job restarts from its newest checkpoint in storage$"):
         PeerSnapshots(Views(views), 2, 30).heal(SimpleNamespace(step=9), False, me)  # type: ignore[arg-type]
     # one node lost before its first exchange completed: the survivors hold their own copies, none of its
-    views = [(5, False, me, [4], []), (5, False, me, [4], []), (0, True, me, [], []), (0, True, me, [], [])]
+    views = [(5, False, me, [4], [], ""), (5, False, me, [4], [], ""), (0, True, me, [], [], ""),
+             (0, True, me, [], [], "")]
     with pytest.raises(PeerError, match=r"^no peer-memory snapshot of one step is held for every rank \(rank 2's: "
                                         r"none; "):
         PeerSnapshots(Views(views), 2, 30).heal(SimpleNamespace(step=9), False, me)  # type: ignore[arg-type]
@@ -127,3 +130,79 @@ def test_an_fsdp_model_follows_the_jobs_group_when_the_survivors_re_form_it(one_
     assert captured._all_gather_process_group is group and captured._reduce_scatter_process_group is group
     train(state, 1)  # gathers and reduces on the new group
     assert state.step == 2
+
+
+def test_a_snapshots_size_is_counted_without_a_copy(one_rank: Any) -> None:
+    from entrypoint.pytorch.recovery.healing import live_shards
+    from entrypoint.pytorch.recovery.snapshots import state_bytes
+
+    state, _ = world_sharded(1)
+    assert state_bytes(state) == 4 * (6 * 8 + 8 + 8 * 3 + 3)  # before the first step: the parameters, no Adam state
+    train(state, 1)
+    payload = live_shards(state, 1)
+    tensors = list(payload["model"].values()) + [v for e in payload["optimizer"]["state"].values() for v in e.values()
+                                                  if v.dim()]  # Adam's step counters are scalars, counted too
+    copied = sum(t.numel() * t.element_size() for t in tensors)
+    steps = sum(v.numel() * v.element_size() for e in payload["optimizer"]["state"].values() for v in e.values()
+                if not v.dim())
+    assert state_bytes(state) == copied + steps == 3 * 4 * (6 * 8 + 8 + 8 * 3 + 3) + steps
+
+
+GIB = 1 << 30
+NOTHING = SimpleNamespace(model=SimpleNamespace(state_dict=dict), optimizer=SimpleNamespace(state={}), step=4)
+
+
+def test_the_memory_guard_turns_the_snapshots_off_for_the_job_where_a_node_cannot_hold_them(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Every rank's view of the guard's all-gather (made-up sizes): node b's two ranks of 10 GiB each take 5 copies,
+    100 GiB, more than half of the 150 GiB it can give; no snapshot is taken, the chief says so in one line, and a
+    loss falls back to storage naming why."""
+    from entrypoint.pytorch.recovery.snapshots import PeerSnapshots
+
+    views = [("workerpool0-0", "a", 10 * GIB, 400 * GIB)] * 2 + [("workerpool1-0", "b", 10 * GIB, 150 * GIB)] * 2
+    snapshots = PeerSnapshots(Views(views), 2, 30, ("workerpool0-0", "a"))  # type: ignore[arg-type]
+    with caplog.at_level(logging.INFO, "entrypoint.pytorch"):
+        snapshots.take(NOTHING)  # type: ignore[arg-type]
+        snapshots.take(NOTHING)  # type: ignore[arg-type]
+    said = [r.getMessage() for r in caplog.records if "peer snapshots" in r.getMessage()]
+    assert said == ["peer snapshots are off for this job: node b (workerpool1-0): 2 ranks with 20.0 GiB of shards and "
+                    "optimizer state x 5 copies = 100.0 GiB, 150.0 GiB available, more than 50% of it; a lost node "
+                    "restarts the job from its newest checkpoint in storage (--peer-snapshots off to silence this)"]
+    assert [r.levelname for r in caplog.records if "peer snapshots" in r.getMessage()] == ["WARNING"]
+    assert snapshots.own == {} and snapshots.thread is None and snapshots.group is None  # nothing taken, no group
+    heal = [(9, False, ("w", "h"), [], [], snapshots.off)] * 2 + [(0, True, ("w", "h"), [], [], "")] * 2
+    with pytest.raises(PeerError, match=r"^no peer-memory snapshots to heal from \(peer snapshots are off for this "
+                                        r"job: node b .*, more than 50% of it\); the job restarts from its newest "
+                                        r"checkpoint in storage$"):
+        PeerSnapshots(Views(heal), 2, 30).heal(SimpleNamespace(step=9), False, ("w", "h"))  # type: ignore[arg-type]
+
+
+def test_the_memory_guard_keeps_the_snapshots_on_where_every_node_holds_them(
+        caplog: pytest.LogCaptureFixture) -> None:
+    from entrypoint.pytorch.recovery.snapshots import PeerSnapshots
+
+    views = [("workerpool0-0", "a", 10 * GIB, 400 * GIB)] * 2 + [("workerpool1-0", "b", 10 * GIB, 200 * GIB)] * 2
+    snapshots = PeerSnapshots(Views(views), 2, 30)  # type: ignore[arg-type]
+    with caplog.at_level(logging.INFO, "entrypoint.pytorch"):
+        assert snapshots.fits(NOTHING)  # type: ignore[arg-type]
+    assert not snapshots.off and snapshots.guarded
+    (said,) = [r.getMessage() for r in caplog.records if "peer snapshots" in r.getMessage()]
+    assert re.fullmatch(r"peer snapshots fit in host memory: node b \(workerpool1-0\): 2 ranks with 20.0 GiB .* = "
+                        r"100.0 GiB, 200.0 GiB available \(at most 50% of what it can give\)", said), said
+
+
+def test_an_exchange_starting_drops_the_oldest_copy_of_each_kind_and_keeps_the_newest() -> None:
+    """At rest each rank holds its own two newest and its peer's two newest (a loss may cut one rank's exchange short
+    and not its neighbour's: both roll back to the one before); as the next exchange starts, the oldest of each kind
+    is of no use: the peak is 5 copies, not 7."""
+    from entrypoint.pytorch.recovery.snapshots import PeerSnapshots
+
+    snapshots = PeerSnapshots(Views([]), 2, 30)  # type: ignore[arg-type]
+    for step in (2, 4):
+        snapshots._keep(snapshots.own, step, {"step": step})
+        snapshots._keep(snapshots.held, step, {"step": step})
+    assert sorted(snapshots.own) == sorted(snapshots.held) == [2, 4]
+    snapshots._starting(6, {"step": 6})
+    assert sorted(snapshots.own) == [4, 6] and sorted(snapshots.held) == [4]
+    snapshots._keep(snapshots.held, 6, {"step": 6})  # the peer's copy of step 6 arrived
+    assert sorted(snapshots.held) == [4, 6]

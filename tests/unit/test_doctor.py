@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from entrypoint import cli, doctor
+from entrypoint.cluster import memory
 from entrypoint.cluster.environments.settings import PlatformSettings
 from entrypoint.doctor import checks, facts
 from entrypoint.doctor.checks import GIB, MIB
@@ -254,8 +255,8 @@ def test_doctor_command_lines_json_and_exit_code(monkeypatch: pytest.MonkeyPatch
     assert cli.main(["doctor", "--framework", "pytorch", "--job-dir", str(tmp_path)]) == 2
     lines = capsys.readouterr().out.splitlines()
     assert [line.split()[1] for line in lines] == [
-        "framework:", "shm:", "driver:", "gpus:", "cpus:", "network:", "nofile:", "memlock:", "image:", "outputs:",
-        "disk:", "peers:", "fabric:"]
+        "framework:", "shm:", "driver:", "gpus:", "cpus:", "network:", "nofile:", "memlock:", "image:", "peer",
+        "outputs:", "disk:", "peers:", "fabric:"]
     assert lines[0].startswith("ok      framework: pytorch (torch ")
     assert lines[2].startswith("error   driver: driver 575.57.08 is older than CUDA 13.0 needs (580 or newer)")
     assert lines[1].startswith("warning shm: /dev/shm has 64 MiB free of 64 MiB (Docker's default)")
@@ -282,3 +283,54 @@ def test_doctor_says_what_run_says_of_a_framework_this_python_lacks(capsys: pyte
 def test_doctor_bad_options_are_one_config_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["doctor", "--log-format", "xml"]) == 2
     assert capsys.readouterr().err.startswith("entrypoint: error: doctor: argument --log-format")
+
+
+# ---- FSDP's snapshots in peer memory --------------------------------------------------------------------------
+def test_peer_snapshots_per_parameter_against_the_nodes_memory() -> None:
+    """70B parameters over 2 nodes of 8 GPUs: 5 copies x 12 bytes / 16 ranks x 8 here = 30 bytes a parameter; a node
+    giving 1.8 TiB holds the copies of a 32.2B-parameter model in half of it (ok); one giving 40 GiB, of 0.7B (a
+    warning under --strategy fsdp, ok where FSDP comes only by the model's size)."""
+    big = memory.HostMemory(1800 * GIB, "MemAvailable")
+    found = checks.peer_snapshots("fsdp", big, 16, 8)
+    assert found.status == "ok", found
+    assert found.message == (
+        "1800.0 GiB available (MemAvailable); FSDP's snapshots in peer memory take 5 copies x 12 bytes per parameter "
+        "(fp32 weights and Adam state) / 16 ranks x 8 ranks here = 30 bytes per model parameter: a model of up to 32.2 "
+        "B parameters fits in 50% of it (larger: the run turns them off)")
+    small = memory.HostMemory(40 * GIB, "the cgroup v2 limit")
+    warned = checks.peer_snapshots("fsdp", small, 16, 8)
+    assert warned.status == "warning" and "up to 0.7 B parameters" in warned.message, warned
+    assert warned.fix is not None and warned.fix.startswith("--peer-snapshots off")
+    by_size = checks.peer_snapshots("fsdp by size", small, 16, 8)
+    assert by_size.status == "ok" and "(where FSDP is chosen by the model's size)" in by_size.message
+    unknown = checks.peer_snapshots("fsdp", memory.UNKNOWN, 16, 8)
+    assert unknown.status == "warning" and unknown.message.startswith("host memory unknown")
+    assert checks.peer_snapshots(None, big, 16, 8).status == "skipped"
+
+
+TWO_NODES = json.dumps({"cluster": {"workerpool0": ["h0:2222"], "workerpool1": ["h1:2222"]},
+                        "task": {"type": "workerpool0", "index": 0}})
+
+
+@pytest.mark.parametrize(("flags", "status"), [(("--strategy", "fsdp"), "warning"), ((), "ok"),
+                                               (("--strategy", "fsdp", "--peer-snapshots", "off"), "skipped"),
+                                               (("--strategy", "fsdp", "--recovery", "restart"), "skipped"),
+                                               (("--strategy", "hsdp"), "skipped")])
+def test_doctor_sizes_the_peer_snapshots_of_an_fsdp_plan_across_nodes(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: tuple[str, ...],
+        status: str) -> None:
+    fake_node(monkeypatch, host_memory=memory.HostMemory(8 * GIB, "the cgroup v2 limit"))
+    monkeypatch.setenv("CLUSTER_SPEC", TWO_NODES)
+    cli.main(["doctor", "--framework", "pytorch", "--module", "trainers.digits_torch", "--job-dir", str(tmp_path),
+              "--nproc-per-node", "2", *flags, "--json"])
+    (check,) = [c for c in json.loads(capsys.readouterr().out)["checks"] if c["check"] == "peer snapshots"]
+    assert check["status"] == status, check
+    if status != "skipped":
+        assert check["message"].startswith("8.0 GiB available (the cgroup v2 limit); FSDP's snapshots in peer memory")
+        assert "/ 4 ranks x 2 ranks here = 30 bytes per model parameter: a model of up to 0.1 B" in check["message"]
+
+
+def test_doctor_skips_the_peer_snapshots_on_one_node(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    cli.main(["doctor", "--framework", "pytorch", "--strategy", "fsdp", "--job-dir", str(tmp_path), "--json"])
+    (check,) = [c for c in json.loads(capsys.readouterr().out)["checks"] if c["check"] == "peer snapshots"]
+    assert check["status"] == "skipped"

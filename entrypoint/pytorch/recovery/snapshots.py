@@ -7,8 +7,18 @@ scheduler, the position in the data, the history) with a fingerprint of it (``he
 one to its **peer**, the same local rank on the next node in ring order (rank ``r`` -> ``(r + L) % W``, ``L``
 processes per node, ``W`` ranks), which keeps it beside its own. The copy is made on the training thread (the state
 must not move under it); the fingerprint, the serialization and the exchange run in a background thread on a gloo
-group of their own (formed with the generation, at its first commit), off the training step. The two newest
-snapshots of each kind are kept (an exchange cut short by the loss leaves the one before).
+group of their own (formed with the generation, at its first commit), off the training step. Two snapshots of each
+kind are kept, and no fewer will do: the ranks of a lost node can be cut off at different points of one exchange (one
+rank's copy of step s arrived, its neighbour's did not), so every rank must still hold step s - 1's copy of every kind
+until the next exchange starts; the oldest copy of its peer's is dropped then, as its own oldest is, and the buffers
+of the exchange are freed as soon as they are sent or read, so its peak is ``memory.COPIES`` (5) copies of the
+rank's state, 4 between exchanges.
+
+The copies must fit in the host: before the first, every rank works out what its copies take (``memory.COPIES`` x the
+bytes of its shards and optimizer state) and reads what its node can give (``memory.available``: MemAvailable, or
+the room under the container's cgroup limit); one all-gather shows every rank every node's sum, and where a node's
+copies exceed ``memory.MARGIN`` of what it can give, every rank turns the snapshots off for the job (the chief says
+so in one line: a loss then restarts the job from storage).
 
 When a node is lost the survivors keep their processes and wait for its replacement (``survivors.py``, as the
 replicated model's do). Once it is taken in, every rank says which snapshots it holds; every rank rolls back to the
@@ -34,6 +44,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from entrypoint.cluster import memory
 from entrypoint.errors import PeerError
 from entrypoint.pytorch.launch.collectives import TorchDistributed
 from entrypoint.pytorch.recovery.healing import Healing, adopt_shards, live_shards, state_digest, tensors_digest
@@ -41,7 +52,19 @@ from entrypoint.pytorch.state import TrainState
 
 log = logging.getLogger("entrypoint.pytorch")
 KEEP = 2  # snapshots of each kind kept: the newest, and the one before (an exchange the loss cut short)
+OFF_SWITCH = "--peer-snapshots off"
 FALLBACK = "the job restarts from its newest checkpoint in storage"
+
+
+def state_bytes(state: TrainState) -> int:
+    """Bytes of this rank's shards and their optimizer state (what a snapshot copies), counted without a copy."""
+    def size(value: Any) -> int:
+        local = value.to_local() if hasattr(value, "to_local") else value
+        return int(local.numel() * local.element_size()) if isinstance(local, torch.Tensor) else 0
+
+    tensors = list(state.model.state_dict().values())
+    tensors += [value for entry in state.optimizer.state.values() for value in entry.values()]
+    return sum(size(t) for t in tensors)
 
 
 def peer_of(rank: int, local: int, world: int) -> int:
@@ -52,8 +75,10 @@ def peer_of(rank: int, local: int, world: int) -> int:
 class PeerSnapshots:
     """This rank's snapshots (its own, and its ring predecessor's copy), the exchange in flight, and the heal."""
 
-    def __init__(self, comm: TorchDistributed, local_size: int, timeout: float) -> None:
-        self.comm, self.local, self.timeout = comm, max(local_size, 1), timeout
+    def __init__(self, comm: TorchDistributed, local_size: int, timeout: float, me: tuple[str, str] = ("", "")) -> None:
+        self.comm, self.local, self.timeout, self.me = comm, max(local_size, 1), timeout, me
+        self.off = ""  # why the memory guard turned the snapshots off for the job (empty: on)
+        self.guarded = False  # the guard ran (at the first commit)
         self.own: dict[int, dict[str, Any]] = {}  # step -> {"payload", "digest", "at"}: this rank's
         self.held: dict[int, dict[str, Any]] = {}  # step -> the same, of rank (r - L) % W
         self.group: Any = None  # the exchange's gloo group, per generation
@@ -70,7 +95,9 @@ class PeerSnapshots:
         """Every rank at the same commit: a host copy of this rank's state, fingerprinted and sent to its peer in the
         background (the exchange before it is finished first)."""
         world = self.comm.world_size
-        if world <= self.local:  # one node: no peer on another node
+        if world <= self.local or self.off:  # one node: no peer on another node; or the host cannot hold them
+            return
+        if not self.guarded and not self.fits(state):
             return
         self.settle()
         if self.group is None:  # every rank at its generation's first commit, in step
@@ -84,11 +111,36 @@ class PeerSnapshots:
             args=(state.step, payload, peer_of(rank, self.local, world), (rank - self.local) % world))
         self.thread.start()
 
+    def fits(self, state: TrainState) -> bool:
+        """The memory guard, every rank before its first snapshot: one all-gather of every rank's state bytes and
+        what its node can give; where any node cannot hold its copies, the snapshots are off for the job."""
+        self.guarded = True
+        replica, host = self.me
+        views = self.comm.gather_object((replica, host, state_bytes(state), memory.available().available))
+        names: dict[str, list[str]] = {}
+        for name, where, _, _ in views:
+            if name not in names.setdefault(where, []):
+                names[where].append(name)
+        label = {where: f"{where} ({', '.join(found)})" if any(found) else where for where, found in names.items()}
+        needs = memory.node_needs([(label[where], size, free) for _, where, size, free in views])
+        worst = memory.tightest(needs)
+        if worst.fits:
+            if self.comm.rank == 0:
+                log.info("peer snapshots fit in host memory: node %s (at most %d%% of what it can give)",
+                         worst.text(), int(memory.MARGIN * 100))
+            return True
+        self.off = (f"peer snapshots are off for this job: node {worst.text()}, more than "
+                    f"{int(memory.MARGIN * 100)}% of it; a lost node restarts the job from its newest checkpoint in "
+                    f"storage ({OFF_SWITCH} to silence this)")
+        if self.comm.rank == 0:
+            log.warning(self.off)
+        return False
+
     def _exchange(self, step: int, payload: dict[str, Any], peer: int, source: int) -> None:
         started = time.perf_counter()
         own = {"payload": payload, "digest": tensors_digest(payload["model"], payload["optimizer"]["state"]),
                "at": time.time()}
-        self._keep(self.own, step, own)
+        self._starting(step, own)
         buffer = io.BytesIO()
         torch.save(own, buffer)
         data = torch.frombuffer(buffer.getbuffer(), dtype=torch.uint8)  # the buffer's bytes, not a copy
@@ -106,15 +158,26 @@ class PeerSnapshots:
         except Exception as exc:  # a peer lost mid-exchange: the snapshot before this one is what it holds
             self.failed = f"the exchange of step {step}'s snapshot with ranks {peer} and {source} failed: {exc}"
             return
+        del sends, data, buffer  # sent: the serialized copy is freed before the received one is read
         held = torch.load(io.BytesIO(got.numpy().data), weights_only=False)
+        del got
         self._keep(self.held, step, held)
         self.failed, self.exchange_seconds = "", time.perf_counter() - started
         if not self._said and self.comm.rank == 0:  # what it costs, once
             self._said = True
             log.info("peer snapshot of step %d: this rank's shards and optimizer state (%.1f MiB) copied to host "
                      "memory in %.3f s on the training thread, fingerprinted and exchanged with rank %d in %.2f s in "
-                     "the background; each rank keeps its own two newest and its peer's", step, self.bytes / 2**20,
-                     self.copy_seconds, peer, self.exchange_seconds)
+                     "the background; each rank keeps its own two newest and its peer's (at most %d copies while "
+                     "one is exchanged)", step, self.bytes / 2**20, self.copy_seconds, peer, self.exchange_seconds,
+                     memory.COPIES)
+
+    def _starting(self, step: int, own: dict[str, Any]) -> None:
+        """An exchange starts: this rank's newest snapshot kept (its oldest dropped), and its peer's oldest dropped
+        (a loss cut short now rolls back to the newest of both kinds; the one before is no rank's common step)."""
+        self._keep(self.own, step, own)
+        with self._lock:
+            for old in sorted(self.held)[:-1]:
+                del self.held[old]
 
     def _keep(self, kind: dict[int, dict[str, Any]], step: int, snapshot: dict[str, Any]) -> None:
         with self._lock:
@@ -141,7 +204,11 @@ class PeerSnapshots:
         world, rank = comm.world_size, comm.rank
         with self._lock:
             own, held = ([], []) if joining else (sorted(self.own), sorted(self.held))
-        views = comm.gather_object((state.step, joining, me, own, held))
+        views = comm.gather_object((state.step, joining, me, own, held, self.off))
+        off = next((view[5] for view in views if view[5]), "")
+        if off:  # the memory guard turned them off for the job at its first commit (every survivor says so)
+            raise PeerError(f"no peer-memory snapshots to heal from ({off.split('; ')[0]}); {FALLBACK}")
+        self.guarded = True  # a replacement takes the job's decision (on, or there would be nothing to heal from)
         joiners = [r for r, view in enumerate(views) if view[1]]
         holders = {r: peer_of(r, self.local, world) for r in joiners}
         both = [r for r in joiners if views[holders[r]][1]]

@@ -77,7 +77,7 @@ class InPlace:
 
     def keep_snapshots(self, local_size: int, timeout: float) -> None:
         """FSDP: each rank's shards in a peer's memory, taken at each commit (``snapshot``)."""
-        self.snapshots = PeerSnapshots(self.comm, local_size, timeout)
+        self.snapshots = PeerSnapshots(self.comm, local_size, timeout, self.me)
 
     def snapshot(self, state: TrainState) -> None:
         """A commit: FSDP's snapshot in peer memory (nothing otherwise)."""
