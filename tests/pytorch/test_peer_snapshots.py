@@ -206,3 +206,16 @@ def test_an_exchange_starting_drops_the_oldest_copy_of_each_kind_and_keeps_the_n
     assert sorted(snapshots.own) == [4, 6] and sorted(snapshots.held) == [4]
     snapshots._keep(snapshots.held, 6, {"step": 6})  # the peer's copy of step 6 arrived
     assert sorted(snapshots.held) == [4, 6]
+
+
+def test_a_loss_with_the_snapshots_off_falls_back_to_storage_at_once_not_after_the_replacement() -> None:
+    """The memory guard turned them off (every rank agreed): a lost peer ends the survivors' attempt at once (the job
+    restarts from storage), never a wait for the replacement with nothing to heal it from."""
+    from entrypoint.pytorch.recovery.survivors import InPlace
+
+    off = "peer snapshots are off for this job: node b (workerpool1-0): 2 ranks ...; a lost node restarts the job"
+    survivors = SimpleNamespace(snapshots=SimpleNamespace(off=off), membership=None, comm=None)  # touched: fails
+    with pytest.raises(PeerError, match=r"^lost a peer at step 7 and there are no peer-memory snapshots to heal from "
+                                        r"\(peer snapshots are off for this job: node b \(workerpool1-0\): 2 ranks "
+                                        r"\.\.\.\); the job restarts from its newest checkpoint in storage$"):
+        InPlace.recover(survivors, SimpleNamespace(step=7), 0.0, [])  # type: ignore[arg-type]

@@ -28,6 +28,7 @@ from typing import Any
 
 from torch import nn
 
+from entrypoint.errors import PeerError
 from entrypoint.lifecycle import lost_work
 from entrypoint.lifecycle.watch.peers import PeerBoard, Silent
 from entrypoint.planning.plan import Plan
@@ -35,7 +36,7 @@ from entrypoint.planning.usercode import module_source
 from entrypoint.pytorch.launch.collectives import TorchDistributed
 from entrypoint.pytorch.launch.membership import GroupVerdict, Membership, fingerprint
 from entrypoint.pytorch.recovery.healing import Healing, heal
-from entrypoint.pytorch.recovery.snapshots import PeerSnapshots
+from entrypoint.pytorch.recovery.snapshots import FALLBACK, PeerSnapshots
 from entrypoint.pytorch.state import TrainState
 
 log = logging.getLogger("entrypoint.pytorch")
@@ -149,6 +150,9 @@ class InPlace:
         a returning node in (they all say so before any drops the group: none is still in a collective with it).
         Returns how many steps ran with fewer replicas when a returning node made the group whole again."""
         failed_at, step = time.time(), state.step
+        if not rejoin and self.snapshots is not None and self.snapshots.off:  # agreed by every rank: none to heal from
+            raise PeerError(f"lost a peer at step {step} and there are no peer-memory snapshots to heal from "
+                            f"({self.snapshots.off.split('; ')[0]}); {FALLBACK}")
         fewer_before = self.membership.fewer
         lost = list(dict.fromkeys(s.member.replica for s in silent))  # a node's ranks name it once
         if not rejoin:
