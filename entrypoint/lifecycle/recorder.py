@@ -206,11 +206,12 @@ class Recorder:
                 self.progress.update(self.last_step, self.total, self.metrics, done=True)
             self.progress.close(PROGRESS_CLOSE)
 
-    def flush(self) -> None:
-        """Write the training segment so far (the goodput read now sees it)."""
+    def flush(self, at_last_step: bool = False) -> None:
+        """Write the training segment so far (the goodput read now sees it), ending now or, ``at_last_step``, where
+        its last whole step ended."""
         if self.ledger is not None:
             now = time.time()
-            self._close_segment(now)
+            self._close_segment(now, at_last_step)
             self.ledger.flush()
 
     def job_started(self, t: float) -> None:
@@ -288,10 +289,8 @@ def ending_abruptly() -> None:
     segment ending where its last whole step ended, so the steps it trained since its last progress record keep
     their time (a restore rolls them back as wasted progress, not as steps of no duration)."""
     for record in _TRAINING:
-        if record.ledger is not None:
-            with contextlib.suppress(Exception):  # the training thread may be mid-step: best effort, then gone
-                record._close_segment(time.time(), at_last_step=True)
-                record.ledger.flush()
+        with contextlib.suppress(Exception):  # the training thread may be mid-step: best effort, then gone
+            record.flush(at_last_step=True)
 
 
 def _attempt_started(attempt: str) -> float:
