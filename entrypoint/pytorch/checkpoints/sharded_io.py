@@ -9,7 +9,11 @@ position, history, RNG of every rank) and then the ``COMMITTED`` marker, listing
 its size and SHA-256, last. A rank killed mid-save leaves a checkpoint without a marker: resume skips it, as it
 skips any torn checkpoint. ``--checkpoint-mode sync`` does the same in the training thread. Some torch releases
 (2.11 among them) close the stager's copier after every stage, and a second stage of a DTensor then fails
-(``KeyError: <class 'type'>``): there, each save gets a fresh stager (no buffers are kept between saves).
+(``KeyError: <class 'type'>``): there, each save gets a fresh stager (no buffers are kept between saves). At a
+commit that also takes FSDP's snapshot in peer memory, the shards are that snapshot's host copy (``state["host"]``,
+being made beside the next step), filled in the writer's thread once it is made: the stager copies nothing, and
+training waits for no copy here. The stager's own buffers could not serve the snapshot instead: they are written
+again at the next save, and a snapshot is kept until two commits later.
 
 On an object store without a FUSE mount (``gs://``), each rank writes into a private local directory and uploads
 its own files; loading downloads the checkpoint once per process. The checkpoint loads into any world size

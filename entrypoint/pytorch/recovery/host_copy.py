@@ -114,20 +114,21 @@ class HostCopy:
         """The snapshot's thread: every tensor copied (shared storage copied once); the tree with the copies."""
         started = time.perf_counter()
         try:
-            if self.cuda:
-                self._queue()
-            else:
-                self.copies = self._copy_each(lambda t: t.to("cpu", copy=True))
+            try:
+                if self.cuda:
+                    self._queue()
+                else:
+                    self.copies = self._copy_each(lambda t: t.to("cpu", copy=True))
+            finally:
+                self.issued.set()  # the training thread never waits for a copy that failed
+            if self.done is not None:
+                self.done.synchronize()
         except BaseException as exc:
             self.error = exc
-            self.complete.set()
             raise
         finally:
-            self.issued.set()
-        if self.done is not None:
-            self.done.synchronize()
+            self.complete.set()  # nor does the checkpoint writer
         self.seconds = time.perf_counter() - started
-        self.complete.set()
         tree, self.tree, self.sources, self.copies = _replace(self.tree, self.copies), {}, [], {}
         return dict(tree)
 
