@@ -219,3 +219,132 @@ def test_a_loss_with_the_snapshots_off_falls_back_to_storage_at_once_not_after_t
                                         r"\(peer snapshots are off for this job: node b \(workerpool1-0\): 2 ranks "
                                         r"\.\.\.\); the job restarts from its newest checkpoint in storage$"):
         InPlace.recover(survivors, SimpleNamespace(step=7), 0.0, [])  # type: ignore[arg-type]
+
+
+def slow_copies(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
+    """Each tensor's host copy takes ``seconds`` more: the next step's update comes while the copy runs."""
+    from entrypoint.pytorch.recovery.host_copy import HostCopy
+
+    each = HostCopy._copy_each
+
+    def slowly(self: Any, one: Any) -> Any:
+        return each(self, lambda t: (time.sleep(seconds), one(t))[1])
+
+    monkeypatch.setattr(HostCopy, "_copy_each", slowly)
+
+
+def two_nodes(comm: Any) -> Any:
+    """This one-rank group seen as rank 0 of 2 nodes (the snapshot's exchange with rank 1 then fails: its copy, its
+    fingerprint and the step's wait are what is looked at)."""
+    from entrypoint.pytorch.recovery.snapshots import PeerSnapshots
+
+    snapshots = PeerSnapshots(SimpleNamespace(world_size=2, rank=0), 1, 30)  # type: ignore[arg-type]
+    snapshots.guarded = True  # the memory guard's all-gather needs the second node
+    return snapshots
+
+
+def test_the_copy_runs_beside_the_next_step_and_its_update_waits_so_the_fingerprint_is_the_steps_end(
+        one_rank: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The snapshot's host copy is made in the background while the next step's forward and backward run; that
+    step's optimizer update (which changes the shards and Adam's moments in place) lands only once the copy is made:
+    the copy, and the fingerprint made of it, are of the state the step ended with, not a mix; what the step waited
+    is recorded (the snapshot's remaining cost)."""
+    from entrypoint.pytorch.recovery.healing import state_digest, tensors_digest
+
+    state, _ = world_sharded(1)
+    train(state, 2)
+    at_commit = state_digest(state)
+    slow_copies(monkeypatch, 0.05)  # 16 tensors: 0.8 s, many times a step of this model
+    snapshots = two_nodes(one_rank)
+    started = time.perf_counter()
+    copying = snapshots.take(state)
+    assert copying is not None and time.perf_counter() - started < 0.4  # the take itself does not copy
+    train(state, 1)  # forward and backward beside the copy; the update waits for it
+    assert state_digest(state) != at_commit and state.step == 3
+    snapshots.settle()
+    assert snapshots.failed.startswith("the exchange of step 2's snapshot with ranks 1 and 1 failed")
+    kept = snapshots.own[2]
+    assert kept["digest"] == at_commit  # fingerprinted as the step ended
+    assert tensors_digest(kept["payload"]["model"], kept["payload"]["optimizer"]["state"]) == at_commit
+    assert (kept["payload"]["step"], kept["payload"]["sample"]) == (2, 8)
+    (waited,) = snapshots.waits
+    assert 0.2 < waited < copying.seconds + 0.1, (waited, copying.seconds)
+    assert snapshots.summary().startswith("peer snapshots: 1 host copies made beside the training steps; the steps "
+                                          f"waited {waited:.3f} s for them in all")
+    snapshots._hook.remove()
+
+
+def test_a_heal_after_a_snapshot_waits_for_its_copy_before_it_changes_the_state(
+        one_rank: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A returning node taken in right after a commit: the heal adopts a snapshot into the live state, so the copy in
+    flight is made first (else it would copy the state the heal wrote)."""
+    from entrypoint.pytorch.recovery.healing import state_digest
+    from entrypoint.pytorch.recovery.survivors import InPlace
+
+    state, _ = world_sharded(1)
+    train(state, 2)
+    at_commit = state_digest(state)
+    slow_copies(monkeypatch, 0.05)
+    snapshots = two_nodes(one_rank)
+    survivors = SimpleNamespace(snapshots=snapshots, me=("w", "h"))
+    snapshots.take(state)
+    healed_after_the_copy: list[bool] = []
+    monkeypatch.setattr(snapshots, "heal", lambda *_: healed_after_the_copy.append(snapshots.copying.complete.is_set()))
+    InPlace._heal(survivors, state, False)  # type: ignore[arg-type]
+    assert healed_after_the_copy == [True]
+    snapshots.settle()
+    assert snapshots.own[2]["digest"] == at_commit
+    snapshots._hook.remove()
+
+
+def test_a_commits_checkpoint_is_written_from_the_snapshots_copy_not_a_second_one(
+        one_rank: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    """One host copy at a commit: the sharded checkpoint's shards are the snapshot's copy (the stager copies nothing),
+    filled in the writer's thread once the copy is made; the next step's update lands after it, and the checkpoint
+    loads back as the state the step ended with."""
+    from entrypoint.outputs import checkpoints
+    from entrypoint.pytorch.checkpoints import restore
+    from entrypoint.pytorch.checkpoints.sharded_io import ShardedCheckpointIO
+    from entrypoint.pytorch.recovery.healing import state_digest
+
+    state, _ = world_sharded(1)
+    train(state, 2)
+    at_commit = state_digest(state)
+    slow_copies(monkeypatch, 0.05)
+    snapshots = two_nodes(one_rank)
+    writer = ShardedCheckpointIO(2, 0, "async", 60, False)
+    monkeypatch.setattr(writer.stager, "stage", lambda *_: pytest.fail("the stager copied the shards again"))
+    path = checkpoints.checkpoint_path(tmp_path, 2)
+    meta = {"step": 2, "epoch": 0, "batch": 2, "sample": 8, "framework": "pytorch", "world_size": 1, "sharded": True}
+    host = snapshots.take(state)
+    writer.save(path, {"shards": restore.sharded_state(state.model, state.optimizer), "extra": {}, "host": host}, meta)
+    assert writer.blocked_seconds < 0.4  # the training thread did not wait for a copy
+    train(state, 1)
+    writer.wait()
+    writer.check()
+    snapshots.settle()
+    assert checkpoints.is_committed(path)
+    again, _ = world_sharded(2)
+    train(again, 1)  # Adam's state exists, to be overwritten
+    shards = writer.load(path, {"shards": restore.sharded_state(again.model, again.optimizer)})["shards"]
+    restore.apply_sharded(again.model, again.optimizer, shards)
+    assert state_digest(again) == at_commit
+    writer.close()
+    snapshots._hook.remove()
+
+
+def test_the_models_buffers_are_copied_at_the_snapshot_as_a_forward_changes_them() -> None:
+    """A forward changes a batch norm's running statistics in place (the parameters and the optimizer's state only
+    change in the optimizer's step): those are copied at the snapshot itself, the rest beside the next step."""
+    from entrypoint.pytorch.recovery.host_copy import HostCopy, references
+    from entrypoint.pytorch.state import TrainState
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+    state = TrainState(model, torch.optim.Adam(model.parameters()), None)
+    at_snapshot = {name: value.clone() for name, value in model.state_dict().items()}
+    copying = HostCopy(*references(state, 1), 0)
+    model(torch.randn(8, 3))  # the next step's forward, before the copy is made
+    assert not torch.equal(model[1].running_mean, at_snapshot["1.running_mean"])
+    payload = copying.run()
+    assert all(torch.equal(payload["model"][name], value) for name, value in at_snapshot.items())

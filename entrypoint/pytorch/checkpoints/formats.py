@@ -33,7 +33,7 @@ from entrypoint.outputs.checkpoints import CheckpointWriter
 from entrypoint.outputs.storage import Location
 from entrypoint.pytorch.checkpoints import restore
 from entrypoint.pytorch.checkpoints.checkpoint_io import ReplicatedCheckpointIO
-from entrypoint.pytorch.checkpoints.sharded_io import ShardedCheckpointIO, is_sharded_checkpoint
+from entrypoint.pytorch.checkpoints.sharded_io import HostCopy, ShardedCheckpointIO, is_sharded_checkpoint
 from entrypoint.pytorch.launch.collectives import Collectives
 from entrypoint.pytorch.state import TrainState
 
@@ -75,9 +75,10 @@ class ReplicatedFormat:
         """The format whose writer writes as ``--checkpoint-mode`` says (``checkpoint_io.MODES``)."""
         return cls(ReplicatedCheckpointIO(keep, mode), device, is_chief)
 
-    def save(self, path: Location, state: TrainState, extra: dict[str, Any], meta: dict[str, Any]) -> None:
+    def save(self, path: Location, state: TrainState, extra: dict[str, Any], meta: dict[str, Any],
+             host: HostCopy | None = None) -> None:
         """The whole model and optimizer with ``extra`` (position, history, RNG of every rank), by the chief (the
-        others write nothing)."""
+        others write nothing; no snapshot's ``host`` copy is made of a replicated model)."""
         if self.is_chief:
             self.io.save(path, {**replicated_payload(state.model, state.optimizer), **extra}, meta)
 
@@ -122,9 +123,12 @@ class ShardedFormat:
         ``--checkpoint-mode`` says (``checkpoint_io.MODES``)."""
         return cls(ShardedCheckpointIO(keep, rank, mode, timeout, cuda))
 
-    def save(self, path: Location, state: TrainState, extra: dict[str, Any], meta: dict[str, Any]) -> None:
-        """This rank's shards of the model and optimizer; ``extra`` goes into the chief's ``extra.pt``."""
-        self.io.save(path, {"shards": restore.sharded_state(state.model, state.optimizer), "extra": extra}, meta)
+    def save(self, path: Location, state: TrainState, extra: dict[str, Any], meta: dict[str, Any],
+             host: HostCopy | None = None) -> None:
+        """This rank's shards of the model and optimizer (from ``host``, the snapshot's copy, where one is made);
+        ``extra`` goes into the chief's ``extra.pt``."""
+        self.io.save(path, {"shards": restore.sharded_state(state.model, state.optimizer), "extra": extra,
+                            "host": host}, meta)
 
     def resume(self, comm: Collectives, pick: Pick, load: Load) -> Picked:
         """Every rank joins each candidate the chief tries (``attempt``), until the chief has picked; its pick."""

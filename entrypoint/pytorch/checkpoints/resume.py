@@ -23,6 +23,7 @@ from entrypoint.planning.plan import Plan
 from entrypoint.pytorch import state as rng
 from entrypoint.pytorch.checkpoints.checkpoint_io import BackgroundWriter
 from entrypoint.pytorch.checkpoints.formats import CheckpointFormat, Picked, replicated_payload
+from entrypoint.pytorch.checkpoints.sharded_io import HostCopy
 from entrypoint.pytorch.defaults import HookContext
 from entrypoint.pytorch.launch.collectives import Collectives
 from entrypoint.pytorch.state import TrainState
@@ -62,10 +63,12 @@ class LoopCheckpoints:
         """The write in flight committed, the writer's buffers released (the training's end)."""
         self.format.close()
 
-    def save(self, state: TrainState, alone: bool = False) -> None:
+    def save(self, state: TrainState, alone: bool = False, host: HostCopy | None = None) -> None:
         """Every rank gives its RNG state; the format's writers save (the chief, or every rank its shards).
         ``alone``: the chief of a replicated model saves with no collective (a peer may be inside one, or gone),
-        with only its own RNG state (every step reseeds every generator: ``state.reseed``)."""
+        with only its own RNG state (every step reseeds every generator: ``state.reseed``). ``host``: a host copy
+        of this state being made (FSDP's snapshot) that the shards are written from, instead of a copy of their
+        own."""
         if alone:
             rngs = [rng.rng_state() if r == self.ctx.rank else None for r in range(self.ctx.world_size)]
         else:
@@ -75,7 +78,7 @@ class LoopCheckpoints:
         meta = {"step": state.step, "epoch": state.epoch, "batch": state.batch, "sample": state.sample,
                 "framework": self.plan.framework, "reached_at": lost_work.reached_at(),
                 "world_size": self.ctx.world_size, "sharded": self.format.sharded}
-        self.format.save(path, state, {**extra(state, self.ctx.world_size), "rng": rngs}, meta)
+        self.format.save(path, state, {**extra(state, self.ctx.world_size), "rng": rngs}, meta, host)
 
     def resume(self, state: TrainState) -> bool:
         """Resume from the chief's pick (the newest checkpoint that verifies and loads), picked and loaded as the

@@ -9,7 +9,11 @@ position, history, RNG of every rank) and then the ``COMMITTED`` marker, listing
 its size and SHA-256, last. A rank killed mid-save leaves a checkpoint without a marker: resume skips it, as it
 skips any torn checkpoint. ``--checkpoint-mode sync`` does the same in the training thread. Some torch releases
 (2.11 among them) close the stager's copier after every stage, and a second stage of a DTensor then fails
-(``KeyError: <class 'type'>``): there, each save gets a fresh stager (no buffers are kept between saves).
+(``KeyError: <class 'type'>``): there, each save gets a fresh stager (no buffers are kept between saves). At a
+commit that also takes FSDP's snapshot in peer memory, the shards are that snapshot's host copy (``state["host"]``,
+being made beside the next step), filled in the writer's thread once it is made: the stager copies nothing, and
+training waits for no copy here. The stager's own buffers could not serve the snapshot instead: they are written
+again at the next save, and a snapshot is kept until two commits later.
 
 On an object store without a FUSE mount (``gs://``), each rank writes into a private local directory and uploads
 its own files; loading downloads the checkpoint once per process. The checkpoint loads into any world size
@@ -25,10 +29,10 @@ import os
 import shutil
 import tempfile
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -53,6 +57,16 @@ def stager_closed_itself(stager: Any) -> bool:
     state with a class in it, as a DTensor's is, fails with ``KeyError: <class 'type'>``; torch 2.11 does this)."""
     table = getattr(getattr(stager, "_state_dict_stager", None), "_deepcopy_dispatch", None)
     return isinstance(table, dict) and not table
+
+
+class HostCopy(Protocol):
+    """A host copy of the training state being made elsewhere (FSDP's snapshot in peer memory) that can serve a
+    save's shards (``recovery/host_copy.py``): ``serve`` lays them out now (None: it does not hold them all) as a
+    call the writer's thread makes, which returns them filled from the copy once it is made."""
+
+    def serve(self, shards: dict[str, Any]) -> Callable[[], dict[str, Any]] | None: ...
+
+
 class _KeptError(io.FileIO):
     """A file that keeps the OSError of a failed write: ``torch.save``, which torch.distributed.checkpoint writes
     every shard with, turns it into ``unexpected pos`` (a full disk read as the user's error, exit 1)."""
@@ -133,9 +147,15 @@ class ShardedCheckpointIO(BackgroundWriter):
         self._group = None
 
     def _stage(self, state: dict[str, Any]) -> Any:
-        """``state["shards"]`` copied into host memory (with ``state["extra"]``); a stager this torch closed after the
-        copy is replaced for the next. The saves' group is formed here, in the training thread."""
+        """``state["shards"]`` copied into host memory (with ``state["extra"]``): the snapshot's copy being made
+        (``state["host"]``) where it holds them all (the write fills them in, waiting for it: the training thread
+        does not), else the stager's, whose buffers a torch that closed it after the copy replaces for the next. The
+        saves' group is formed here, in the training thread."""
         self._form_group()
+        host = state.get("host")
+        shared = host.serve(state["shards"]) if host is not None else None
+        if shared is not None:
+            return shared, state.get("extra")
         staged = self.stager.stage(state["shards"])  # synchronous (no Future)
         if stager_closed_itself(self.stager):
             self.stager.close()
@@ -166,6 +186,8 @@ class ShardedCheckpointIO(BackgroundWriter):
         import torch.distributed.checkpoint as dcp
 
         shards, extra = staged
+        if callable(shards):  # filled from the snapshot's host copy once it is made (``HostCopy.serve``)
+            shards = shards()
         where: Location = path if isinstance(path, RemotePath) else checkpoints.partial_of(path)
         local = Path(tempfile.mkdtemp(prefix="trainer-shards-")) if isinstance(path, RemotePath) else None
         try:

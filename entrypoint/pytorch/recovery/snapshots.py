@@ -5,9 +5,12 @@ each commit (``StepGuard.checkpoint``: every ``--checkpoint-every`` step and eve
 host copy of its own training state (``healing.live_shards``: its parameter shards and their optimizer state, the
 scheduler, the position in the data, the history) with a fingerprint of it (``healing.tensors_digest``), and sends
 one to its **peer**, the same local rank on the next node in ring order (rank ``r`` -> ``(r + L) % W``, ``L``
-processes per node, ``W`` ranks), which keeps it beside its own. The copy is made on the training thread (the state
-must not move under it); the fingerprint, the serialization and the exchange run in a background thread on a gloo
-group of their own (formed with the generation, at its first commit), off the training step. Two snapshots of each
+processes per node, ``W`` ranks), which keeps it beside its own. The copy is made in a background thread while the
+next step's forward and backward run, and the optimizer's step waits for it (``host_copy.py``: the state does not move
+under it; the wait is the cost left on the step, said in the first snapshot's line and, in all, at the training's
+end); a commit's sharded checkpoint is written from the same copy (no second one). The fingerprint, the
+serialization and the exchange run in that thread too, on a gloo group of their own (formed with the generation, at
+its first commit), off the training step. Two snapshots of each
 kind are kept, and no fewer will do: the ranks of a lost node can be cut off at different points of one exchange (one
 rank's copy of step s arrived, its neighbour's did not), so every rank must still hold step s - 1's copy of every kind
 until the next exchange starts; the oldest copy of its peer's is dropped then, as its own oldest is, and the buffers
@@ -47,7 +50,8 @@ import torch.distributed as dist
 from entrypoint.cluster import memory
 from entrypoint.errors import PeerError
 from entrypoint.pytorch.launch.collectives import TorchDistributed
-from entrypoint.pytorch.recovery.healing import Healing, adopt_shards, live_shards, state_digest, tensors_digest
+from entrypoint.pytorch.recovery.healing import Healing, adopt_shards, state_digest, tensors_digest
+from entrypoint.pytorch.recovery.host_copy import HostCopy, references
 from entrypoint.pytorch.state import TrainState
 
 log = logging.getLogger("entrypoint.pytorch")
@@ -85,31 +89,57 @@ class PeerSnapshots:
         self.thread: threading.Thread | None = None
         self.failed = ""  # the last exchange's failure, in words
         self.exchange_seconds = 0.0  # the last exchange's time (in the background)
-        self.copy_seconds = 0.0  # the last host copy's time (on the training thread)
+        self.copying: HostCopy | None = None  # the last snapshot's host copy (made in the background)
+        self.waits: list[float] = []  # what the training thread waited for each copy (the step's cost)
+        self.joins: list[float] = []  # what it waited at a snapshot for the exchange before it to end
+        self._hook: Any = None  # the optimizer's step pre-hook (it waits for the copy in flight)
+        self._hooked: Any = None  # the optimizer it is registered on
+        self.peer = -1  # the rank the last exchange sent to
         self.bytes = 0  # one snapshot's size, serialized
         self._lock = threading.Lock()
         self._said = False
 
     # ---- at a commit -----------------------------------------------------------------------------
-    def take(self, state: TrainState) -> None:
-        """Every rank at the same commit: a host copy of this rank's state, fingerprinted and sent to its peer in the
-        background (the exchange before it is finished first)."""
+    def take(self, state: TrainState) -> HostCopy | None:
+        """Every rank at the same commit: a host copy of this rank's state, made in the background while the next
+        step's forward and backward run (``host_copy.py``; the optimizer's step waits for it), fingerprinted and sent
+        to its peer (the exchange before it is finished first). The copy, or None where none is taken."""
         world = self.comm.world_size
         if world <= self.local or self.off:  # one node: no peer on another node; or the host cannot hold them
-            return
+            return None
         if not self.guarded and not self.fits(state):
-            return
-        self.settle()
+            return None
+        started = time.perf_counter()
+        if self.thread is not None:  # the exchange before this one still runs: the step waits for it
+            self.settle()
+            self.joins.append(time.perf_counter() - started)
         if self.group is None:  # every rank at its generation's first commit, in step
             self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=self.timeout))
-        started = time.perf_counter()
-        payload = live_shards(state, world)
-        self.copy_seconds = time.perf_counter() - started
+        copying = self.copying = HostCopy(*references(state, world), state.step)
         rank = self.comm.rank
         self.thread = threading.Thread(
             target=self._exchange, name="peer-snapshot", daemon=True,
-            args=(state.step, payload, peer_of(rank, self.local, world), (rank - self.local) % world))
+            args=(state.step, copying, peer_of(rank, self.local, world), (rank - self.local) % world))
         self.thread.start()
+        self._guard_step(state.optimizer)
+        return copying
+
+    def _guard_step(self, optimizer: Any) -> None:
+        """The optimizer's next step waits for the copy in flight (a step pre-hook, registered once per optimizer);
+        one that takes no hook is waited for at once."""
+        if not hasattr(optimizer, "register_step_pre_hook"):
+            self.copied()
+            return
+        if self._hooked is not optimizer:
+            if self._hook is not None:
+                self._hook.remove()
+            self._hook, self._hooked = optimizer.register_step_pre_hook(lambda *_: self.copied()), optimizer
+
+    def copied(self) -> None:
+        """The training thread, before anything changes the state: the copy in flight is made (what it waited is
+        the step's cost of the snapshots)."""
+        if self.copying is not None and self.copying.waited is None:
+            self.waits.append(self.copying.wait())
 
     def fits(self, state: TrainState) -> bool:
         """The memory guard, every rank before its first snapshot: one all-gather of every rank's state bytes and
@@ -136,8 +166,13 @@ class PeerSnapshots:
             log.warning(self.off)
         return False
 
-    def _exchange(self, step: int, payload: dict[str, Any], peer: int, source: int) -> None:
+    def _exchange(self, step: int, copying: HostCopy, peer: int, source: int) -> None:
         started = time.perf_counter()
+        try:
+            payload = copying.run()
+        except Exception as exc:  # the peer's receive fails on its timeout: it keeps the copy before this one
+            self.failed = f"the host copy of step {step}'s snapshot failed: {exc}"
+            return
         own = {"payload": payload, "digest": tensors_digest(payload["model"], payload["optimizer"]["state"]),
                "at": time.time()}
         self._starting(step, own)
@@ -163,13 +198,7 @@ class PeerSnapshots:
         del got
         self._keep(self.held, step, held)
         self.failed, self.exchange_seconds = "", time.perf_counter() - started
-        if not self._said and self.comm.rank == 0:  # what it costs, once
-            self._said = True
-            log.info("peer snapshot of step %d: this rank's shards and optimizer state (%.1f MiB) copied to host "
-                     "memory in %.3f s on the training thread, fingerprinted and exchanged with rank %d in %.2f s in "
-                     "the background; each rank keeps its own two newest and its peer's (at most %d copies while "
-                     "one is exchanged)", step, self.bytes / 2**20, self.copy_seconds, peer, self.exchange_seconds,
-                     memory.COPIES)
+        self.peer = peer
 
     def _starting(self, step: int, own: dict[str, Any]) -> None:
         """An exchange starts: this rank's newest snapshot kept (its oldest dropped), and its peer's oldest dropped
@@ -186,10 +215,34 @@ class PeerSnapshots:
                 del kind[old]
 
     def settle(self) -> None:
-        """The exchange in flight ends (before the group is dropped, or the next one starts)."""
+        """The exchange in flight ends (before the group is dropped, or the next one starts); the first one that
+        succeeded says what it cost (the chief)."""
         if self.thread is not None:
-            self.thread.join(self.timeout)
+            self.thread.join(self.timeout)  # the copy is made before the exchange: nothing waits for it after this
             self.thread = None
+            copying, self.copying = self.copying, None
+            if not self.failed and not self._said and self.comm.rank == 0 and copying is not None:
+                self._said = True
+                self._say(copying)
+
+    def _say(self, copying: HostCopy) -> None:
+        waited = "no step followed it" if copying.waited is None else \
+            f"the next step waited {copying.waited:.3f} s for it"
+        log.info("peer snapshot of step %d: this rank's shards and optimizer state (%.1f MiB) copied to host memory "
+                 "in %.3f s beside the next step's forward and backward (%s), fingerprinted and exchanged with rank "
+                 "%d in %.2f s in the background; each rank keeps its own two newest and its peer's (at most %d "
+                 "copies while one is exchanged)", copying.step, self.bytes / 2**20, copying.seconds, waited,
+                 self.peer, self.exchange_seconds, memory.COPIES)
+
+    def summary(self) -> str:
+        """What the snapshots cost the training steps in all (the chief says it at the training's end): the waits
+        for their host copies, and for an exchange still in flight at the next snapshot."""
+        if not self.waits:
+            return ""
+        waits, joins = self.waits, self.joins
+        return (f"peer snapshots: {len(waits)} host copies made beside the training steps; the steps waited "
+                f"{sum(waits):.3f} s for them in all ({sum(waits) / len(waits):.3f} s per copy, at most "
+                f"{max(waits):.3f} s), and {sum(joins):.3f} s for an exchange still in flight at the next snapshot")
 
     def dropped(self) -> None:
         """The generation's group is gone (a lost peer): so is the exchange's; the next generation forms its own."""

@@ -47,6 +47,7 @@ from entrypoint.outputs import checkpoints
 from entrypoint.pytorch.checkpoints.resume import LoopCheckpoints
 from entrypoint.pytorch.recovery.guard import RunGuard
 from entrypoint.pytorch.recovery.healing import Healing
+from entrypoint.pytorch.recovery.host_copy import HostCopy
 from entrypoint.pytorch.recovery.stops import OffStep
 from entrypoint.pytorch.recovery.survivors import InPlace, Rejoin
 from entrypoint.pytorch.recovery.vote import StepVerdict, StepVote, nonfinite
@@ -186,12 +187,11 @@ class StepGuard:
         """Commit ``state`` (chief) once the vote in flight is settled; a stop that came meanwhile is agreed on right
         after the save (every rank is here, at this step): that save is finished, committed, and every rank stops."""
         self.settle(state)
+        host = self.survivors.snapshot(state) if self.survivors is not None else None  # FSDP's, in peer memory
         if self._noticed_at != (state.step, state.epoch):  # else an advance notice committed this very state
             self.watchdog.phase = "checkpointing"
-            self._save(state)
+            self._save(state, host=host)
             self.notice.saved(state.step)
-        if self.survivors is not None:  # FSDP: a snapshot in peer memory too
-            self.survivors.snapshot(state)
         flag = torch.tensor([int(self.request.requested)], dtype=torch.int64, device=self.ctx.device)
         if int(self.comm.all_reduce_sum(flag).item()):
             self.stop_agreed(state)
@@ -254,10 +254,10 @@ class StepGuard:
         raise StopRequested(signum, f"stopped by {name} {at}: checkpoint {path} committed; the "
                                     "restart resumes from it")
 
-    def _save(self, state: TrainState, wait: bool = False) -> None:
-        """Save ``state`` (the chief commits it): the time the training is blocked is the ledger's ``checkpoint``."""
+    def _save(self, state: TrainState, wait: bool = False, host: HostCopy | None = None) -> None:
+        """Save ``state`` (the chief commits; shards from ``host``, a snapshot's copy): the ledger's ``checkpoint``."""
         with self.record.phase("checkpoint", step=state.step):
-            self.saver.save(state)
+            self.saver.save(state, host=host)
             if wait:
                 self.saver.io.wait()
         self.record.committed(state.step)

@@ -36,6 +36,7 @@ from entrypoint.planning.usercode import module_source
 from entrypoint.pytorch.launch.collectives import TorchDistributed
 from entrypoint.pytorch.launch.membership import GroupVerdict, Membership, fingerprint
 from entrypoint.pytorch.recovery.healing import Healing, heal
+from entrypoint.pytorch.recovery.host_copy import HostCopy
 from entrypoint.pytorch.recovery.snapshots import FALLBACK, PeerSnapshots
 from entrypoint.pytorch.state import TrainState
 
@@ -80,15 +81,16 @@ class InPlace:
         """FSDP: each rank's shards in a peer's memory, taken at each commit (``snapshot``)."""
         self.snapshots = PeerSnapshots(self.comm, local_size, timeout, self.me)
 
-    def snapshot(self, state: TrainState) -> None:
-        """A commit: FSDP's snapshot in peer memory (nothing otherwise)."""
-        if self.snapshots is not None:
-            self.snapshots.take(state)
+    def snapshot(self, state: TrainState) -> HostCopy | None:
+        """A commit: FSDP's snapshot in peer memory (nothing otherwise); its host copy, made in the background."""
+        return self.snapshots.take(state) if self.snapshots is not None else None
 
     def finished(self) -> None:
         """The training ended: the last exchange ends with it, not in the export; no replacement is taken in."""
         if self.snapshots is not None:
             self.snapshots.settle()
+            if self.comm.rank == 0 and (cost := self.snapshots.summary()):
+                log.info("%s", cost)
         self.membership.finish()
 
     def train_on(self, replica_size: int, board: Callable[[], PeerBoard | None]) -> None:
@@ -137,6 +139,7 @@ class InPlace:
     def _heal(self, state: TrainState, joining: bool) -> Healing:
         """From a live replica, or (FSDP) every rank from the newest snapshot every rank's copy of is there."""
         if self.snapshots is not None:
+            self.snapshots.copied()  # the heal changes the state: the copy in flight is made first
             return self.snapshots.heal(state, joining, self.me)
         return heal(self.comm, state, joining, self.me, self.replica_size)
 
