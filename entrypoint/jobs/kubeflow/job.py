@@ -155,8 +155,7 @@ def default_name(image: str, limit: int = 63) -> str:
 
 # The replicated jobs of Kubeflow Trainer's runtimes for our images (manifests/base/runtimes/): each becomes a Job of
 # the TrainJob's JobSet, named <name>-<replicated job>-<index>. The node job is Indexed with numNodes completions.
-RUNTIME_JOBS = {"torch-distributed": ("node",), "torch-distributed-with-cache": ("dataset-initializer", "node"),
-                "jax-distributed": ("node",)}
+RUNTIME_JOBS = {"torch-distributed": ("node",), "torch-distributed-with-cache": ("dataset-initializer", "node")}
 
 
 def longest_generated_name(req: KubeflowRequest, name: str) -> str:
