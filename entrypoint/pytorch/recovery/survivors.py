@@ -53,11 +53,11 @@ def code_digest(plan: Plan) -> str:
     return digest.hexdigest()[:16]
 
 
-def model_fingerprint(model: nn.Module, plan: Plan, world_size: int) -> dict[str, Any]:
-    """This process's fingerprint: world size, every parameter's name and shape (whole, as built), the code's
-    digest."""
+def model_fingerprint(model: nn.Module, plan: Plan, world_size: int, replica: str = "") -> dict[str, Any]:
+    """This process's fingerprint: world size and processes per node, every parameter's name and shape (whole, as
+    built), the code's digest; and its node (``replica``)."""
     shapes = [(name, tuple(t.shape)) for name, t in model.state_dict().items()]
-    return fingerprint(world_size, shapes, code_digest(plan))
+    return fingerprint(world_size, shapes, code_digest(plan), plan.nproc_per_node, replica)
 
 
 class Rejoin(Exception):
@@ -117,7 +117,7 @@ class InPlace:
         join the job in progress with its fingerprint, and is taken into the survivors' next generation."""
         if not self.joining:
             return
-        self.fingerprint = model_fingerprint(model, self.plan, self.comm.world_size)
+        self.fingerprint = model_fingerprint(model, self.plan, self.comm.world_size, self.me[0])
         self.membership.join(self.fingerprint)
         self._form()
 
@@ -125,7 +125,7 @@ class InPlace:
         """Generation 0 is formed (None), or, as a replacement taken in (``admit``), heal from a live replica
         (how)."""
         if not self.joining:
-            self.fingerprint = model_fingerprint(state.model, self.plan, self.comm.world_size)
+            self.fingerprint = model_fingerprint(state.model, self.plan, self.comm.world_size, self.me[0])
             return None
         done = self._heal(state, True)
         source = "its peer's memory" if self.snapshots is not None else "the live replica"
