@@ -14,7 +14,8 @@ Keys (under ``trainer/<run>/live/``): ``started`` (generation 0 trains), ``finis
 replacement still starting ends at once, with nothing to do), ``gen`` (the current generation),
 ``joins/<rank>`` (how many replacements of that rank announced themselves), ``join/<rank>/<n>`` (the n-th
 one's fingerprint), ``accepted/<rank>`` (the last one taken in), ``g<n>/here/<rank>`` (a survivor for
-generation n), ``g<n>/verdict`` (rank 0's decision).
+generation n), ``g<n>/verdict`` (rank 0's decision), ``abandoned`` (the survivors gave up: the attempt goes back to its
+checkpoint, and a node restarted now meets the chief's next store instead of joining it).
 
 **Fewer replicas** (``shrink_by``: HSDP by node, a node is one replica of ``shrink_by`` ranks): rank 0 does not wait
 for a lost node's replacement. Once every rank that is not here is silent (its heartbeat stopped: ``lost``), the
@@ -27,6 +28,7 @@ group with them (a generation with every rank again).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -40,7 +42,7 @@ from entrypoint.errors import PeerError
 from entrypoint.lifecycle.waiting import LOG_EVERY, Wait
 from entrypoint.planning import registry
 from entrypoint.pytorch.framework import PEER_SNAPSHOTS_DEFAULT, RECOVERY_DEFAULT
-from entrypoint.pytorch.launch.store import job_run_id
+from entrypoint.pytorch.launch.store import abandoned_key, job_run_id
 
 log = logging.getLogger("entrypoint.pytorch")
 _POLL = 0.05
@@ -118,7 +120,7 @@ class Membership:
     def __init__(self, store: Any, run: str, rank: int, world_size: int, timeout: float,
                  names: Callable[[int], str] = str) -> None:
         self.store, self.rank, self.world_size, self.timeout, self.names = store, rank, world_size, timeout, names
-        self.base = f"trainer/{run}/live/"
+        self.run, self.base = run, f"trainer/{run}/live/"
         self.generation = 0
         self.fingerprint: dict[str, Any] = {}
         self.shrink_by = 0  # ranks per replica when the survivors train on without a lost one (0: they wait for it)
@@ -267,8 +269,16 @@ class Membership:
         return joiners, missing, strangers
 
     def _publish(self, verdict: GroupVerdict) -> GroupVerdict:
+        if not verdict.go:
+            self.abandon()  # before the verdict: a refused replacement restarts only once it is set
         self.store.set(self._key(f"g{verdict.generation}", "verdict"), verdict.to_json())
         return verdict
+
+    def abandon(self) -> None:
+        """Any rank: the survivors give up recovering in place (the job goes back to its newest checkpoint); a node
+        restarted from now on waits for the chief's next store instead of joining this attempt (``store.py``)."""
+        with contextlib.suppress(Exception):  # the store may be gone already (the chief's process ended)
+            self.store.set(abandoned_key(self.run), "1")
 
     def _await_verdict(self, target: int, what: str) -> GroupVerdict:
         # rank 0 decides within --timeout; a margin for it
@@ -286,6 +296,9 @@ class Membership:
         wait = Wait(self.timeout, margin=10, context="joining a job in progress", first_after=LOG_EVERY, logger=log)
         while not wait.expired:
             self._check_finished()
+            if self._get("started") is None:  # the store is a new one: the job went back to its checkpoint
+                raise PeerError("not taken into the group: the job restarted from its newest checkpoint while this "
+                                "replacement waited (its chief's store is a new one); it restarts with it")
             generation = int(self._get("gen") or 0)
             for candidate in (generation, generation + 1):
                 text = self._get(f"g{candidate}", "verdict")

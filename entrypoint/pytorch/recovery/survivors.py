@@ -135,10 +135,17 @@ class InPlace:
         return done
 
     def _heal(self, state: TrainState, joining: bool) -> Healing:
-        """From a live replica, or (FSDP) every rank from the newest snapshot every rank's copy of is there."""
-        if self.snapshots is not None:
-            return self.snapshots.heal(state, joining, self.me)
-        return heal(self.comm, state, joining, self.me, self.replica_size)
+        """From a live replica, or (FSDP) every rank from the newest snapshot every rank's copy of is there. Where it
+        cannot, every rank says why in one line of its own (the failure's line names the lost node first) and raises
+        PeerError: the job goes back to storage."""
+        try:
+            if self.snapshots is not None:
+                return self.snapshots.heal(state, joining, self.me)
+            return heal(self.comm, state, joining, self.me, self.replica_size)
+        except PeerError as exc:
+            self.membership.abandon()
+            log.warning("%s", exc)
+            raise
 
     def started(self) -> None:
         """Generation 0 trains: replacements may join from now on."""
@@ -151,6 +158,7 @@ class InPlace:
         Returns how many steps ran with fewer replicas when a returning node made the group whole again."""
         failed_at, step = time.time(), state.step
         if not rejoin and self.snapshots is not None and self.snapshots.off:  # agreed by every rank: none to heal from
+            self.membership.abandon()
             raise PeerError(f"lost a peer at step {step} and there are no peer-memory snapshots to heal from "
                             f"({self.snapshots.off.split('; ')[0]}); {FALLBACK}")
         fewer_before = self.membership.fewer
