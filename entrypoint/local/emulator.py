@@ -249,10 +249,6 @@ def run_cluster(pools: Sequence[Pool], output_dir: str, trial: str | None = None
     disks = Disks(Path.cwd())
     signals.adopt_orphans()  # what a replica's user code leaves behind is ended with the job, as in a container
     names = ", ".join(r.name for r in replicas)
-
-    def started() -> list[int]:  # the replicas' processes (each attempt's): children local reaps itself
-        return [r.proc.pid for r in replicas if r.proc is not None]
-
     cpus = replicas[0].env[ev.TRAINER_CPUS] if replicas else "0"
     print(f"[local] starting {len(replicas)} replicas ({names}); outputs under {output}; each replica's own disk "
           f"under {disks.root}; {host_cpus(os.environ)} CPU(s) shared: {ev.TRAINER_CPUS}={cpus} each\n"
@@ -261,10 +257,10 @@ def run_cluster(pools: Sequence[Pool], output_dir: str, trial: str | None = None
         try:
             secrets = secret_values() | frozenset(secrets_in_args([a for pool in pools for a in pool.command]))
             outcome = Supervisor(replicas, grace=replica_grace(pools), policy=policy, prepare=disks.prepare,
-                                 on_failure=_record_exit(ctx), secrets=secrets,
-                                 tend=lambda: signals.reap_adopted(started())).run()
+                                 on_failure=_record_exit(ctx), secrets=secrets, tend=lambda: signals.reap_adopted(
+                                     r.proc.pid for r in replicas if r.proc is not None)).run()  # adopted, ended
         finally:
-            signals.end_adopted(started())
+            signals.end_adopted(r.proc.pid for r in replicas if r.proc is not None)
         # The job's end as the platform sees it: its replicas are gone. Recorded before the report, whose goodput
         # line is then the one `goodput` reads from the same ledger afterwards.
         platform.ended(outcome.code)
