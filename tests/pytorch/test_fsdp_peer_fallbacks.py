@@ -30,11 +30,14 @@ def after(job: Job, seen: int, pattern: str, timeout: float = 240) -> re.Match[s
     """The first line from the ``seen``-th on matching ``pattern`` (waiting for it)."""
     regex, deadline = re.compile(pattern), time.monotonic() + timeout
     while time.monotonic() < deadline:
-        for line in job.lines[seen:]:
+        ended = job.proc.poll() is not None and not job._reader.is_alive()  # every line it printed is read
+        read = len(job.lines)
+        for line in job.lines[seen:read]:
             if match := regex.search(line):
                 return match
-        if job.proc.poll() is not None and len(job.lines) == seen:
+        if ended:
             break
+        seen = read
         time.sleep(0.05)
     raise AssertionError(f"no line matching {pattern!r}:\n{job.output()[-4000:]}")
 
