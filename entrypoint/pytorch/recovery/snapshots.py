@@ -28,7 +28,8 @@ fingerprint after adopting it must equal the one its snapshot was taken with. Th
 (seed, rank, step) (``state.reseed``), so the job trains on exactly as one resumed from a checkpoint of that step.
 Right after the heal every rank whose peer does not hold its snapshot of that step (the replacement's ring
 predecessor: the replacement came back with no copy) sends it again, in the background on the exchange's group, so a
-second loss before the next snapshot heals from memory too. Storage is the fallback, said in one line (a ``PeerError``: the job restarts from its newest checkpoint): no step of
+second loss before the next snapshot heals from memory too. Storage is the fallback, said in one line (a
+``PeerError``: the job restarts from its newest checkpoint): no step of
 which every copy is there (a node lost with its peer, or before the first commit), a copy that does not match its
 fingerprint; a replacement of another world size or model is refused before (``membership.py``).
 """
