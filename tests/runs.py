@@ -49,11 +49,13 @@ class Job:
     Every process it starts inherits a unique marker variable, so a test can tell which are left.
     """
 
-    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+    def __init__(self, *args: str, env: dict[str, str] | None = None, unset: tuple[str, ...] = ()) -> None:
         self.marker = uuid.uuid4().hex
         self.lines: list[str] = []
-        self.proc = subprocess.Popen([PYTHON, "-m", "entrypoint", *args], cwd=ROOT,
-                                     env=subprocess_env({**(env or {}), MARKER_VARIABLE: self.marker}),
+        child = subprocess_env({**(env or {}), MARKER_VARIABLE: self.marker})
+        for name in unset:  # a variable the tests' environment sets that this job must not see
+            child.pop(name, None)
+        self.proc = subprocess.Popen([PYTHON, "-m", "entrypoint", *args], cwd=ROOT, env=child,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      start_new_session=True)
         self._reader = threading.Thread(target=self._read, daemon=True)

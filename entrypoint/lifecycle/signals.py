@@ -6,8 +6,10 @@
   exporting) the stop also raises ``Interrupted`` where the main thread stands, so no such phase holds it.
 - ``terminate``: a supervisor forwards a signal to its children's process groups, waits up to the
   grace period, then SIGKILLs what is left (a child's own children that ignore the signal included).
-- ``adopt_orphans`` / ``end_adopted``: ``local`` is the subreaper of its replicas' descendants, and kills
-  what outlived them (a user's helper in a session of its own) when the job ends, as a container's end does.
+- ``adopt_orphans`` / ``reap_adopted`` / ``end_adopted``: ``local`` is the subreaper of its replicas' descendants:
+  it reaps those that end while the job runs (a SIGKILLed node's ranks, in sessions of their own, die with its
+  launcher), and kills what outlived them (a user's helper in a session of its own) when the job ends, as a
+  container's end does.
 - ``die_with_parent``: every process we start gets PR_SET_PDEATHSIG, so whatever kills its parent
   (SIGKILL included) kills it too; nothing trains on as an orphan.
 - ``deadline``: SIGALRM's default action ends a block the framework will not let us interrupt.
@@ -299,12 +301,28 @@ def kill_descendants() -> list[int]:
     return sorted(killed)
 
 
+def reap_adopted(started: Iterable[int]) -> list[int]:
+    """Reap every child of this process it did not start itself that has ended (an adopted descendant: a rank of a
+    SIGKILLed node that died with its launcher), as init would at once; the pids reaped. Those still running are
+    left alone (``end_adopted`` ends them with the job)."""
+    mine, known, reaped = os.getpid(), set(started), []
+    for pid, state, ppid, _group in _processes():
+        if ppid == mine and state == "Z" and pid not in known:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+                reaped.append(pid)
+    return reaped
+
+
 def end_adopted(started: Iterable[int]) -> list[int]:
     """SIGKILL and reap every child of this process it did not start itself (descendants adopted after their
-    parents ended), as a container's end kills what is left in it; the pids ended."""
+    parents ended), as a container's end kills what is left in it; the pids ended (those that had ended already
+    are reaped, not named)."""
     mine, ended, known = os.getpid(), [], set(started)
     for _ in range(5):  # an adopted process's own children are adopted in turn once it ends
-        strays = [pid for pid, _state, ppid, _group in _processes() if ppid == mine and pid not in known]
+        reap_adopted(known)
+        strays = [pid for pid, state, ppid, _group in _processes() if ppid == mine and pid not in known
+                  and state != "Z"]
         if not strays:
             break
         log.warning("pids %s outlived the job (started by the user's code, outside its replica's process group): "

@@ -257,7 +257,8 @@ def run_cluster(pools: Sequence[Pool], output_dir: str, trial: str | None = None
         try:
             secrets = secret_values() | frozenset(secrets_in_args([a for pool in pools for a in pool.command]))
             outcome = Supervisor(replicas, grace=replica_grace(pools), policy=policy, prepare=disks.prepare,
-                                 on_failure=_record_exit(ctx), secrets=secrets).run()
+                                 on_failure=_record_exit(ctx), secrets=secrets, tend=lambda: signals.reap_adopted(
+                                     r.proc.pid for r in replicas if r.proc is not None)).run()  # adopted, ended
         finally:
             signals.end_adopted(r.proc.pid for r in replicas if r.proc is not None)
         # The job's end as the platform sees it: its replicas are gone. Recorded before the report, whose goodput

@@ -6,14 +6,19 @@ line per step), so a test can check that no sample of an epoch is skipped or see
 enough to be interrupted. ``--hold FILE``: a process that builds its datasets while FILE exists waits until it is
 gone (a test holds a lost node's replacement back until the survivors went on without it). ``--units``: a
 ``shard_units`` hook naming these modules (``--units nope`` names one that is not in the model). ``--sgd``: SGD
-instead of AdamW.
+instead of AdamW. ``--pause FILE``: a step waits while FILE exists (a test SIGKILLs a node before the next
+snapshot). ``--spoil FILE``: once FILE exists, this process changes one value in each peer snapshot it holds of
+another rank (a copy corrupted in host memory, in the live job) and writes ``FILE.<rank>``.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import os
+import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -48,12 +53,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--step-sleep", type=float, default=0.0)
     parser.add_argument("--hold", default="")
     parser.add_argument("--units", nargs="*", default=None)
+    parser.add_argument("--pause", default="")
+    parser.add_argument("--spoil", default="")
     parser.add_argument("--sgd", action="store_true", help="SGD instead of AdamW (Adam amplifies the reduction "
                         "order's last-bit noise where a gradient is analytically zero, as the key bias's is)")
 
 
+def spoil_when(path: Path, rank: int) -> None:
+    """Once ``path`` exists: one value of every peer snapshot this process holds of another rank changed in place."""
+    from entrypoint.pytorch.recovery.snapshots import PeerSnapshots
+
+    while not path.exists():
+        time.sleep(0.05)
+    spoiled = []
+    with warnings.catch_warnings():  # isinstance on every object touches torch's deprecated aliases
+        warnings.simplefilter("ignore")
+        found_all = [o for o in gc.get_objects() if isinstance(o, PeerSnapshots)]
+    for found in found_all:
+        for step, snapshot in sorted(found.held.items()):
+            for tensor in snapshot["payload"]["model"].values():  # each: a tied weight's first name is overwritten
+                if tensor.numel():  # by its second as the copy is adopted
+                    tensor.view(-1)[0] += 1.0
+            spoiled.append(step)
+    Path(f"{path}.{rank}").write_text(" ".join(map(str, spoiled)))
+
+
 def build_datasets(args: argparse.Namespace, ctx: Any) -> tuple[Indexed, Indexed]:
     _state["args"] = args
+    if args.spoil:
+        threading.Thread(target=spoil_when, args=(Path(args.spoil), ctx.rank), daemon=True).start()
     while args.hold and Path(args.hold).exists():
         time.sleep(0.05)
     train, val = gpt_torch.build_datasets(args, ctx)
@@ -84,6 +112,8 @@ def compute_loss(model: nn.Module, batch: Any, ctx: Any) -> torch.Tensor:
             f.write(" ".join(str(int(i)) for i in index) + "\n")
     if args.step_sleep:
         time.sleep(args.step_sleep)
+    while args.pause and Path(args.pause).exists():
+        time.sleep(0.05)
     loss: torch.Tensor = model(x, y)
     return loss
 

@@ -135,3 +135,22 @@ def test_a_replacement_still_starting_when_the_survivors_finished_ends_at_once()
         late.joining()
     with pytest.raises(JobFinished):
         late.join(late.fingerprint)
+
+
+def test_a_replacement_with_another_nproc_per_node_is_refused_at_once_naming_its_node() -> None:
+    """2 nodes x 2 processes: the worker node comes back with one process (a GPU fewer), so its only rank is 1 of a
+    world of 2, a rank that survived: rank 0 refuses it at once in one line naming it and why, instead of waiting
+    for ranks 2 and 3 until --timeout (which would name them, not the cause)."""
+    store = torch.distributed.HashStore()
+    group = [Membership(store, "run", rank, 4, timeout=5) for rank in range(4)]
+    for member in group:
+        member.fingerprint = fingerprint(4, [("0.weight", (128, 64))], "code", 2, "workerpool0-0")
+    chief, survivor = group[:2]
+    store.set(survivor._key("g1", "here", 1), json.dumps({"step": 8}))
+    store.add(chief._key("joins", 1), 1)
+    store.set(chief._key("join", 1, 1), json.dumps(fingerprint(2, [("0.weight", (128, 64))], "code", 1,
+                                                               "workerpool1-0")))
+    verdict = chief._decide(1, set())
+    assert not verdict.go
+    assert verdict.why == ("the replacement of workerpool1-0 was refused: it has --nproc-per-node 1 instead of 2 "
+                           "(world size 2 instead of 4)")

@@ -104,3 +104,27 @@ def test_a_node_restarted_into_a_running_attempt_says_so_unless_its_predecessor_
     with pytest.raises(PeerError, match="waiting for the chief workerpool0"):  # the chief never goes: --timeout
         NodeStore("127.0.0.1", port, 1, 2, 1.5, "run", peers, in_place=False)
     assert barrier.restarted(chief, "run", 2) == ([] if finished else [1])
+
+
+@pytest.mark.parametrize("abandoned", [False, True], ids=["recovering-in-place", "going-back-to-its-checkpoint"])
+def test_a_node_restarted_while_the_survivors_give_up_waits_for_the_chiefs_next_store(abandoned: bool) -> None:
+    """Survivors keep training (``in_place``): a restarted node joins the attempt in progress, unless the survivors
+    gave up on it (a replacement refused, a heal that cannot be: ``Membership.abandon``); then it waits for the
+    chief's store to go and meets the next one, rather than join an attempt whose processes are leaving (its ranks
+    then waited --timeout on the next store, where nobody would take them in)."""
+    from torch.distributed import TCPStore
+
+    from entrypoint.pytorch.launch.store import NodeStore, abandoned_key
+
+    port = free_ports(1)[0]
+    chief = TCPStore("127.0.0.1", port, None, True, timedelta(seconds=10), wait_for_workers=False)
+    chief.set("trainer/run/barrier/go", "1")
+    if abandoned:
+        chief.set(abandoned_key("run"), "1")
+    peers = (Peer("workerpool0[0]", f"127.0.0.1:{port}"), Peer("workerpool1[0]", "127.0.0.1:1"))
+    if not abandoned:
+        assert NodeStore("127.0.0.1", port, 1, 2, 1.5, "run", peers, in_place=True).joined
+        return
+    with pytest.raises(PeerError, match="waiting for the chief workerpool0"):  # the chief never goes: --timeout
+        NodeStore("127.0.0.1", port, 1, 2, 1.5, "run", peers, in_place=True)
+    assert barrier.restarted(chief, "run", 2) == [1]

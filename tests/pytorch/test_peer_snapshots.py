@@ -214,11 +214,14 @@ def test_a_loss_with_the_snapshots_off_falls_back_to_storage_at_once_not_after_t
     from entrypoint.pytorch.recovery.survivors import InPlace
 
     off = "peer snapshots are off for this job: node b (workerpool1-0): 2 ranks ...; a lost node restarts the job"
-    survivors = SimpleNamespace(snapshots=SimpleNamespace(off=off), membership=None, comm=None)  # touched: fails
+    abandoned: list[bool] = []  # the store told: a node restarted now meets the chief's next store
+    survivors = SimpleNamespace(snapshots=SimpleNamespace(off=off), comm=None,  # touched: fails
+                                membership=SimpleNamespace(abandon=lambda: abandoned.append(True)))
     with pytest.raises(PeerError, match=r"^lost a peer at step 7 and there are no peer-memory snapshots to heal from "
                                         r"\(peer snapshots are off for this job: node b \(workerpool1-0\): 2 ranks "
                                         r"\.\.\.\); the job restarts from its newest checkpoint in storage$"):
         InPlace.recover(survivors, SimpleNamespace(step=7), 0.0, [])  # type: ignore[arg-type]
+    assert abandoned == [True]
 
 
 def slow_copies(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:

@@ -239,3 +239,41 @@ def test_an_interruption_is_a_stop_to_the_failure_funnel_but_no_exception_handle
     failure = failures.classify(stop)
     assert (failure.cls.name, failure.exit_code, failure.message) == ("preempted", 143,
                                                                      "stopped by SIGTERM while restoring")
+
+
+def test_a_subreaper_reaps_the_descendants_it_adopted_that_ended_and_names_only_those_still_running() -> None:
+    """``local`` is the subreaper of its replicas' descendants: a rank of a SIGKILLed node (in a session of its own)
+    dies with its launcher, and its zombie is reaped while the job runs (``reap_adopted``), not named at the end as
+    a process that outlived the job; a descendant still running at the end is (``end_adopted``)."""
+    body = """
+import json, os, subprocess, sys, time
+from entrypoint.lifecycle import signals
+signals.adopt_orphans()
+def child(code):
+    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, start_new_session=True)
+def orphan(sleep):  # a child that starts a grandchild in a session of its own and ends at once
+    launcher = child(f"import subprocess, sys; p = subprocess.Popen([sys.executable, '-c', 'import time; "
+                     f"time.sleep({sleep})'], start_new_session=True); print(p.pid)")
+    pid = int(launcher.stdout.readline())
+    launcher.wait()
+    return launcher.pid, pid
+gone, ended = orphan(0.2)
+_, running = orphan(60)
+time.sleep(2)
+state = {pid: s for pid, s, ppid, _ in signals._processes() if ppid == os.getpid()}
+reaped = signals.reap_adopted([gone])
+after = {pid for pid, s, ppid, _ in signals._processes() if ppid == os.getpid()}
+print(json.dumps({"ended": ended, "running": running, "state": state.get(ended), "reaped": reaped,
+                  "after": sorted(after), "at_end": signals.end_adopted([])}))
+"""
+    proc = subprocess.run([sys.executable, "-c", body], cwd=ROOT, env=subprocess_env(), capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    import json
+
+    seen = json.loads(proc.stdout.splitlines()[-1])
+    assert seen["state"] == "Z"  # adopted, ended, not reaped by anyone until the subreaper does
+    assert seen["reaped"] == [seen["ended"]] and seen["after"] == [seen["running"]]
+    assert seen["at_end"] == [seen["running"]]
+    assert f"pids {seen['running']} outlived the job" in proc.stderr
+    assert str(seen["ended"]) not in proc.stderr

@@ -24,6 +24,7 @@ from entrypoint.options import DEFAULT_GRACE_PERIOD
 from entrypoint.outputs import redaction
 
 NEVER = RestartPolicy("never")
+TEND_EVERY = 1.0  # seconds between two calls of a supervisor's ``tend`` while the job runs
 
 
 @dataclass
@@ -80,15 +81,16 @@ class Supervisor:
 
     ``prepare`` runs before every start (fresh scratch directories, the attempt number in the environment);
     ``on_failure`` runs for every failed exit before the policy decides (a record on the replica's behalf);
-    ``secrets`` are hidden in every line of the replicas' output it passes on.
+    ``secrets`` are hidden in every line of the replicas' output it passes on; ``tend`` runs about once a second
+    while the job runs (``local``: reap the descendants it adopted that ended).
     """
 
     def __init__(self, replicas: list[Replica], label: str = "local", grace: float = DEFAULT_GRACE_PERIOD,
                  policy: RestartPolicy = NEVER, prepare: Callable[[Replica], None] | None = None,
                  on_failure: Callable[[Replica, int], None] | None = None,
-                 secrets: frozenset[str] = frozenset()) -> None:
+                 secrets: frozenset[str] = frozenset(), tend: Callable[[], object] | None = None) -> None:
         self.replicas, self.label, self.grace, self.policy = replicas, label, grace, policy
-        self.prepare, self.on_failure, self.secrets = prepare, on_failure, secrets
+        self.prepare, self.on_failure, self.secrets, self.tend = prepare, on_failure, secrets, tend
         self.counts = Counts()
         self._lock = threading.Lock()
         self._chief_done = False
@@ -132,7 +134,11 @@ class Supervisor:
     def _wait(self, forwarder: Forwarder) -> Outcome:
         handled: set[int] = set()  # pids whose exit was dealt with
         chief_done_at: float | None = None
+        tended = time.monotonic()
         while True:
+            if self.tend is not None and time.monotonic() - tended >= TEND_EVERY:
+                self.tend()
+                tended = time.monotonic()
             if forwarder.received:
                 sig = forwarder.received[0]
                 name = signal.Signals(sig).name

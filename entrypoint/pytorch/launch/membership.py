@@ -14,7 +14,8 @@ Keys (under ``trainer/<run>/live/``): ``started`` (generation 0 trains), ``finis
 replacement still starting ends at once, with nothing to do), ``gen`` (the current generation),
 ``joins/<rank>`` (how many replacements of that rank announced themselves), ``join/<rank>/<n>`` (the n-th
 one's fingerprint), ``accepted/<rank>`` (the last one taken in), ``g<n>/here/<rank>`` (a survivor for
-generation n), ``g<n>/verdict`` (rank 0's decision).
+generation n), ``g<n>/verdict`` (rank 0's decision), ``abandoned`` (the survivors gave up: the attempt goes back to its
+checkpoint, and a node restarted now meets the chief's next store instead of joining it).
 
 **Fewer replicas** (``shrink_by``: HSDP by node, a node is one replica of ``shrink_by`` ranks): rank 0 does not wait
 for a lost node's replacement. Once every rank that is not here is silent (its heartbeat stopped: ``lost``), the
@@ -27,6 +28,7 @@ group with them (a generation with every rank again).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -40,24 +42,29 @@ from entrypoint.errors import PeerError
 from entrypoint.lifecycle.waiting import LOG_EVERY, Wait
 from entrypoint.planning import registry
 from entrypoint.pytorch.framework import PEER_SNAPSHOTS_DEFAULT, RECOVERY_DEFAULT
-from entrypoint.pytorch.launch.store import job_run_id
+from entrypoint.pytorch.launch.store import abandoned_key, job_run_id
 
 log = logging.getLogger("entrypoint.pytorch")
 _POLL = 0.05
 
 
-def fingerprint(world_size: int, shapes: list[tuple[str, tuple[int, ...]]], code: str) -> dict[str, Any]:
-    """What every member of a group must agree on: world size, parameter names and shapes, the code's digest."""
+def fingerprint(world_size: int, shapes: list[tuple[str, tuple[int, ...]]], code: str, per_node: int = 0,
+                replica: str = "") -> dict[str, Any]:
+    """What every member of a group must agree on: world size (and processes per node), parameter names and shapes,
+    the code's digest; and who it is (``replica``, to name a replacement that is refused)."""
     shape_text = ";".join(f"{name}:{'x'.join(map(str, shape))}" for name, shape in shapes)
     return {"world_size": world_size, "parameters": len(shapes),
             "shapes": hashlib.sha256(shape_text.encode()).hexdigest()[:16], "code": code,
-            "shape_list": shape_text[:4000]}
+            "shape_list": shape_text[:4000], "per_node": per_node, "replica": replica}
 
 
 def differences(mine: dict[str, Any], theirs: dict[str, Any]) -> str:
     """What differs between two fingerprints, in words ("" when they agree)."""
     found = []
-    if mine.get("world_size") != theirs.get("world_size"):
+    if mine.get("per_node") and theirs.get("per_node") and mine["per_node"] != theirs["per_node"]:
+        found.append(f"--nproc-per-node {theirs['per_node']} instead of {mine['per_node']} (world size "
+                     f"{theirs.get('world_size')} instead of {mine.get('world_size')})")
+    elif mine.get("world_size") != theirs.get("world_size"):
         found.append(f"world size {theirs.get('world_size')} instead of {mine.get('world_size')}")
     if mine.get("shapes") != theirs.get("shapes"):
         found.append(f"model parameters ({theirs.get('parameters')} tensors) of other shapes than the group's "
@@ -113,7 +120,7 @@ class Membership:
     def __init__(self, store: Any, run: str, rank: int, world_size: int, timeout: float,
                  names: Callable[[int], str] = str) -> None:
         self.store, self.rank, self.world_size, self.timeout, self.names = store, rank, world_size, timeout, names
-        self.base = f"trainer/{run}/live/"
+        self.run, self.base = run, f"trainer/{run}/live/"
         self.generation = 0
         self.fingerprint: dict[str, Any] = {}
         self.shrink_by = 0  # ranks per replica when the survivors train on without a lost one (0: they wait for it)
@@ -191,7 +198,11 @@ class Membership:
         # the survivors say so within moments: name only who is really awaited
         wait = Wait(self.timeout, context="re-forming the group", first_after=2.0, logger=log)
         while True:
-            joiners, missing = self._members(target)
+            joiners, missing, strangers = self._members(target)
+            for rank, count in strangers.items():  # announced as a rank that is here: a replacement of another layout
+                refused = self._refused(rank, count, target)
+                if refused is not None:
+                    return refused
             if not missing:
                 members: list[int] = []
                 break
@@ -208,16 +219,24 @@ class Membership:
             wait.say(self._named(missing), why)
             wait.sleep(_POLL)
         for rank, count in joiners.items():
-            theirs = json.loads(self._get("join", rank, count) or "{}")
-            diff = differences(self.fingerprint, theirs)
-            if diff:
-                why = f"the replacement of {self.names(rank)} was refused: it has {diff}"
-                log.warning("%s; every replica goes back to the newest checkpoint", why)
-                return self._publish(GroupVerdict(target, False, why))
+            refused = self._refused(rank, count, target)
+            if refused is not None:
+                return refused
         for rank, count in joiners.items():
             self.store.set(self._key("accepted", rank), str(count))
         self.store.set(self._key("gen"), str(target))
         return self._publish(GroupVerdict(target, True, joiners=joiners, members=members))
+
+    def _refused(self, rank: int, count: int, target: int) -> GroupVerdict | None:
+        """Rank 0: the ``count``-th replacement announced as ``rank`` refused (published) where its fingerprint
+        differs from the group's (its node named as it names itself), else None."""
+        theirs = json.loads(self._get("join", rank, count) or "{}")
+        diff = differences(self.fingerprint, theirs)
+        if not diff:
+            return None
+        why = f"the replacement of {theirs.get('replica') or self.names(rank)} was refused: it has {diff}"
+        log.warning("%s; every replica goes back to the newest checkpoint", why)
+        return self._publish(GroupVerdict(target, False, why))
 
     def ready(self) -> bool:
         """Rank 0, while a node is out: whether every rank of one left-out node announced its replacement."""
@@ -229,24 +248,37 @@ class Membership:
             nodes.setdefault(rank // max(self.shrink_by, 1), []).append(announced)
         return any(all(flags) for flags in nodes.values())
 
-    def _members(self, target: int) -> tuple[dict[int, int], list[int]]:
-        """The fresh replacements (rank -> announcement) and the ranks that are neither here nor replaced."""
+    def _members(self, target: int) -> tuple[dict[int, int], list[int], dict[int, int]]:
+        """The fresh replacements (rank -> announcement), the ranks that are neither here nor replaced, and the
+        replacements that announced themselves as a rank that is here (a node back with another number of
+        processes: its ranks are not the ones it replaces)."""
         joiners: dict[int, int] = {}
+        strangers: dict[int, int] = {}
         missing = []
         for rank in range(1, self.world_size):
-            if self.store.check([self._key(f"g{target}", "here", rank)]):
-                continue
+            here = self.store.check([self._key(f"g{target}", "here", rank)])
             joins, accepted = self._count("joins", rank), int(self._get("accepted", rank) or 0)
             # a replacement counts itself in, then writes its fingerprint: it has joined once both are there
-            if joins > accepted and self.store.check([self._key("join", rank, joins)]):
+            announced = joins > accepted and self.store.check([self._key("join", rank, joins)])
+            if here:
+                strangers.update({rank: joins} if announced else {})
+            elif announced:
                 joiners[rank] = joins
             else:
                 missing.append(rank)
-        return joiners, missing
+        return joiners, missing, strangers
 
     def _publish(self, verdict: GroupVerdict) -> GroupVerdict:
+        if not verdict.go:
+            self.abandon()  # before the verdict: a refused replacement restarts only once it is set
         self.store.set(self._key(f"g{verdict.generation}", "verdict"), verdict.to_json())
         return verdict
+
+    def abandon(self) -> None:
+        """Any rank: the survivors give up recovering in place (the job goes back to its newest checkpoint); a node
+        restarted from now on waits for the chief's next store instead of joining this attempt (``store.py``)."""
+        with contextlib.suppress(Exception):  # the store may be gone already (the chief's process ended)
+            self.store.set(abandoned_key(self.run), "1")
 
     def _await_verdict(self, target: int, what: str) -> GroupVerdict:
         # rank 0 decides within --timeout; a margin for it
@@ -264,6 +296,9 @@ class Membership:
         wait = Wait(self.timeout, margin=10, context="joining a job in progress", first_after=LOG_EVERY, logger=log)
         while not wait.expired:
             self._check_finished()
+            if self._get("started") is None:  # the store is a new one: the job went back to its checkpoint
+                raise PeerError("not taken into the group: the job restarted from its newest checkpoint while this "
+                                "replacement waited (its chief's store is a new one); it restarts with it")
             generation = int(self._get("gen") or 0)
             for candidate in (generation, generation + 1):
                 text = self._get(f"g{candidate}", "verdict")

@@ -35,6 +35,12 @@ def job_run_id(host: str, port: int, trial: str | None) -> str:
     return f"trainer-{host}-{port}-{trial or 'job'}"
 
 
+def abandoned_key(run_id: str) -> str:
+    """Set once the survivors gave up recovering in place (``Membership.abandon``): the attempt goes back to its
+    newest checkpoint, so a node restarted now must not join it but meet the chief's next store."""
+    return f"trainer/{run_id}/live/abandoned"
+
+
 class NodeStore:
     """This node's handle on the job's store: the server on node 0, a client elsewhere."""
 
@@ -48,12 +54,15 @@ class NodeStore:
             while True:
                 self.store: Any = barrier.open_store(host, port, node_rank == 0, timeout, peers[0])
                 self.joined = barrier.meet(self.store, run_id, node_rank, peers, timeout)
-                if not self.joined or in_place:
+                going = in_place and self.store.check([abandoned_key(run_id)])
+                if not self.joined or (in_place and not going):
                     return
-                # The job runs on without this node and will not take it in (--recovery restart, or a script):
-                # its peers are being restarted too. Wait for the chief's store to go, then meet the new one.
+                # The job runs on without this node and will not take it in (--recovery restart, or a script; or
+                # its survivors gave up recovering in place): its peers are being restarted too. Wait for the
+                # chief's store to go, then meet the new one.
                 log.info("the job's other replicas are still running the previous attempt; waiting for the chief "
-                         "%s to restart (--recovery restart)", peers[0])
+                         "%s to restart (%s)", peers[0], "its survivors go back to the newest checkpoint" if going
+                         else "--recovery restart")
                 if not self.store.check([self._key(f"node{node_rank}")]):  # unless its predecessor had finished
                     barrier.say_restarted(self.store, run_id, node_rank)  # the chief ends that attempt at once
                 barrier.wait_gone(self.store, wait, peers[0])

@@ -29,7 +29,10 @@ newest step of which every rank's copy is there (a survivor's its own, a replace
 receiving its copy from its peer rank to rank over the re-formed group; nothing is read from storage. Every rank's
 fingerprint after adopting it must equal the one its snapshot was taken with. The random streams follow from
 (seed, rank, step) (``state.reseed``), so the job trains on exactly as one resumed from a checkpoint of that step.
-Storage is the fallback, said in one line (a ``PeerError``: the job restarts from its newest checkpoint): no step of
+Right after the heal every rank whose peer does not hold its snapshot of that step (the replacement's ring
+predecessor: the replacement came back with no copy) sends it again, in the background on the exchange's group, so a
+second loss before the next snapshot heals from memory too. Storage is the fallback, said in one line (a
+``PeerError``: the job restarts from its newest checkpoint): no step of
 which every copy is there (a node lost with its peer, or before the first commit), a copy that does not match its
 fingerprint; a replacement of another world size or model is refused before (``membership.py``).
 """
@@ -292,8 +295,48 @@ class PeerSnapshots:
         if differ:
             raise PeerError(f"the peer-memory snapshot of step {step} does not match its fingerprint on " + ", ".join(
                 f"rank {r} ({fingerprints[r][0]}, taken as {fingerprints[r][1]})" for r in differ) + f"; {FALLBACK}")
+        self._send_again(step, [r for r in range(world) if step not in views[peer_of(r, self.local, world)][4]])
         return Healing(joiners, [int(v[0]) for v in views], [tuple(v[2]) for v in views], time.perf_counter() - started,
                        holders, [str(f[0]) for f in fingerprints])
+
+    def _send_again(self, step: int, owners: list[int]) -> None:
+        """Every rank in step after a heal: each of ``owners`` (whose peer does not hold its snapshot of ``step``: a
+        replacement, or a survivor whose exchange the loss cut short) sends its own to its peer again, in the
+        background as the exchange does, so a loss before the next snapshot heals from memory too."""
+        if not owners:
+            return
+        if self.group is None:  # the generation's exchange group, formed here (every rank is in the heal)
+            self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=self.timeout))
+        world, rank = self.comm.world_size, self.comm.rank
+        peer, source = peer_of(rank, self.local, world), (rank - self.local) % world
+        self.thread = threading.Thread(target=self._resend, name="peer-snapshot-again", daemon=True, args=(
+            step, peer if rank in owners else None, source if source in owners else None))
+        self.thread.start()
+
+    def _resend(self, step: int, peer: int | None, source: int | None) -> None:
+        started = time.perf_counter()
+        try:
+            sends = []
+            if peer is not None:
+                buffer = io.BytesIO()
+                torch.save(self.own[step], buffer)
+                data = torch.frombuffer(buffer.getbuffer(), dtype=torch.uint8)
+                sends = [dist.isend(torch.tensor([data.numel()], dtype=torch.int64), peer, group=self.group),
+                         dist.isend(data, peer, group=self.group)]
+            if source is not None:
+                size = torch.zeros(1, dtype=torch.int64)
+                dist.recv(size, source, group=self.group)
+                got = torch.empty(int(size.item()), dtype=torch.uint8)
+                dist.recv(got, source, group=self.group)
+                self._keep(self.held, step, torch.load(io.BytesIO(got.numpy().data), weights_only=False))
+                log.info("holds rank %d's peer snapshot of step %d again (%.1f MiB, sent again after the heal in "
+                         "%.2f s, in the background): a loss of its node before the next snapshot heals from memory",
+                         source, step, got.numel() / 2**20, time.perf_counter() - started)
+            for sent in sends:
+                if sent is not None:
+                    sent.wait()
+        except Exception as exc:  # a peer lost again meanwhile: its next loss falls back to storage, as it says
+            self.failed = f"sending step {step}'s snapshot again to rank {peer} / from rank {source} failed: {exc}"
 
     def _forget_after(self, step: int) -> None:
         """Snapshots newer than the one every rank rolled back to describe steps that are trained again."""

@@ -54,11 +54,11 @@ def code_digest(plan: Plan) -> str:
     return digest.hexdigest()[:16]
 
 
-def model_fingerprint(model: nn.Module, plan: Plan, world_size: int) -> dict[str, Any]:
-    """This process's fingerprint: world size, every parameter's name and shape (whole, as built), the code's
-    digest."""
+def model_fingerprint(model: nn.Module, plan: Plan, world_size: int, replica: str = "") -> dict[str, Any]:
+    """This process's fingerprint: world size and processes per node, every parameter's name and shape (whole, as
+    built), the code's digest; and its node (``replica``)."""
     shapes = [(name, tuple(t.shape)) for name, t in model.state_dict().items()]
-    return fingerprint(world_size, shapes, code_digest(plan))
+    return fingerprint(world_size, shapes, code_digest(plan), plan.nproc_per_node, replica)
 
 
 class Rejoin(Exception):
@@ -119,7 +119,7 @@ class InPlace:
         join the job in progress with its fingerprint, and is taken into the survivors' next generation."""
         if not self.joining:
             return
-        self.fingerprint = model_fingerprint(model, self.plan, self.comm.world_size)
+        self.fingerprint = model_fingerprint(model, self.plan, self.comm.world_size, self.me[0])
         self.membership.join(self.fingerprint)
         self._form()
 
@@ -127,7 +127,7 @@ class InPlace:
         """Generation 0 is formed (None), or, as a replacement taken in (``admit``), heal from a live replica
         (how)."""
         if not self.joining:
-            self.fingerprint = model_fingerprint(state.model, self.plan, self.comm.world_size)
+            self.fingerprint = model_fingerprint(state.model, self.plan, self.comm.world_size, self.me[0])
             return None
         done = self._heal(state, True)
         source = "its peer's memory" if self.snapshots is not None else "the live replica"
@@ -137,11 +137,18 @@ class InPlace:
         return done
 
     def _heal(self, state: TrainState, joining: bool) -> Healing:
-        """From a live replica, or (FSDP) every rank from the newest snapshot every rank's copy of is there."""
-        if self.snapshots is not None:
-            self.snapshots.copied()  # the heal changes the state: the copy in flight is made first
-            return self.snapshots.heal(state, joining, self.me)
-        return heal(self.comm, state, joining, self.me, self.replica_size)
+        """From a live replica, or (FSDP) every rank from the newest snapshot every rank's copy of is there. Where it
+        cannot, every rank says why in one line of its own (the failure's line names the lost node first) and raises
+        PeerError: the job goes back to storage."""
+        try:
+            if self.snapshots is not None:
+                self.snapshots.copied()  # the heal changes the state: the copy in flight is made first
+                return self.snapshots.heal(state, joining, self.me)
+            return heal(self.comm, state, joining, self.me, self.replica_size)
+        except PeerError as exc:
+            self.membership.abandon()
+            log.warning("%s", exc)
+            raise
 
     def started(self) -> None:
         """Generation 0 trains: replacements may join from now on."""
@@ -154,6 +161,7 @@ class InPlace:
         Returns how many steps ran with fewer replicas when a returning node made the group whole again."""
         failed_at, step = time.time(), state.step
         if not rejoin and self.snapshots is not None and self.snapshots.off:  # agreed by every rank: none to heal from
+            self.membership.abandon()
             raise PeerError(f"lost a peer at step {step} and there are no peer-memory snapshots to heal from "
                             f"({self.snapshots.off.split('; ')[0]}); {FALLBACK}")
         fewer_before = self.membership.fewer
