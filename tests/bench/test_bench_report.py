@@ -148,11 +148,12 @@ def test_chaos_rows_hold_each_strategy_to_its_goodput_target() -> None:
     assert "median 5.0" in rows["HSDP (in place)"].note and "{'recovery': 12.0}" in rows["HSDP (in place)"].note
 
 
-def test_a_stall_ends_at_a_restarted_chiefs_step_or_two_steps_past_the_kill() -> None:
+def test_a_stall_ends_at_a_restarted_chiefs_step_a_rolled_back_step_or_two_steps_past_the_kill() -> None:
     from bench.node_jobs import new_training
 
     killed = (100.0, 37, "")  # the chief had logged step 37 of its first attempt
-    assert not new_training(killed, "", 37) and not new_training(killed, "", 38)  # 38 was in flight at the kill
+    assert not new_training(killed, "", 38)  # 38 was in flight at the kill
     assert new_training(killed, "", 39)  # in place: the survivors train again
+    assert new_training(killed, "", 31) and new_training(killed, "", 37)  # every rank rolled back to a peer snapshot
     assert new_training(killed, "#1", 31)  # restarted from the checkpoint at 30
     assert not new_training((100.0, 31, "#1"), "#1", 32) and new_training((100.0, 31, "#1"), "#2", 1)
