@@ -88,8 +88,8 @@ def run(quick: bool) -> FamilyResult:
         snapshots = size.snapshot_every if (strategy, recovery) == ("fsdp", "in-place") else None
         job = node_job(strategy, recovery, size.step_sleep, windows=size.windows, epochs=2,
                        checkpoint_every=size.checkpoint_every, snapshot_every=snapshots, max_restarts=1000,
-                       timeout=size.timeout, **({"kill_wall": size.kill_seconds} if size.wall else
-                                                {"kill_every": size.kill_seconds}))
+                       timeout=size.timeout, kill_wall=size.kill_seconds if size.wall else None,
+                       kill_every=None if size.wall else size.kill_seconds)
         result.rows.append(row_of(variant, job, target, group))
     counted = ("from the job's start; one due while the last loss was not yet recovered is skipped" if size.wall else
                "counted from the first step, then from the first new step after a loss")
