@@ -58,7 +58,7 @@ class Size:
 
 SIZES = {"quick": Size(0.1, 1024, 10.0, False, 10, None, 1200),
          "short": Size(0.2, 4800, 30.0, False, 50, None, 1200),
-         "issue": Size(0.2, 16000, 40.0, True, 50, 10, 3600)}
+         "issue": Size(0.2, 16000, 40.0, True, 50, 10, 1800)}
 
 
 def row_of(name: str, run: NodeRun, target: float, group: str) -> Row:
@@ -74,6 +74,28 @@ def row_of(name: str, run: NodeRun, target: float, group: str) -> Row:
                met=percent >= target, note=note)
 
 
+def failed_row(name: str, error: Exception, target: float, group: str) -> Row:
+    """A strategy whose job failed or did not finish: a row that says so with the job's last words (the other rows of
+    the family are kept)."""
+    said = [line for line in str(error).splitlines() if "error:" in line or "what():" in line or "exited" in line]
+    return Row(group, name, "% goodput", [0.0], 0.0, target=f">= {target:g}%", met=False,
+               note=f"the job failed: {str(error).splitlines()[0][-200:]}; " + " / ".join(said[-4:])[-900:])
+
+
+def one_row(variant: str, size: Size, group: str) -> Row:
+    """One strategy's job at ``size``, as its row (a failed job as a failed row)."""
+    strategy, recovery, target = VARIANTS[variant]
+    snapshots = size.snapshot_every if (strategy, recovery) == ("fsdp", "in-place") else None
+    try:
+        job = node_job(strategy, recovery, size.step_sleep, windows=size.windows, epochs=2,
+                       checkpoint_every=size.checkpoint_every, snapshot_every=snapshots, max_restarts=1000,
+                       timeout=size.timeout, kill_wall=size.kill_seconds if size.wall else None,
+                       kill_every=None if size.wall else size.kill_seconds)
+    except RuntimeError as exc:
+        return failed_row(variant, exc, target, group)
+    return row_of(variant, job, target, group)
+
+
 def run(quick: bool) -> FamilyResult:
     """Each strategy once, one after another, the same kill schedule."""
     name = "quick" if quick else os.environ.get("BENCH_CHAOS_SIZE", "issue")
@@ -82,15 +104,10 @@ def run(quick: bool) -> FamilyResult:
     size = SIZES[name]
     group = f"{size.steps} steps, {size.schedule}"
     result = FamilyResult("chaos", "Chaos: goodput with the worker node SIGKILLed again and again (higher is better)")
-    for variant, (strategy, recovery, target) in VARIANTS.items():
+    for variant in VARIANTS:
         if quick and variant.startswith("FSDP (in place"):
             continue  # the smoke test's size stays what it was; the heal has its own test
-        snapshots = size.snapshot_every if (strategy, recovery) == ("fsdp", "in-place") else None
-        job = node_job(strategy, recovery, size.step_sleep, windows=size.windows, epochs=2,
-                       checkpoint_every=size.checkpoint_every, snapshot_every=snapshots, max_restarts=1000,
-                       timeout=size.timeout, kill_wall=size.kill_seconds if size.wall else None,
-                       kill_every=None if size.wall else size.kill_seconds)
-        result.rows.append(row_of(variant, job, target, group))
+        result.rows.append(one_row(variant, size, group))
     counted = ("from the job's start; one due while the last loss was not yet recovered is skipped" if size.wall else
                "counted from the first step, then from the first new step after a loss")
     result.notes.append(f"local --workers 2 --nproc-per-node 2 --restart-policy vertex, tests/pytorch/sharded_hooks.py "
