@@ -54,6 +54,16 @@ def new_training(pending: tuple[float, int, str], attempt: str, step: int) -> bo
     return attempt != pending[2] or step > pending[1] + 1 or step <= pending[1]
 
 
+def end_tree(proc: subprocess.Popen[bytes]) -> None:
+    """A job still running (a failed measurement) SIGKILLed with every process below it: nothing left running into
+    the next measurement."""
+    if proc.poll() is None:
+        for pid in [*descendants(proc.pid), proc.pid]:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        proc.wait()
+
+
 def command(out: str, strategy: str, recovery: str, step_sleep: float, *, windows: int, epochs: int,
             checkpoint_every: int, max_restarts: int, snapshot_every: int | None = None) -> list[str]:
     """``local --workers 2`` running the sharded-hooks GPT on 2 processes per node (``snapshot_every``: FSDP's
@@ -122,11 +132,7 @@ def node_job(strategy: str, recovery: str, step_sleep: float, *, kill_at: int | 
                             next_kill = None
                     time.sleep(0.05)
             finally:
-                if proc.poll() is None:  # nothing left running into the next measurement
-                    for pid in [*descendants(proc.pid), proc.pid]:
-                        with contextlib.suppress(OSError):
-                            os.kill(pid, signal.SIGKILL)
-                    proc.wait()
+                end_tree(proc)
             run.seconds = time.perf_counter() - started
         text = log_path.read_text(errors="replace")
         if proc.returncode != 0:

@@ -20,7 +20,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,9 +29,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.common import REPO, Row, clean_env, free_port, median, python
+from bench.common import REPO, Row, clean_env, free_port, median, python, wait_for_port
 from bench.gcs_reads import READS, count_reads
-from bench.node_jobs import CHIEF, CHIEF_STEP, VICTIM, new_training
+from bench.node_jobs import CHIEF, CHIEF_STEP, VICTIM, end_tree, new_training
 from bench.recovery import descendants, replica_group
 
 EVERY = 8  # --checkpoint-every: a commit (and a peer snapshot) every 8 steps; the kill between two commits
@@ -68,13 +67,7 @@ def emulator(data_dir: Path, reads: Path) -> Iterator[str]:
                                 env=clean_env({"STORAGE_BASE": str(data_dir), READS: str(reads)}),
                                 start_new_session=True)
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
-                break
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the GCS emulator did not start: {log.read_text(errors='replace')[-500:]}")
-            time.sleep(0.1)
+        wait_for_port(port, proc, f"the GCS emulator ({log})")
         yield f"http://127.0.0.1:{port}"
     finally:
         with contextlib.suppress(ProcessLookupError):
@@ -145,11 +138,7 @@ def one_job(recovery: str, config: str, step_sleep: float = 0.0, timeout: float 
                                 pending, heal.killed_at = (killed, step, attempt), step
                         time.sleep(0.05)
                 finally:
-                    if proc.poll() is None:
-                        for pid in [*descendants(proc.pid), proc.pid]:
-                            with contextlib.suppress(OSError):
-                                os.kill(pid, signal.SIGKILL)
-                        proc.wait()
+                    end_tree(proc)
             heal.seconds = time.monotonic() - started
             text = log_path.read_text(errors="replace")
             if proc.returncode != 0 or killed is None or found is None:
