@@ -45,7 +45,7 @@ import torch
 from torch import nn
 
 from bench import snapshot_cost
-from bench.common import REPO, FamilyResult, Row, check, clean_env, interleave, median, python, timed
+from bench.common import REPO, FamilyResult, Row, check, clean_env, interleave, median, python, timed, wait_for_port
 
 # (width, layers): ~10M and ~100M parameters; the quick size ~1M (the same code path, in seconds).
 SIZES = ((1024, 10), (2048, 24))
@@ -233,13 +233,7 @@ def gcs_emulator(data_dir: Path) -> Iterator[str | None]:
                             "STORAGE_BASE": str(data_dir)}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     before = os.environ.get(envvars.STORAGE_EMULATOR_HOST)
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
-                break
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("the GCS emulator did not start")
-            time.sleep(0.1)
+        wait_for_port(port, proc, "the GCS emulator")
         os.environ[envvars.STORAGE_EMULATOR_HOST] = f"http://127.0.0.1:{port}"
         storage._filesystems.clear()
         yield f"gs://{BUCKET}/checkpoints"

@@ -8,8 +8,10 @@ mean and which target applies), plus notes and the versions of what it ran with.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -116,6 +118,18 @@ def free_port() -> int:
     from entrypoint.lifecycle.startup.ports import free_ports
 
     return free_ports(1)[0]
+
+
+def wait_for_port(port: int, proc: subprocess.Popen[bytes], what: str, seconds: float = 30) -> None:
+    """Until ``proc`` (a server we started) accepts connections on 127.0.0.1:``port``; RuntimeError naming ``what``
+    if it exits or does not within ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while True:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+            return
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"{what} did not start")
+        time.sleep(0.1)
 
 
 def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:

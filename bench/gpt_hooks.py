@@ -85,6 +85,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=int, default=DEFAULTS["batch_size"])
     parser.add_argument("--corpus-tokens", type=int, default=1 << 20)
     parser.add_argument("--compile", action="store_true", help="torch.compile the model (GPU)")
+    parser.add_argument("--step-sleep", type=float, default=0.0,
+                        help="seconds each step sleeps (a tiny model's steps as long as a large one's)")
     parser.add_argument("--export", action="store_true",
                         help="also write model.safetensors through the entrypoint's export and measure its peak memory")
 
@@ -96,7 +98,8 @@ def build_datasets(args: argparse.Namespace, ctx: Any) -> tuple[TokenWindows, To
         (Path(os.environ["BENCH_PID_DIR"]) / str(os.getpid())).touch()
     _memory["export"] = args.export
     data = corpus(cfg.vocab_size, args.corpus_tokens)
-    _timer.update(steps=args.steps, warmup=args.warmup, tokens=args.batch * cfg.block_size * ctx.world_size)
+    _timer.update(steps=args.steps, warmup=args.warmup, tokens=args.batch * cfg.block_size * ctx.world_size,
+                  sleep=args.step_sleep)
     train = TokenWindows(data, cfg.block_size, args.steps * args.batch * ctx.world_size, seed=0)
     return train, TokenWindows(data, cfg.block_size, args.batch * ctx.world_size, seed=1)
 
@@ -121,6 +124,8 @@ def compute_loss(model: nn.Module, batch: Any, ctx: Any) -> torch.Tensor:
             torch.cuda.synchronize()
         _timer["t0" if index == _timer["warmup"] else "t1"] = time.perf_counter()
     _timer["step"] = index + 1
+    if _timer.get("sleep"):
+        time.sleep(_timer["sleep"])
     x, y = batch
     loss: torch.Tensor = model(x, y)
     return loss

@@ -48,33 +48,49 @@ class NodeRun:
 
 def new_training(pending: tuple[float, int, str], attempt: str, step: int) -> bool:
     """Whether the chief's progress line (its attempt suffix, its step) is training after the loss ``pending``
-    (when, the chief's last step logged before it, its attempt then): a restarted chief's, or two steps on (the step
-    in flight at the kill may be logged by a survivor that had finished it)."""
-    return attempt != pending[2] or step > pending[1] + 1
+    (when, the chief's last step logged before it, its attempt then): a restarted chief's, two steps on (the step
+    in flight at the kill may be logged by a survivor that had finished it), or a step at or before the one logged
+    before the kill (the same process logs a step twice only after every rank rolled back to a peer snapshot)."""
+    return attempt != pending[2] or step > pending[1] + 1 or step <= pending[1]
+
+
+def end_tree(proc: subprocess.Popen[bytes]) -> None:
+    """A job still running (a failed measurement) SIGKILLed with every process below it: nothing left running into
+    the next measurement."""
+    if proc.poll() is None:
+        for pid in [*descendants(proc.pid), proc.pid]:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        proc.wait()
 
 
 def command(out: str, strategy: str, recovery: str, step_sleep: float, *, windows: int, epochs: int,
-            checkpoint_every: int, max_restarts: int) -> list[str]:
-    """``local --workers 2`` running the sharded-hooks GPT on 2 processes per node."""
+            checkpoint_every: int, max_restarts: int, snapshot_every: int | None = None) -> list[str]:
+    """``local --workers 2`` running the sharded-hooks GPT on 2 processes per node (``snapshot_every``: FSDP's
+    peer-memory snapshots between commits)."""
     return [*python(), "-m", "entrypoint", "local", "--workers", "2", "--restart-policy", "vertex",
             "--max-restarts", str(max_restarts), "--output-dir", out, "--",
             "run", "--framework", "pytorch", "--module", "tests.pytorch.sharded_hooks", "--timeout", "120",
             "--log-every", "1", "--nproc-per-node", "2", "--strategy", strategy, "--recovery", recovery,
-            "--epochs", str(epochs), "--checkpoint-every", str(checkpoint_every), "--",
+            "--epochs", str(epochs), "--checkpoint-every", str(checkpoint_every),
+            *([] if snapshot_every is None else ["--snapshot-every", str(snapshot_every)]), "--",
             "--step-sleep", str(step_sleep), "--windows", str(windows)]
 
 
 def node_job(strategy: str, recovery: str, step_sleep: float, *, kill_at: int | None = None,
-             kill_every: float | None = None, windows: int = 512, epochs: int = 2, checkpoint_every: int = 4,
-             max_restarts: int = 5, timeout: float = 1200) -> NodeRun:
+             kill_every: float | None = None, kill_wall: float | None = None, windows: int = 512, epochs: int = 2,
+             checkpoint_every: int = 4, snapshot_every: int | None = None, max_restarts: int = 5,
+             timeout: float = 1200) -> NodeRun:
     """Run one job; SIGKILL the worker node when the chief logs step ``kill_at``, or each time the job has trained
     ``kill_every`` seconds (from its first step, then from its first new step after the previous loss: a job whose
-    recovery took longer than the interval would otherwise never reach a checkpoint), never in the last 5 steps (a
-    loss during the export is another measurement)."""
+    recovery took longer than the interval would otherwise never reach a checkpoint), or at every multiple of
+    ``kill_wall`` seconds of wall time from the job's start (the issue's schedule; one that comes while the last loss
+    is not recovered yet is skipped: the node is not back), never in the last 5 steps (a loss during the export is
+    another measurement)."""
     with tempfile.TemporaryDirectory() as tmp:
         log_path = Path(tmp) / "log"
         cmd = command(f"{tmp}/out", strategy, recovery, step_sleep, windows=windows, epochs=epochs,
-                      checkpoint_every=checkpoint_every, max_restarts=max_restarts)
+                      checkpoint_every=checkpoint_every, max_restarts=max_restarts, snapshot_every=snapshot_every)
         run = NodeRun(0.0)
         with log_path.open("wb") as sink, log_path.open("rb") as source:
             started = time.perf_counter()
@@ -84,6 +100,7 @@ def node_job(strategy: str, recovery: str, step_sleep: float, *, kill_at: int | 
             attempt = ""  # the chief's attempt suffix ("#1" once restarted)
             pending: tuple[float, int, str] | None = None  # a loss not yet followed by new training
             chief: int | None = None
+            wall_next, wall_due = kill_wall or 0.0, False  # the next kill_wall multiple, and whether it is due now
             try:
                 while proc.poll() is None:
                     now = time.perf_counter()
@@ -99,8 +116,11 @@ def node_job(strategy: str, recovery: str, step_sleep: float, *, kill_at: int | 
                             next_kill = None if kill_every is None else now + kill_every
                         if kill_every is not None and next_kill is None and run.kills == 0:
                             next_kill = now + kill_every
+                    if kill_wall is not None and now - started >= wall_next:
+                        wall_due, wall_next = pending is None, wall_next + kill_wall
                     due = (kill_at is not None and run.kills == 0 and step >= kill_at) or \
-                        (next_kill is not None and now >= next_kill)
+                        (next_kill is not None and now >= next_kill) or wall_due
+                    wall_due = False
                     if due and pending is None and step < total - 5:
                         tree = descendants(proc.pid)
                         victim = replica_group(VICTIM, tree)
@@ -112,11 +132,7 @@ def node_job(strategy: str, recovery: str, step_sleep: float, *, kill_at: int | 
                             next_kill = None
                     time.sleep(0.05)
             finally:
-                if proc.poll() is None:  # nothing left running into the next measurement
-                    for pid in [*descendants(proc.pid), proc.pid]:
-                        with contextlib.suppress(OSError):
-                            os.kill(pid, signal.SIGKILL)
-                    proc.wait()
+                end_tree(proc)
             run.seconds = time.perf_counter() - started
         text = log_path.read_text(errors="replace")
         if proc.returncode != 0:

@@ -148,11 +148,23 @@ def test_chaos_rows_hold_each_strategy_to_its_goodput_target() -> None:
     assert "median 5.0" in rows["HSDP (in place)"].note and "{'recovery': 12.0}" in rows["HSDP (in place)"].note
 
 
-def test_a_stall_ends_at_a_restarted_chiefs_step_or_two_steps_past_the_kill() -> None:
+def test_a_stall_ends_at_a_restarted_chiefs_step_a_rolled_back_step_or_two_steps_past_the_kill() -> None:
     from bench.node_jobs import new_training
 
     killed = (100.0, 37, "")  # the chief had logged step 37 of its first attempt
-    assert not new_training(killed, "", 37) and not new_training(killed, "", 38)  # 38 was in flight at the kill
+    assert not new_training(killed, "", 38)  # 38 was in flight at the kill
     assert new_training(killed, "", 39)  # in place: the survivors train again
+    assert new_training(killed, "", 31) and new_training(killed, "", 37)  # every rank rolled back to a peer snapshot
     assert new_training(killed, "#1", 31)  # restarted from the checkpoint at 30
     assert not new_training((100.0, 31, "#1"), "#1", 32) and new_training((100.0, 31, "#1"), "#2", 1)
+
+
+def test_a_chaos_job_that_fails_is_a_failed_row_with_its_last_words_not_a_lost_family() -> None:
+    from bench.chaos import failed_row
+
+    error = RuntimeError("local ... exited 1:\n[workerpool0-0] entrypoint: error: peer_lost on workerpool0-0\n"
+                         "[local] workerpool0-0 exited 129 (retryable): restart 4 of 1000\nnoise")
+    row = failed_row("FSDP (in place, peer memory)", error, 80.0, "1000 steps")
+    assert (row.met, row.median, row.target) == (False, 0.0, ">= 80%")
+    assert "the job failed: local ... exited 1:" in row.note and "error: peer_lost" in row.note
+    assert "restart 4 of 1000" in row.note and "noise" not in row.note

@@ -37,6 +37,7 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
+from entrypoint import failures
 from entrypoint.outputs import checkpoints, storage
 from entrypoint.outputs.storage import Location, RemotePath, StorageError
 from entrypoint.pytorch.checkpoints.checkpoint_io import BackgroundWriter, output_error, write_file
@@ -117,6 +118,13 @@ def disk_error(exc: BaseException) -> BaseException | None:
         if isinstance(inner, OSError) and inner.errno is not None:
             return inner
     return None
+
+
+def peer_loss(exc: BaseException) -> Exception | None:
+    """The error of a lost peer that cut a save off: ``exc`` itself (a collective of the save failed), or one of a
+    ``CheckpointException``'s ranks' errors; None where the save failed otherwise."""
+    found = [exc] if isinstance(exc, Exception) else [e for e, _ in getattr(exc, "failures", {}).values()]
+    return next((e for e in found if isinstance(e, Exception) and failures.is_peer_lost(e)), None)
 
 
 class ShardedCheckpointIO(BackgroundWriter):
@@ -215,11 +223,13 @@ class ShardedCheckpointIO(BackgroundWriter):
                 shutil.rmtree(local, ignore_errors=True)
 
     def _failure(self, path: Location, exc: BaseException) -> BaseException:
-        """The disk's own error where a rank's write met one (ENOSPC: ``disk_full``), else what failed (a
-        ``CheckpointException`` is a BaseException); what the save left removed."""
-        cause = disk_error(exc) or (exc if isinstance(exc, Exception) else RuntimeError(str(exc)))
+        """The disk's own error where a rank's write met one (ENOSPC: ``disk_full``), else the lost peer's error
+        where the save's collectives were cut off by one (raised as it came, even on a store: a node lost while a
+        checkpoint is written is that node's loss, which survivors recover from, not the store's), else what failed
+        (a ``CheckpointException`` is a BaseException); what the save left removed."""
+        cause = disk_error(exc) or peer_loss(exc) or (exc if isinstance(exc, Exception) else RuntimeError(str(exc)))
         self._discard(path if isinstance(path, RemotePath) else checkpoints.partial_of(path))
-        return output_error(cause, path)
+        return cause if failures.is_peer_lost(cause) else output_error(cause, path)
 
     def _discard(self, path: Location) -> None:
         """A failed save leaves no partial checkpoint (a full disk stays full otherwise): every rank removes its own

@@ -248,10 +248,12 @@ class Sharded:
 def regroup(model: nn.Module, mesh: Any) -> None:
     """FSDP over every rank whose survivors re-formed the job's group after a lost peer: the mesh and every unit
     ``fully_shard`` made (its mesh infos captured the group once) gather and reduce on the current group from now
-    on. Its shards, ranks and layout are unchanged (the same world size): only the broken group is swapped."""
+    on. Its shards, ranks and layout are unchanged (the same world size): only the broken group is swapped, and the
+    step the loss cut off is forgotten (``reset_cut_step``)."""
     from torch.distributed.distributed_c10d import _get_default_group
     from torch.distributed.fsdp import FSDPModule
 
+    reset_cut_step(model)
     group = _get_default_group()
     name = group.group_name
     mesh._dim_group_names = [name]
@@ -271,6 +273,29 @@ def regroup(model: nn.Module, mesh: Any) -> None:
         for info in infos:
             if info is not None and hasattr(info, "shard_process_group"):
                 info.shard_process_group = group
+
+
+def reset_cut_step(model: nn.Module) -> bool:
+    """A survivor's FSDP model after a step cut off inside its forward or backward: every unit resharded and the
+    step's trackers cleared (FSDP2's ``reset_iter_state``), so that its next step gathers and reduces the same units
+    in the same order as a replacement's fresh model. Without it a unit left unsharded, or the forward order recorded
+    for the backward's prefetch, made a survivor's collectives differ from the replacement's after a heal (gloo:
+    "Received data size doesn't match expected size", SIGABRT). The cut step's collectives were on the broken group:
+    nothing of them is waited for. False: nothing to reset (a model not yet run, or a torch without it)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if not isinstance(model, FSDPModule) or not hasattr(model, "reset_iter_state"):
+        return False
+    state = model._get_fsdp_state()
+    if not state._is_root:  # not run yet (a replacement's fresh model): nothing cut off
+        return False
+    for unit in state._state_ctx.all_states:
+        for params in unit._fsdp_param_groups:
+            params._all_gather_result = None  # an all-gather of the broken group: never waited for
+    state._comm_ctx.all_gather_state = None
+    state._comm_ctx.reduce_scatter_states.clear()
+    model.reset_iter_state()
+    return True
 
 
 def compile_forward(unit: nn.Module) -> None:
