@@ -304,10 +304,11 @@ def kill_descendants() -> list[int]:
 def reap_adopted(started: Iterable[int]) -> list[int]:
     """Reap every child of this process it did not start itself that has ended (an adopted descendant: a rank of a
     SIGKILLed node that died with its launcher), as init would at once; the pids reaped. Those still running are
-    left alone (``end_adopted`` ends them with the job)."""
-    mine, known, reaped = os.getpid(), set(started), []
-    for pid, state, ppid, _group in _processes():
-        if ppid == mine and state == "Z" and pid not in known:
+    left alone (``end_adopted`` ends them with the job), and so is a child in this process's own group: one a thread
+    of ours started (``subprocess.run``), whose exit status its own wait must still read."""
+    mine, own_group, known, reaped = os.getpid(), os.getpgrp(), set(started), []
+    for pid, state, ppid, group in _processes():
+        if ppid == mine and state == "Z" and pid not in known and group != own_group:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, 0)
                 reaped.append(pid)

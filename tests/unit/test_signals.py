@@ -259,9 +259,11 @@ def orphan(sleep):  # a child that starts a grandchild in a session of its own a
     return launcher.pid, pid
 gone, ended = orphan(0.2)
 _, running = orphan(60)
+ours = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])  # started by us, in our own group
 time.sleep(2)
 state = {pid: s for pid, s, ppid, _ in signals._processes() if ppid == os.getpid()}
 reaped = signals.reap_adopted([gone])
+assert ours.pid not in reaped and ours.wait() == 3, (ours.pid, reaped)  # its own wait reads its status
 after = {pid for pid, s, ppid, _ in signals._processes() if ppid == os.getpid()}
 print(json.dumps({"ended": ended, "running": running, "state": state.get(ended), "reaped": reaped,
                   "after": sorted(after), "at_end": signals.end_adopted([])}))
