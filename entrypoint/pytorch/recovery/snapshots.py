@@ -179,25 +179,15 @@ class PeerSnapshots:
         own = {"payload": payload, "digest": tensors_digest(payload["model"], payload["optimizer"]["state"]),
                "at": time.time()}
         self._starting(step, own)
-        buffer = io.BytesIO()
-        torch.save(own, buffer)
-        data = torch.frombuffer(buffer.getbuffer(), dtype=torch.uint8)  # the buffer's bytes, not a copy
-        self.bytes = data.numel()
         try:
-            sends = [dist.isend(torch.tensor([data.numel()], dtype=torch.int64), peer, group=self.group),
-                     dist.isend(data, peer, group=self.group)]
-            size = torch.zeros(1, dtype=torch.int64)
-            dist.recv(size, source, group=self.group)
-            got = torch.empty(int(size.item()), dtype=torch.uint8)
-            dist.recv(got, source, group=self.group)
-            for sent in sends:
-                if sent is not None:
-                    sent.wait()
+            sends, self.bytes = self._post(own, peer)
+            got = self._fetch(source)
+            _sent(sends)
         except Exception as exc:  # a peer lost mid-exchange: the snapshot before this one is what it holds
             self.failed = f"the exchange of step {step}'s snapshot with ranks {peer} and {source} failed: {exc}"
             return
-        del sends, data, buffer  # sent: the serialized copy is freed before the received one is read
-        held = torch.load(io.BytesIO(got.numpy().data), weights_only=False)
+        del sends  # sent: the serialized copy is freed before the received one is read
+        held = _loaded(got)
         del got
         self._keep(self.held, step, held)
         self.failed, self.exchange_seconds = "", time.perf_counter() - started
@@ -316,27 +306,33 @@ class PeerSnapshots:
     def _resend(self, step: int, peer: int | None, source: int | None) -> None:
         started = time.perf_counter()
         try:
-            sends = []
-            if peer is not None:
-                buffer = io.BytesIO()
-                torch.save(self.own[step], buffer)
-                data = torch.frombuffer(buffer.getbuffer(), dtype=torch.uint8)
-                sends = [dist.isend(torch.tensor([data.numel()], dtype=torch.int64), peer, group=self.group),
-                         dist.isend(data, peer, group=self.group)]
+            sends = self._post(self.own[step], peer)[0] if peer is not None else []
             if source is not None:
-                size = torch.zeros(1, dtype=torch.int64)
-                dist.recv(size, source, group=self.group)
-                got = torch.empty(int(size.item()), dtype=torch.uint8)
-                dist.recv(got, source, group=self.group)
-                self._keep(self.held, step, torch.load(io.BytesIO(got.numpy().data), weights_only=False))
+                got = self._fetch(source)
+                self._keep(self.held, step, _loaded(got))
                 log.info("holds rank %d's peer snapshot of step %d again (%.1f MiB, sent again after the heal in "
                          "%.2f s, in the background): a loss of its node before the next snapshot heals from memory",
                          source, step, got.numel() / 2**20, time.perf_counter() - started)
-            for sent in sends:
-                if sent is not None:
-                    sent.wait()
+            _sent(sends)
         except Exception as exc:  # a peer lost again meanwhile: its next loss falls back to storage, as it says
             self.failed = f"sending step {step}'s snapshot again to rank {peer} / from rank {source} failed: {exc}"
+
+    def _post(self, snapshot: dict[str, Any], peer: int) -> tuple[list[Any], int]:
+        """``snapshot`` serialized and sent to ``peer`` on the exchange's group (its size, then its bytes: the
+        buffer's own, not a copy); the sends in flight and the bytes."""
+        buffer = io.BytesIO()
+        torch.save(snapshot, buffer)
+        data = torch.frombuffer(buffer.getbuffer(), dtype=torch.uint8)
+        return [dist.isend(torch.tensor([data.numel()], dtype=torch.int64), peer, group=self.group),
+                dist.isend(data, peer, group=self.group)], data.numel()
+
+    def _fetch(self, source: int) -> torch.Tensor:
+        """The serialized snapshot ``source`` sends (``_post``)."""
+        size = torch.zeros(1, dtype=torch.int64)
+        dist.recv(size, source, group=self.group)
+        got = torch.empty(int(size.item()), dtype=torch.uint8)
+        dist.recv(got, source, group=self.group)
+        return got
 
     def _forget_after(self, step: int) -> None:
         """Snapshots newer than the one every rank rolled back to describe steps that are trained again."""
@@ -349,3 +345,15 @@ class PeerSnapshots:
         """When the snapshot of ``step`` was taken (wall clock), if this rank holds its own."""
         snapshot = self.own.get(step)
         return float(snapshot["at"]) if snapshot is not None else None
+
+
+def _sent(sends: list[Any]) -> None:
+    """The sends of ``_post`` completed."""
+    for sent in sends:
+        if sent is not None:
+            sent.wait()
+
+
+def _loaded(got: torch.Tensor) -> dict[str, Any]:
+    """A snapshot from the bytes ``_fetch`` received."""
+    return torch.load(io.BytesIO(got.numpy().data), weights_only=False)
