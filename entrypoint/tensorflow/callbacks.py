@@ -233,7 +233,10 @@ class ProgressAndSteps(tf.keras.callbacks.Callback):
         self.record.enter("evaluation")
 
     def on_test_end(self, logs: dict[str, Any] | None = None) -> None:
+        """The pass is over: beat, so Keras' own end of it and the epoch's first callbacks are not timed as a hang."""
         self.record.leave()
+        if self.watchdog is not None:
+            self.watchdog.beat(self.watchdog.step, "between steps (validation done; the epoch's checkpoints next)")
 
     def on_test_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         """A validation batch is live, not hung: beat at the last trained step (a long pass is not a hang)."""
