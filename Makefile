@@ -80,7 +80,8 @@ define lock_venv
 	$(UV) pip install -q --python $(1)/bin/python --compile-bytecode $$($(PYTHON) tests/uv_flags.py) -r $(2) -r tests/requirements.txt
 endef
 
-# uv, pinned, in a venv of its own (the image venvs are made with it; a fresh machine installs it in about 2 s of CPU)
+# uv, pinned, in a venv of its own (the image venvs are made with it; a fresh machine installs it in about 2 s of CPU).
+# An order-only prerequisite: a venv already made (by pip or uv) is not made again because uv was installed.
 UV_VERSION ?= 0.13.8
 UV_VENV := $(VENV_DIR)/.uv
 UV := $(UV_VENV)/bin/uv
@@ -106,7 +107,7 @@ endef
 # $(call image_venv,NAME): .venv/NAME from the image's CPU lock + tests/requirements.txt + this package (editable), or
 # over other images' venvs ([venv] over) with only what its lock adds; then its own step ([venv] after), if any.
 define image_venv
-$(VENV_DIR)/$(1)/.ready: images/$(1)/requirements-cpu.txt $(if $(IMG_$(1)_OVER),$(foreach o,$(IMG_$(1)_OVER),$(VENV_DIR)/$(o)/.ready),tests/requirements.txt pyproject.toml $(UV_VENV)/.ready) $(IMG_$(1)_AFTER) $(if $(IMG_$(1)_AFTER),$(wildcard images/$(1)/*.sh))
+$(VENV_DIR)/$(1)/.ready: images/$(1)/requirements-cpu.txt $(if $(IMG_$(1)_OVER),$(foreach o,$(IMG_$(1)_OVER),$(VENV_DIR)/$(o)/.ready),tests/requirements.txt pyproject.toml) $(IMG_$(1)_AFTER) $(if $(IMG_$(1)_AFTER),$(wildcard images/$(1)/*.sh)) | $(if $(IMG_$(1)_OVER),,$(UV_VENV)/.ready)
 	$(if $(IMG_$(1)_OVER),$$(call venv_over,$(VENV_DIR)/$(1),$(addprefix $(VENV_DIR)/,$(IMG_$(1)_OVER)),images/$(1)/requirements-cpu.txt),$$(call lock_venv,$(VENV_DIR)/$(1),images/$(1)/requirements-cpu.txt))
 	$(if $(IMG_$(1)_OVER),,$(VENV_DIR)/$(1)/bin/$$(PIP) install -q --no-deps --no-build-isolation -e .)
 	$(if $(IMG_$(1)_AFTER),bash $(IMG_$(1)_AFTER) $(VENV_DIR)/$(1))
