@@ -73,7 +73,8 @@ help:
 # machine): no import ever writes a .pyc, so every process compiled what it imported from source again (`import torch`
 # 2.4 s of CPU instead of 1.1 s, in each of the suite's thousands of processes). uv installs the lock, from the sources
 # pip's configuration names (tests/uv_flags.py): the same packages at the same pins as pip, for less CPU (empty caches:
-# the PyTorch lock 48.7 s against 66.2 s, TensorFlow's 45.6 s against 75.7 s; docs/testing.md); the venv keeps its pip.
+# the PyTorch lock 48.7 s against 66.2 s, TensorFlow's 45.6 against 75.7, JAX's 34.9 against 59.6; docs/testing.md);
+# the venv keeps its pip.
 define lock_venv
 	rm -rf $(1)
 	$(PYTHON) -m venv $(1)
