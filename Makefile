@@ -69,33 +69,47 @@ help:
 
 # One venv per image CPU lock, each with the test tools and this package (editable) on top.
 # $(call lock_venv,VENV,LOCK): create VENV from the exact LOCK plus tests/requirements.txt, byte-compiled at install
-# (pip's default; about 25 s of CPU per lock on 2 cores). Not compiling it costs far more where PYTHONDONTWRITEBYTECODE
-# is set (CI's machine): no import ever writes a .pyc, so every process compiled what it imported from source again
-# (`import torch` 2.4 s of CPU instead of 1.1 s, in each of the suite's thousands of processes).
+# (about 25 s of CPU per lock on 2 cores). Not compiling it costs far more where PYTHONDONTWRITEBYTECODE is set (CI's
+# machine): no import ever writes a .pyc, so every process compiled what it imported from source again (`import torch`
+# 2.4 s of CPU instead of 1.1 s, in each of the suite's thousands of processes). uv installs the lock, from the sources
+# pip's configuration names (tests/uv_flags.py): the same packages at the same pins as pip, for less CPU (empty caches:
+# the PyTorch lock 48.7 s against 66.2 s, TensorFlow's 45.6 against 75.7, JAX's 34.9 against 59.6; docs/testing.md);
+# the venv keeps its pip.
 define lock_venv
 	rm -rf $(1)
 	$(PYTHON) -m venv $(1)
-	$(1)/bin/$(PIP) install -q -r $(2) -r tests/requirements.txt
+	$(UV) pip install -q --python $(1)/bin/python --compile-bytecode $$($(PYTHON) tests/uv_flags.py) -r $(2) -r tests/requirements.txt
 endef
 
-# $(call venv_over,VENV,BASE,REQUIREMENTS): VENV sees everything installed in the venv BASE (a .pth file adds BASE's
-# site-packages, its own .pth files, the editable install of this package included, processed), and installs only
-# what REQUIREMENTS adds; its own packages come first on sys.path. Installing the PyTorch lock again took about a
-# minute of CPU per venv on a fresh machine.
+# uv, pinned, in a venv of its own (the image venvs are made with it; a fresh machine installs it in about 2 s of CPU).
+# An order-only prerequisite: a venv already made (by pip or uv) is not made again because uv was installed.
+UV_VERSION ?= 0.13.8
+UV_VENV := $(VENV_DIR)/.uv
+UV := $(UV_VENV)/bin/uv
+$(UV_VENV)/.ready:
+	rm -rf $(UV_VENV)
+	$(PYTHON) -m venv $(UV_VENV)
+	$(UV_VENV)/bin/$(PIP) install -q uv==$(UV_VERSION)
+	touch $@
+
+# $(call venv_over,VENV,BASES,REQUIREMENTS): VENV sees everything installed in each venv of BASES (a .pth file per
+# base adds its site-packages, its own .pth files, the editable install of this package included, processed), and
+# installs only what REQUIREMENTS adds; its own packages come first on sys.path. Installing the PyTorch lock again
+# took about a minute of CPU per venv on a fresh machine.
 define venv_over
 	rm -rf $(1)
 	$(PYTHON) -m venv $(1)
 	$(1)/bin/$(PIP) uninstall -q -y setuptools  # the one venv bundles would hide BASE's exact pin
-	echo "import site; site.addsitedir('$$($(2)/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')')" \
-		> "$$($(1)/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/_over_$(notdir $(2)).pth"
+	$(foreach b,$(2),echo "import site; site.addsitedir('$$($(b)/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')')" \
+		> "$$($(1)/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/_over_$(notdir $(b)).pth";)
 	$(1)/bin/$(PIP) install -q -r $(3)
 endef
 
 # $(call image_venv,NAME): .venv/NAME from the image's CPU lock + tests/requirements.txt + this package (editable), or
-# over another image's venv ([venv] over) with only what its lock adds; then its own step ([venv] after), if any.
+# over other images' venvs ([venv] over) with only what its lock adds; then its own step ([venv] after), if any.
 define image_venv
-$(VENV_DIR)/$(1)/.ready: images/$(1)/requirements-cpu.txt $(if $(IMG_$(1)_OVER),$(VENV_DIR)/$(IMG_$(1)_OVER)/.ready,tests/requirements.txt pyproject.toml) $(IMG_$(1)_AFTER) $(if $(IMG_$(1)_AFTER),$(wildcard images/$(1)/*.sh))
-	$(if $(IMG_$(1)_OVER),$$(call venv_over,$(VENV_DIR)/$(1),$(VENV_DIR)/$(IMG_$(1)_OVER),images/$(1)/requirements-cpu.txt),$$(call lock_venv,$(VENV_DIR)/$(1),images/$(1)/requirements-cpu.txt))
+$(VENV_DIR)/$(1)/.ready: images/$(1)/requirements-cpu.txt $(if $(IMG_$(1)_OVER),$(foreach o,$(IMG_$(1)_OVER),$(VENV_DIR)/$(o)/.ready),tests/requirements.txt pyproject.toml) $(IMG_$(1)_AFTER) $(if $(IMG_$(1)_AFTER),$(wildcard images/$(1)/*.sh)) | $(if $(IMG_$(1)_OVER),,$(UV_VENV)/.ready)
+	$(if $(IMG_$(1)_OVER),$$(call venv_over,$(VENV_DIR)/$(1),$(addprefix $(VENV_DIR)/,$(IMG_$(1)_OVER)),images/$(1)/requirements-cpu.txt),$$(call lock_venv,$(VENV_DIR)/$(1),images/$(1)/requirements-cpu.txt))
 	$(if $(IMG_$(1)_OVER),,$(VENV_DIR)/$(1)/bin/$$(PIP) install -q --no-deps --no-build-isolation -e .)
 	$(if $(IMG_$(1)_AFTER),bash $(IMG_$(1)_AFTER) $(VENV_DIR)/$(1))
 	touch $$@
@@ -117,7 +131,7 @@ lint-python: venv-pytorch
 	$(TOOLS_BIN)/ruff check entrypoint trainers tests bench images/*.py
 	$(TOOLS_BIN)/mypy
 	$(TOOLS_BIN)/mypy --strict images/*.py  # on its own: images/<name>/ would shadow the frameworks
-	$(TOOLS_BIN)/mypy --strict tests/tiers.py tests/diagnostics.py tests/slots.py tests/bytecode.py tests/cputime.py tests/tier_skips.py  # test infrastructure (docs/testing.md)
+	$(TOOLS_BIN)/mypy --strict tests/tiers.py tests/diagnostics.py tests/slots.py tests/bytecode.py tests/cputime.py tests/tier_skips.py tests/uv_flags.py  # test infrastructure (docs/testing.md)
 
 lint-docker: venv-pytorch
 lint: lint-python lint-docker

@@ -87,9 +87,10 @@ def make_variables(found: tuple[Image, ...]) -> str:
         lines += [f"IMG_{img.name}_MARKER := {tier_marker(img, found)}",
                   f"IMG_{img.name}_CATCH_ALL := {'1' if img.catch_all else ''}",
                   f"IMG_{img.name}_ENV = {env}",
-                  f"IMG_{img.name}_OVER := {img.over}",
+                  f"IMG_{img.name}_OVER := {' '.join(img.over)}",
                   f"IMG_{img.name}_AFTER := {f'images/{img.name}/{img.after}' if img.after else ''}",
                   f"IMG_{img.name}_BUILD_NEEDS_VENV := {'1' if img.build_needs_venv else ''}",
+                  f"IMG_{img.name}_BUILD_AFTER := {' '.join(img.build_after)}",
                   f"IMG_{img.name}_XDIST := {img.xdist_variable}",
                   f"{img.xdist_variable} ?= {img.workers}"]
     groups = container_groups(found)

@@ -48,9 +48,12 @@ class Image:
     catch_all: bool = False  # the tier also runs every test no other tier claims (unit, image-static, bench)
     env: dict[str, str] = field(default_factory=dict)  # the tier's variables ("{venv}": the venv's absolute path)
     containers: str = DEFAULT_GROUP  # the tier that runs its container tests (make test-containers-<group>)
-    over: str = ""  # its venv sits over this image's venv and installs only what its lock adds
+    over: tuple[str, ...] = ()  # its venv sits over these images' venvs and installs only what its lock adds
     after: str = ""  # a script in its folder run with the venv's path once the lock is in (Horovod: its wheel)
     build_needs_venv: bool = False  # its image build takes what that script made (Horovod's wheel: compiled once)
+    # its image build waits for these images' builds: its Dockerfile starts a stage from their layers, which the
+    # engine's layer cache then holds (Horovod's CPU builder on the TensorFlow image's venv: TensorFlow installed once)
+    build_after: tuple[str, ...] = ()
 
     @property
     def xdist_variable(self) -> str:
@@ -61,6 +64,12 @@ def _strings(value: Any, where: str) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
         raise CatalogError(f"{where} must be a list of non-empty strings")
     return tuple(value)
+
+
+def _over(value: Any, where: str) -> tuple[str, ...]:
+    """[venv] over: one image's name, or a list of them (the venv sits over each; where their pins agree, what they
+    hold is installed once)."""
+    return (value,) if isinstance(value, str) and value else _strings(value, f"{where} [venv] over") if value else ()
 
 
 def _check_keys(table: dict[str, Any], known: set[str], where: str) -> None:
@@ -82,7 +91,7 @@ def read(folder: Path) -> Image:
     except tomllib.TOMLDecodeError as exc:
         raise CatalogError(f"{where} is not valid TOML: {exc}") from None
     _check_keys(data, {"framework", "smoke_module", "build_checks", "gpu_check", "size_budget", "cpu_facts",
-                       "gpu_facts", "tests", "venv"}, where)
+                       "gpu_facts", "tests", "venv", "build_after"}, where)
     try:
         budget = {variant: int(data["size_budget"][variant]) for variant in VARIANTS}
         tests, venv, facts = data.get("tests", {}), data.get("venv", {}), data.get("gpu_facts", {})
@@ -100,8 +109,9 @@ def read(folder: Path) -> Image:
             marker=str(tests.get("marker", folder.name)), workers=int(tests.get("workers", 0)),
             catch_all=bool(tests.get("catch_all", False)),
             env={str(k): str(v) for k, v in dict(tests.get("env", {})).items()},
-            containers=str(tests.get("containers", DEFAULT_GROUP)), over=str(venv.get("over", "")),
-            after=str(venv.get("after", "")), build_needs_venv=bool(venv.get("build_needs_venv", False)))
+            containers=str(tests.get("containers", DEFAULT_GROUP)), over=_over(venv.get("over", ()), where),
+            after=str(venv.get("after", "")), build_needs_venv=bool(venv.get("build_needs_venv", False)),
+            build_after=_strings(data.get("build_after", []), f"{where} build_after"))
     except KeyError as exc:
         raise CatalogError(f"{where} lacks {exc.args[0]!r}") from None
     except (TypeError, ValueError) as exc:
@@ -125,10 +135,14 @@ def images(root: Path = FOLDERS) -> tuple[Image, ...]:
     found = tuple(read(p.parent) for p in sorted(root.glob("*/Dockerfile")))
     names = {i.name for i in found}
     for image in found:
-        if image.over and image.over not in names:
-            raise CatalogError(f"images/{image.name}/{SPEC} [venv] over names {image.over!r}, which is no image")
-        if image.over == image.name:
-            raise CatalogError(f"images/{image.name}/{SPEC} [venv] over names the image itself")
+        for after in image.build_after:
+            if after not in names or after == image.name:
+                raise CatalogError(f"images/{image.name}/{SPEC} build_after names {after!r}, which is no other image")
+        for over in image.over:
+            if over not in names:
+                raise CatalogError(f"images/{image.name}/{SPEC} [venv] over names {over!r}, which is no image")
+            if over == image.name:
+                raise CatalogError(f"images/{image.name}/{SPEC} [venv] over names the image itself")
     if sum(i.catch_all for i in found) > 1:
         raise CatalogError(f"more than one image's [tests] catch_all is true: "
                            f"{', '.join(i.name for i in found if i.catch_all)} (one tier runs the unclaimed tests)")

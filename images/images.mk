@@ -97,10 +97,11 @@ image-engine:
 image-base: image-engine
 	@$(HAVE_ENGINE) || exit 0; $(PYTHON) images/local_build.py base
 
-# image-<name> for every image (the catalog's IMAGE_NAMES, included by the Makefile): after the base, and after its
-# venv where the build takes what that venv made ([venv] build_needs_venv: Horovod's wheel).
+# image-<name> for every image (the catalog's IMAGE_NAMES, included by the Makefile): after the base, after its
+# venv where the build takes what that venv made ([venv] build_needs_venv: Horovod's wheel), and after the images
+# whose layers a stage of its Dockerfile starts from (build_after: Horovod's CPU builder is the TensorFlow image's).
 define image_rule
-image-$(1): image-base $(if $(IMG_$(1)_BUILD_NEEDS_VENV),venv-$(1))
+image-$(1): image-base $(if $(IMG_$(1)_BUILD_NEEDS_VENV),venv-$(1)) $(addprefix image-,$(IMG_$(1)_BUILD_AFTER))
 	@$$(HAVE_ENGINE) || exit 0; $$(TIER) image-$(1) -- $$(PYTHON) images/local_build.py build $(1)
 endef
 $(foreach i,$(IMAGE_NAMES),$(eval $(call image_rule,$(i))))

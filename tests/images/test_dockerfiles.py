@@ -229,6 +229,36 @@ def test_each_variant_installs_its_own_lock(image: str) -> None:
     assert "cpu" in install and "requirements-cpu.txt" in install and "requirements.txt" in install
 
 
+def _chain(stages: list[Stage], name: str) -> tuple[str, list[tuple[str, str]]]:
+    """The registry image a stage starts from and every instruction from there to the stage's end, as the engine's
+    layer cache sees them (the stages' names and comments do not count)."""
+    names = {s.name: s for s in stages}
+    chain: list[Stage] = []
+    while name in names:
+        chain.insert(0, names[name])
+        name = names[name].base
+    return name, [(i["instruction"], i["value"]) for stage in chain for i in stage.instructions]
+
+
+@pytest.mark.parametrize("image", [i for i in IMAGES if catalog.image(i).build_after])
+def test_a_cpu_builder_built_after_another_image_starts_from_its_layers(image: str) -> None:
+    """Horovod's CPU builder starts from a stage that repeats the TensorFlow image's builder up to its lock install,
+    instruction for instruction on the same base, so that the layer cache holds it once that image is built (its
+    build_after) and TensorFlow is installed once for both images (docs/images.md)."""
+    _, stages = parse(image, "cpu")
+    builder = next(s for s in stages if s.name == "builder")
+    base, chain = _chain(stages, builder.base)
+    for other in catalog.image(image).build_after:
+        _, theirs = parse(other, "cpu")
+        their_base, their_chain = _chain(theirs, "builder")
+        lock = next(i for i, (kind, value) in enumerate(their_chain) if kind == "RUN" and "pip install" in value
+                    and f"images/{other}/" in value)
+        assert (base, chain) == (their_base, their_chain[:lock + 1]), f"{image}'s CPU builder is not {other}'s"
+    _, gpu = parse(image, "gpu")  # the GPU variant is unchanged: its builder on the CUDA devel base, no other lock
+    gpu_builder = next(s for s in gpu if s.name == "builder")
+    assert "devel" in _chain(gpu, gpu_builder.base)[0] and _chain(gpu, gpu_builder.base)[1] == []
+
+
 def test_final_user_is_not_root(image: str) -> None:
     parser, stages = parse(image)
     users = stages[-1].values("USER")

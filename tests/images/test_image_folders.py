@@ -125,6 +125,22 @@ def test_make_gets_the_toys_venv_tier_image_build_and_container_tier(toy_checkou
     assert "--file images/toy/Dockerfile --build-arg VARIANT=cpu" in out and "toy-cpu:dev" in out
 
 
+def test_the_horovod_venv_sits_over_two_venvs_and_its_image_builds_after_the_one_it_starts_from(
+        toy_checkout: Path) -> None:
+    """[venv] over with two images: a .pth file for each (the PyTorch stack and TensorFlow installed once for the
+    three venvs); build_after: the TensorFlow image is built before the Horovod one, whose CPU builder starts from its
+    layers (docs/images.md)."""
+    venvs = toy_checkout / "venvs"
+    out = make_dry_run(toy_checkout, "image-horovod")
+    for base in ("tensorflow", "pytorch"):
+        assert f"{venvs}/{base}/bin/python -c" in out and f"/_over_{base}.pth" in out
+    own = out[out.index(f"-m venv {venvs}/horovod"):]
+    assert own.count("_over_") == 2 and f"{venvs}/horovod/bin/pip --disable-pip-version-check install -q -r " \
+        "images/horovod/requirements-cpu.txt" in own
+    tensorflow = out.index("echo image-tensorflow -- python3 images/local_build.py build tensorflow")
+    assert tensorflow < out.index("echo image-horovod -- python3 images/local_build.py build horovod")
+
+
 def test_the_cloud_build_file_gets_the_toys_builds_self_tests_and_push(toy_checkout: Path) -> None:
     proc = subprocess.run([sys.executable, "images/catalog.py", "cloudbuild"], cwd=toy_checkout, capture_output=True,
                           text=True, timeout=60, check=False)

@@ -1,7 +1,7 @@
 """The test infrastructure of `make test` (docs/testing.md): tests/tiers.py (a tier logged, timed and reported),
 tests/diagnostics.py (a failed test says where to look), tests/slots.py (a limit on multi-process tests) and
 tests/bytecode.py (a .pyc cut short is removed before a tier runs, the checkout is compiled, pytest's rewritten test
-modules written once) and the run order
+modules written once), tests/uv_flags.py (the venvs' locks installed by uv from pip's sources) and the run order
 (tests/durations.json: the longest multi-process tests first)."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import bytecode, diagnostics, slots, tiers
+from tests import bytecode, diagnostics, slots, tiers, uv_flags
 from tests.conftest import ROOT, UNKNOWN_SECONDS, run_order, subprocess_env
 
 
@@ -314,3 +314,25 @@ def tiers_selected(markexpr: str, markers: set[str]) -> bool:
     from tests.tier_skips import selected
 
     return selected(markexpr, markers)
+
+
+def test_uv_installs_from_the_sources_pips_configuration_names_a_variable_over_a_file() -> None:
+    listing = "\n".join([":env:.find-links='/opt/wheels /more/wheels'", "global.find-links='/elsewhere'",
+                          "global.extra-index-url='file:///a/simple file:///b/simple'", "global.cert='/etc/ca.crt'",
+                          "install.constraint='/etc/c.txt'", "global.constraint='/etc/other.txt'",
+                          ":env:.default-timeout='180'"])
+    assert uv_flags.flags(listing) == [
+        "--index-strategy", "unsafe-best-match",  # every index weighed alike, as pip does
+        "--extra-index-url", "file:///a/simple", "--extra-index-url", "file:///b/simple",
+        "--find-links", "/opt/wheels", "--find-links", "/more/wheels", "--constraint", "/etc/c.txt"]
+    assert uv_flags.flags("") == ["--index-strategy", "unsafe-best-match"]  # pip's defaults are uv's
+
+
+def test_the_makefile_installs_each_image_venvs_lock_with_the_pinned_uv_and_byte_compiles_it(tmp_path: Path) -> None:
+    proc = subprocess.run(["make", "--no-print-directory", "-n", f"VENV_DIR={tmp_path}", f"{tmp_path}/pytorch/.ready"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert f"{tmp_path}/.uv/bin/pip --disable-pip-version-check install -q uv==" in proc.stdout
+    uv = f"{tmp_path}/.uv/bin/uv pip install -q --python {tmp_path}/pytorch/bin/python --compile-bytecode "
+    locks = "-r images/pytorch/requirements-cpu.txt -r tests/requirements.txt"
+    assert f"{uv}$(python3 tests/uv_flags.py) {locks}" in proc.stdout
