@@ -184,6 +184,21 @@ class Replicated:
         return param_digest(model)
 
 
+SHARDED_MODULES = ("torch.distributed.device_mesh", "torch.distributed.fsdp", "torch.distributed.tensor")
+
+
+def preload(strategy: str | None) -> list[str]:
+    """The modules a sharded layout places the model with, imported now (those it imported): a replacement does this
+    before it announces itself, not after the survivors took it in (1-2 s of imports the survivors would wait for)."""
+    if strategy not in ("fsdp", "hsdp"):
+        return []
+    import importlib
+
+    for name in SHARDED_MODULES:
+        importlib.import_module(name)
+    return list(SHARDED_MODULES)
+
+
 class Sharded:
     """FSDP2 (``fully_shard``) over every rank, or HSDP: sharded within a node, replicated across nodes."""
 
