@@ -100,3 +100,22 @@ def test_knocks_never_fill_the_port_s_queue_so_a_live_peer_never_looks_unreachab
     finally:
         me.stop()
         alive.stop()
+
+
+def test_a_replacement_s_new_port_counts_once_the_group_renewed_and_reached_it() -> None:
+    store = Store()
+    me, lost = boards(store, 2)
+    try:
+        me._beat()
+        lost.stop()  # lost, and restarted by the platform: its replacement listens on a port of its own
+        replacement = peers.PeerBoard(store, lost.me, lost.members, address="127.0.0.1").start()
+        me._beat()
+        replacement.stop()  # lost again
+        assert me.gone() == []  # its new port was never reached: a refusal there says nothing yet
+        replacement = peers.PeerBoard(store, lost.me, lost.members, address="127.0.0.1").start()
+        me.renew()  # the group re-formed with the replacement (``steps.recover``)
+        me._beat()  # the next beat reaches its port
+        replacement.stop()
+        assert [s.member.rank for s in me.gone()] == [1]
+    finally:
+        me.stop()

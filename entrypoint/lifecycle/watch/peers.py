@@ -163,6 +163,11 @@ class PeerBoard:
         if self._listener is not None and len(self._reached) < len(self.members) - 1:
             self._reach()
 
+    def renew(self) -> None:
+        """The group changed (a replacement took a lost rank's place, with a port of its own): the next beats reach
+        every peer's port again, and only a port reached since counts its refusal."""
+        self._reached.clear()
+
     def _ports(self, ranks: list[int]) -> dict[int, tuple[str, int]]:
         """The liveness ports the ranks published."""
         ports: dict[int, tuple[str, int]] = {}
