@@ -164,8 +164,8 @@ class PeerBoard:
             self._reach()
 
     def renew(self) -> None:
-        """The group changed (a replacement took a lost rank's place, with a port of its own): the next beats reach
-        every peer's port again, and only a port reached since counts its refusal."""
+        """The group is changing (a replacement takes a lost rank's place, with a port of its own): the next beats
+        reach every peer's port again, and only a port reached since counts its refusal."""
         self._reached.clear()
 
     def _ports(self, ranks: list[int]) -> dict[int, tuple[str, int]]:
@@ -224,7 +224,14 @@ class PeerBoard:
 
     def silent(self, window: float = WINDOW) -> list[Silent]:
         """The ranks whose process is gone (their liveness port refuses: at once), else those whose heartbeat did not
-        move within ``window`` seconds (the chief, if the store is gone)."""
+        move within ``window`` seconds (the chief, if the store is gone). A loss was looked for, so the group is
+        changing: from the next beat on every peer's port is reached again (a lost rank's replacement has a new one)."""
+        try:
+            return self._silent(window)
+        finally:
+            self.renew()
+
+    def _silent(self, window: float) -> list[Silent]:
         chief = self.members[0]
         try:
             if found := self.gone():

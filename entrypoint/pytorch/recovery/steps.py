@@ -313,8 +313,6 @@ class StepGuard:
                 fewer = self.survivors.recover(state, in_flight, silent, rejoin)
         except Interrupted:
             self.off_step.stop(state, what)
-        if board is not None:  # a replacement's liveness port is a new one: reached again before its refusal counts
-            board.renew()
         if fewer is not None:  # the ledger: how many steps ran with fewer replicas
             self.record.event("fewer_replicas", step=state.step, steps=fewer, rejoined=True)
         self.watchdog.beat(state.step, WAITING)
