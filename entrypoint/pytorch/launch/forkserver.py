@@ -116,6 +116,8 @@ def main(argv: list[str]) -> int:
     try:
         for module in PRELOAD:
             importlib.import_module(module)
+            if _threads() > 1:  # OpenMP's pool, started at torch's import where OMP_NUM_THREADS is not 1: no fork
+                break
     except Exception as exc:  # any failure: the clients start their ranks by exec)
         _say(f"fork server: importing {module} failed ({type(exc).__name__}): ranks start by exec")
         return 1
@@ -225,8 +227,9 @@ def _refusal(request: Request, imported_with: dict[str, str]) -> str | None:
     """Why this rank must not be forked from here, or None."""
     if len(request.command) < 2 or request.command[0] != "-m":
         return "not a module's command line"
-    if threading.active_count() != 1 or len(os.listdir("/proc/self/task")) != 1:
-        return "a thread runs in the fork server"
+    if threading.active_count() != 1 or _threads() != 1:
+        return (f"{_threads()} threads run in the fork server after importing torch (OpenMP's pool where "
+                "OMP_NUM_THREADS is not 1)")
     if _cuda_loaded():
         return "CUDA's driver is loaded in the fork server"
     differ = sorted(name for name in set(imported_with) | set(request.env)
@@ -234,6 +237,11 @@ def _refusal(request: Request, imported_with: dict[str, str]) -> str | None:
     if differ:
         return "the rank's environment differs from the fork server's in " + ", ".join(differ)  # names only
     return None
+
+
+def _threads() -> int:
+    """This process's threads, native ones included."""
+    return len(os.listdir("/proc/self/task"))
 
 
 def _cuda_loaded() -> bool:
@@ -272,6 +280,8 @@ def _fresh_state() -> None:
     import multiprocessing.process
 
     multiprocessing.process.current_process().authkey = os.urandom(32)  # each process's own, as at its start
+    if "torch" in sys.modules:  # torch seeds its CPU generator at its start from the OS (CUDA's: at their first use)
+        sys.modules["torch"].default_generator.seed()
     if "numpy" in sys.modules:
         sys.modules["numpy"].random.seed()  # numpy's global generator is seeded at import from the OS
     logging._startTime = time.time()  # type: ignore[attr-defined]  # records' relativeCreated: from this start
