@@ -7,7 +7,9 @@ nodes' processes run ends node 0's attempt at once when nodes restart together (
 (CPU, one GPU, ``--nproc-per-node 1``): no agent and no second interpreter; this process becomes the
 worker, so signals, exit codes, failure records and the rendezvous timeout are its own. Several
 processes per node: torch's elastic launcher (the engine behind ``torchrun``) over that store, each
-worker being ``python -m entrypoint.worker``, stopped with an explicit grace period on SIGTERM.
+worker being ``python -m entrypoint.worker`` (forked from the node's fork server, ``forkserver.py``, started first so
+that its import of torch overlaps the agent's own and the rendezvous; exec'd without one), stopped with an explicit
+grace period on SIGTERM.
 Processes the platform placed itself (under its own torchrun) run as they are. A node of several processes adopts
 what they leave behind (a child subreaper): a process of a rank still running when its rank is gone (a DataLoader
 worker that never started, holding the job's output open) is killed before the node exits with its ranks' cause.
