@@ -59,9 +59,9 @@ def server(tmp_path: Path) -> Iterator[Served]:
 
 
 def client(server: Served, out: Path, *how: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    return subprocess.Popen([PYTHON, str(forkserver.CLIENT), str(server.socket), str(server.proc.pid), "-m", TARGET,
-                             str(out), *how], cwd=ROOT, env={**server.env, **(env or {})}, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    command = [str(forkserver.CLIENT), str(server.socket), str(server.proc.pid), str(os.getpid()), "-m", TARGET]
+    return subprocess.Popen([PYTHON, *command, str(out), *how], cwd=ROOT, env={**server.env, **(env or {})},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
 def started(out: Path, timeout: float = 120) -> dict[str, object]:

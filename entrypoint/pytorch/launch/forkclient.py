@@ -1,7 +1,8 @@
 """A rank as torch's agent starts it when its node has a fork server (``forkserver.py``): a tiny client.
 
-Run by its path (``python .../forkclient.py SOCKET SERVER_PID -m entrypoint.worker``), so it imports the standard
-library only, nothing of ours and no torch. It hands the server its command, environment, working directory and
+Run by its path (``python .../forkclient.py SOCKET SERVER_PID AGENT_PID -m entrypoint.worker``), so it imports the
+standard library only, nothing of ours and no torch; it dies with the agent (PR_SET_PDEATHSIG), as an exec'd rank
+does, silently. It hands the server its command, environment, working directory and
 standard streams (SCM_RIGHTS), relays every signal it receives to the child the server forked for it, and ends as
 that child ended: its exit status, or killed by the same signal (torch's agent, ``local`` and our exit classes read
 it as they read an exec'd worker). Killed itself (SIGKILL), the server sees its socket close and kills the child.
@@ -12,6 +13,7 @@ environment it was not started with) starts the rank as its own process instead 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import resource
@@ -23,6 +25,7 @@ import time
 import types
 from collections.abc import Iterator
 
+_PR_SET_PDEATHSIG = 1
 CONNECT_WAIT = 120.0  # seconds to wait for a live server's socket (it binds it before anything heavy)
 STATUS_WAIT = 900.0  # seconds to wait for a live server to answer (it imports torch first)
 # Signals not relayed: the kernel's own (stop, continue, child, window, urgent data, broken pipe) and the client's
@@ -68,7 +71,8 @@ class Relay:
 
 
 def main(argv: list[str]) -> None:
-    path, server, command = argv[1], int(argv[2]), argv[3:]
+    path, server, agent, command = argv[1], int(argv[2]), int(argv[3]), argv[4:]
+    _die_with(agent)
     relay = Relay()
     try:
         sock = _connect(path, server)
@@ -86,6 +90,13 @@ def main(argv: list[str]) -> None:
              "with it")
         status = signal.SIGKILL  # what the server's end did to the child (PR_SET_PDEATHSIG)
     _end_as(status, relay)
+
+
+def _die_with(parent: int) -> None:
+    """SIGKILL when ``parent`` (the agent) dies; at once if it is gone already (Linux)."""
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _alive(pid: int) -> bool:

@@ -63,7 +63,7 @@ class Server:
 
     def command(self, module: str) -> tuple[str, ...]:
         """The arguments after ``python`` that start a rank running ``python -m module`` through this server."""
-        return (str(CLIENT), self.socket_path, str(self.proc.pid), "-m", module)
+        return (str(CLIENT), self.socket_path, str(self.proc.pid), str(os.getpid()), "-m", module)
 
 
 @contextlib.contextmanager
@@ -74,8 +74,10 @@ def started(env: dict[str, str]) -> Iterator[Server | None]:
     server = None
     try:
         try:
+            # a session of its own: a stop sent to the node's process group (tini -g, ``local``, Kubernetes) is for
+            # the agent, which stops each rank through its client; the server dies with the agent
             proc = subprocess.Popen([sys.executable, "-m", __name__, path, str(os.getpid())], env=env,
-                                    stdin=subprocess.DEVNULL)
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
             server = Server(proc, path)
         except OSError as exc:
             log.warning("fork server not started (%s): this node's ranks start as processes of their own", exc)
