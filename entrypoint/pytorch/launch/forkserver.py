@@ -282,6 +282,8 @@ def _fresh_state() -> None:
     import multiprocessing.process
 
     multiprocessing.process.current_process().authkey = os.urandom(32)  # each process's own, as at its start
+    # where its spawned children start (set at multiprocessing's import)
+    multiprocessing.process.ORIGINAL_DIR = os.path.abspath(os.getcwd())  # type: ignore[attr-defined]
     if "torch" in sys.modules:  # torch seeds its CPU generator at its start from the OS (CUDA's: at their first use)
         sys.modules["torch"].default_generator.seed()
     if "numpy" in sys.modules:
