@@ -6,7 +6,12 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from entrypoint.pytorch.recovery import survivors
+import pytest
+
+pytest.importorskip("torch")
+pytestmark = pytest.mark.pytorch
+
+from entrypoint.pytorch.recovery import survivors  # noqa: E402
 
 
 def test_a_ddp_wrapper_is_collected_and_a_sharded_model_skips_the_collection(monkeypatch: Any) -> None:

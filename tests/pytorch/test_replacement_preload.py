@@ -10,6 +10,9 @@ from pathlib import Path
 
 import pytest
 
+pytest.importorskip("torch")
+pytestmark = pytest.mark.pytorch
+
 REPO = Path(__file__).resolve().parents[2]
 
 
