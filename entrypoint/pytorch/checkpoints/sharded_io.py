@@ -97,13 +97,13 @@ def _writer(target: str) -> Any:
                     yield stream
                 return
             raw = _KeptError(os.fspath(path), "w")
-            with io.BufferedWriter(raw) as stream:
-                try:
+            try:  # the buffer's last flush, at the end of the ``with``, can be the write that fails: named too
+                with io.BufferedWriter(raw) as stream:
                     yield stream
-                except Exception:
-                    if raw.error is not None:
-                        raise OSError(raw.error.errno, raw.error.strerror, os.fspath(path)) from None
-                    raise
+            except Exception:
+                if raw.error is not None:
+                    raise OSError(raw.error.errno, raw.error.strerror, os.fspath(path)) from None
+                raise
 
     writer = FileSystemWriter(target)
     writer.fs = Files()
