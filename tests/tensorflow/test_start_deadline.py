@@ -53,7 +53,9 @@ def test_a_peer_lost_after_the_barrier_ends_tensorflows_start_at_the_timeout(tmp
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == -signal.SIGALRM, output[-3000:]  # the shell and `local` report 142: retryable
-    assert time.monotonic() - released < 5 + 30
+    # Ended by the deadline, not by a wait of TensorFlow's own; loose, as under a suite's load (12 on 2 cores) this
+    # took 45 s, mostly the chief's TensorFlow import: the SIGALRM exit and the record's --timeout prove the deadline.
+    assert time.monotonic() - released < 5 + 90
     assert f"worker[0] (127.0.0.1:{worker})" in output and "exit code 142" in output
     last = output.strip().splitlines()[-1]
     assert last.startswith("entrypoint: error: peer_lost on chief-0"), output[-3000:]
