@@ -258,7 +258,9 @@ class RunGuard:
         if self.store is None:
             return None
         members = [peers.Member(rank, replica, host) for rank, (replica, host) in enumerate(names)]
-        self.board = peers.PeerBoard(self.store, members[self.ctx.rank], members).start()
+        chief = self.plan.topology.chief_host_port()  # the liveness port: where every peer reaches this host
+        address = peers.address_towards(chief[0]) if chief is not None else None
+        self.board = peers.PeerBoard(self.store, members[self.ctx.rank], members, address=address).start()
         self.watchdog.board = self.board
         return members
 
