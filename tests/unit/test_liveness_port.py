@@ -25,6 +25,13 @@ class Store:
         return self.data.get(key)
 
 
+def end(board: peers.PeerBoard) -> None:
+    """Its process ended: beats stopped, and the kernel closed its liveness port (``stop`` leaves it open)."""
+    board.stop()
+    assert board._listener is not None
+    board._listener.close()
+
+
 def boards(store: Store, n: int) -> list[peers.PeerBoard]:
     members = [peers.Member(rank, f"workerpool{min(rank, 1)}-0", "h") for rank in range(n)]
     return [peers.PeerBoard(store, m, members, address="127.0.0.1").start() for m in members]
@@ -37,7 +44,7 @@ def test_a_peer_whose_process_is_gone_is_named_at_once_without_watching_its_hear
         dead.step = 7
         dead._beat()
         me._beat()  # its heartbeat thread reaches every peer's port once
-        dead.stop()  # its process ended: its liveness port is closed, as the kernel closes a killed process's
+        end(dead)  # its process ended: its liveness port is closed, as the kernel closes a killed process's
         monkeypatch.setattr(peers.time, "sleep", lambda _s: pytest.fail("watched the heartbeats"))
         found = me.silent()
         assert [s.member.rank for s in found] == [2]
@@ -83,7 +90,7 @@ def test_knocks_answer_refused_taken_and_no_answer_all_at_once() -> None:
 def test_a_refusal_from_a_port_never_reached_says_nothing(monkeypatch: Any) -> None:
     store = Store()
     me, blocked = boards(store, 2)
-    blocked.stop()  # as a firewall that refuses every connection to the port from the start
+    end(blocked)  # as a firewall that refuses every connection to the port from the start
     me._beat()
     assert me.gone() == []  # never reached: the heartbeats decide
 
@@ -107,15 +114,15 @@ def test_a_replacement_s_new_port_counts_once_a_loss_was_looked_for_and_the_port
     me, lost = boards(store, 2)
     try:
         me._beat()
-        lost.stop()  # lost, and restarted by the platform: its replacement listens on a port of its own
+        end(lost)  # lost, and restarted by the platform: its replacement listens on a port of its own
         replacement = peers.PeerBoard(store, lost.me, lost.members, address="127.0.0.1").start()
         me._beat()
-        replacement.stop()  # lost again
+        end(replacement)  # lost again
         assert me.gone() == []  # its new port was never reached: a refusal there says nothing yet
         replacement = peers.PeerBoard(store, lost.me, lost.members, address="127.0.0.1").start()
         me.silent(window=0.0)  # a loss was looked for: the group is changing, every port is reached again
         me._beat()  # the next beat reaches its port
-        replacement.stop()
+        end(replacement)
         assert [s.member.rank for s in me.gone()] == [1]
     finally:
         me.stop()

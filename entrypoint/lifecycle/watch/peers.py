@@ -16,7 +16,8 @@ process killed, crashed or ended on a host that is up: ``local``'s kill, an OOM 
 VM). Only when none refuses (a host gone with its VM, whose address no longer answers; a frozen process) does it
 watch the heartbeats for ``WINDOW`` seconds. A refusal counts only from a port this rank once reached (its heartbeat
 thread knocks once on each peer's port as it is published): a port a firewall blocks from the start never makes a
-live peer look lost.
+live peer look lost. Gone is not lost: a process that ended on a failure of its own recorded it before its port
+closed with it, and that record, not a verdict, names it (``failures.record_verdict`` decides, for heartbeats too).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ INTERVAL = 1.0  # seconds between heartbeats
 WINDOW = 3.0  # how long a survivor watches for heartbeats that no longer move
 KNOCK = 0.5  # seconds a knock on a peer's liveness port may take (longer: its host does not answer, watch the beats)
 _PREFIX = "trainer/heartbeat/"
+_UNTIL_EXIT: list[socket.socket] = []  # the liveness ports of the boards stopped: open until the process ends
 
 
 class KeyValue(Protocol):
@@ -150,10 +152,12 @@ class PeerBoard:
         return self
 
     def stop(self) -> None:
-        """Stop beating (the process is leaving; a beat in flight is not waited for); the liveness port closes."""
+        """Stop beating (the process is leaving; a beat in flight is not waited for). The liveness port stays open
+        until the process ends, when the kernel closes it: a refusal means the process is gone, with the failure
+        record it wrote on its way out (a peer that failed on its own is not lost: ``failures.record_verdict``)."""
         self._beats.stop()
         if self._listener is not None:
-            self._listener.close()
+            _UNTIL_EXIT.append(self._listener)  # the garbage collector would close it with the board
 
     def _beat(self) -> None:
         self._count += 1
