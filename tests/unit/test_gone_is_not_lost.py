@@ -5,10 +5,12 @@ the same one first and left the group. Its liveness port closes with the process
 
 from __future__ import annotations
 
+import errno
 import time
 from pathlib import Path
 
 from entrypoint import errors, failures
+from entrypoint.errors import OutputError, PeerError
 from entrypoint.failures.records import read_records
 from entrypoint.lifecycle.watch import peers
 
@@ -50,6 +52,18 @@ def test_a_node_that_left_is_lost_unless_one_of_its_processes_recorded_a_failure
     assert left.reported_by  # a script's node that ended early, or was lost: nothing of its own recorded
     own = failures.write_record(context(tmp_path, "workerpool1-1", 3), failures.Failure(errors.USER_CODE, "x"))
     assert failures.record_verdict(witness, "workerpool1-1", None, errors.PEER_LOST, "left the job") == own
+
+
+def test_a_rank_ends_on_its_own_failed_write_not_on_the_peer_that_left_first() -> None:
+    peer = PeerError("a peer is gone")
+    disk = OutputError(errors.DISK_FULL, "no space left on device at /ckpt/.partial-ckpt-00000020/__1_0.distcp")
+    assert failures.first_cause(peer, disk) is disk
+    assert failures.first_cause(peer, None) is peer  # nothing of its own failed: the lost peer it is
+    assert failures.first_cause(peer, PeerError("the write was cut off by the same loss")) is peer
+    user = ValueError("the user's own error")
+    assert failures.first_cause(user, disk) is user  # a failure that is not a consequence stays the cause
+    full = OSError(errno.ENOSPC, "No space left on device", "/ckpt/x")
+    assert failures.first_cause(peer, None, full) is full
 
 
 def test_a_stopped_board_s_liveness_port_stays_open_until_its_process_ends() -> None:
