@@ -4,12 +4,14 @@ other must end ``disk_full`` as it did, not ``peer_lost`` (CI's test_sharded_dis
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
 
 from entrypoint import errors
 from entrypoint.errors import OutputError, PeerError
+from entrypoint.lifecycle.signals import StopRequest
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.pytorch
@@ -17,18 +19,32 @@ pytestmark = pytest.mark.pytorch
 from entrypoint.pytorch.recovery.steps import Attempt  # noqa: E402
 
 
+class Writer:
+    """The checkpoint writer's wait: the write in flight's failure, raised."""
+
+    def __init__(self, written: BaseException | None) -> None:
+        self.written, self.waited = written, 0
+
+    def wait(self) -> None:
+        self.waited += 1
+        if self.written is not None:
+            raise self.written
+
+
 class Guard:
-    """What an attempt asks of the step guard: whether it recovered in place, and the write in flight's end."""
+    """What an attempt asks of the step guard: whether it recovered in place, the stop request, the writer."""
 
     def __init__(self, written: BaseException | None, recovers: bool = False) -> None:
-        self.written, self.recovers, self.waited = written, recovers, 0
+        self.recovers = recovers
+        self.request = StopRequest()
+        self.saver = SimpleNamespace(io=Writer(written))
+
+    @property
+    def waited(self) -> int:
+        return int(self.saver.io.waited)
 
     def recover(self, _state: Any, _exc: BaseException) -> bool:
         return self.recovers
-
-    def writes_done(self) -> BaseException | None:
-        self.waited += 1
-        return self.written
 
 
 def ended(guard: Guard, exc: BaseException) -> BaseException | None:

@@ -331,17 +331,6 @@ class StepGuard:
         self._rejoin = False
         raise Rejoin(state.step)
 
-    def writes_done(self) -> BaseException | None:
-        """A failure: the checkpoint write in flight ends (and says how) before the failure's last line, not after it
-        (the process's exit would wait for its thread anyway, and the last line names the root cause); no stop
-        interrupts the wait. Its failure, if it failed (the one to end with, where the failure was a peer's)."""
-        with self.request.uninterrupted():
-            try:
-                self.saver.io.wait()
-            except BaseException as exc:
-                return exc
-        return None
-
 
 class Evaluation:
     """Around an evaluation and between two of its batches: a beat, and the vote, which every rank reads at the same
@@ -382,9 +371,8 @@ class Evaluation:
 
 
 class Attempt:
-    """One run of the training: a lost peer ends it recovered (in place) or re-raised, once the checkpoint write in
-    flight ended (that write's own failure raised instead where it failed too: a peer that met the same full disk
-    first left the group, and this rank ends on the disk, as that peer did, not on the peer)."""
+    """One run of the training: a lost peer ends it recovered (in place) or re-raised once the write in flight ended,
+    or on that write's own failure where the loss was its consequence (a peer left first on the same full disk)."""
 
     def __init__(self, guard: StepGuard, state: TrainState) -> None:
         self.guard, self.state = guard, state
@@ -396,12 +384,16 @@ class Attempt:
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, _tb: object) -> bool:
         if exc is None:
             return False
-        written = None
+        cause = exc
         try:
             self.recovered = self.guard.recover(self.state, exc)
         finally:
             if not self.recovered:
-                written = self.guard.writes_done()
-        if not self.recovered and (cause := failures.first_cause(exc, written)) is not exc:
-            raise cause from exc  # this rank's own write failed too: the peer left on that same failure first
+                with self.guard.request.uninterrupted():  # no stop interrupts the wait
+                    try:
+                        self.guard.saver.io.wait()
+                    except BaseException as written:
+                        cause = failures.first_cause(exc, written)
+        if cause is not exc:
+            raise cause from exc
         return self.recovered
