@@ -11,6 +11,7 @@ from entrypoint.failures.classify import (
     classify,
     code_class,
     exit_failure,
+    first_cause,
     is_peer_lost,
 )
 from entrypoint.failures.finish import (
@@ -42,6 +43,7 @@ __all__ = [
     "finish",
     "finish_child",
     "finish_node",
+    "first_cause",
     "guarded",
     "is_peer_lost",
     "make_record",

@@ -119,6 +119,15 @@ def is_peer_lost(exc: BaseException) -> bool:
     return classify(exc).cls.name == errors.PEER_LOST.name
 
 
+def first_cause(failed: BaseException, *also: BaseException | None) -> BaseException:
+    """Of the failures one process met together, the one it ends with (the rule of the records' root cause):
+    ``failed``, unless it is a consequence of another (a lost peer, a hang) and one of ``also`` is not (its own
+    checkpoint write, failed on the full disk that a peer met first and left the group on)."""
+    if classify(failed).cls.name not in errors.CONSEQUENCES:
+        return failed
+    return next((e for e in also if e is not None and classify(e).cls.name not in errors.CONSEQUENCES), failed)
+
+
 _CREDENTIAL_TYPES = ("DefaultCredentialsError", "RefreshError", "TransportError")
 _SET_CREDENTIALS = ("set GOOGLE_APPLICATION_CREDENTIALS to a service account key file, or run `gcloud auth "
                     "application-default login`; on Vertex AI the job's service account is used")

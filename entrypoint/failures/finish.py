@@ -86,9 +86,24 @@ def write_record(ctx: FailureContext, failure: Failure, reported_by: str | None 
     return record
 
 
+def own_failure(ctx: FailureContext, replica: str, rank: int | None) -> FailureRecord | None:
+    """The failure ``replica``'s process ``rank`` (None: any of its ranks) recorded itself since this process
+    started (its root cause where it recorded several), if it did: a peer that ended on a failure of its own."""
+    mine = [r for r in job_records(ctx) if r.replica == replica and not r.reported_by
+            and (r.rank == rank if rank is not None else r.rank is not None)]
+    return root_cause(mine)
+
+
 def record_verdict(ctx: FailureContext, replica: str, rank: int | None, cls: FailureClass,
                    message: str) -> FailureRecord:
-    """Record, on a silent peer's behalf, that it stopped responding (this process is the witness)."""
+    """Record, on a silent peer's behalf, that it stopped responding (this process is the witness); the verdict.
+
+    A peer that ended on a failure of its own is not a lost peer, whatever says it is gone (its heartbeat stopped, its
+    liveness port refuses): its own record is returned and nothing is written, so that record stays the root cause.
+    Its record is there by then: a process writes it before it ends (its liveness port closes with it) and a survivor
+    watches a heartbeat for seconds."""
+    if (own := own_failure(ctx, replica, rank)) is not None:
+        return own
     witness = ctx.replica if ctx.rank is None else f"{ctx.replica} (rank {ctx.rank})"
     return write_record(replace(ctx, replica=replica, rank=rank, step=None), Failure(cls, message),
                         reported_by=witness)

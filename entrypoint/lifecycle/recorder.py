@@ -302,8 +302,8 @@ def _attempt_started(attempt: str) -> float:
 
 def witnesses(job_dir: str) -> list[Witness]:
     """The job's failure records, as goodput reads them (``goodput.Witness``)."""
-    return [Witness(r.time, r.replica, r.step, r.failure_class, r.exit_code, r.message.split(";")[0][:120])
-            for r in read_records(job_dir, 0.0)]
+    return [Witness(r.time, r.replica, r.step, r.failure_class, r.exit_code, r.message.split(";")[0][:120],
+                    verdict=bool(r.reported_by)) for r in read_records(job_dir, 0.0)]
 
 
 goodput.add_witness_source(witnesses)  # goodput.of_job (the training summary's goodput, local's line) reads them

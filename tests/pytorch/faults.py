@@ -175,7 +175,8 @@ def compute_loss(model: nn.Module, batch: Any, ctx: Any) -> Any:
     args = _state["args"]
     _state["steps"] += 1
     _state["evaluating"] = False
-    if _state["steps"] == args.at_step and args.fault == "raise":
+    if _state["steps"] == args.at_step and args.fault == "raise" and args.fault_replica in (
+            "", os.environ.get("TRAINER_REPLICA")):
         secrets = " ".join(os.environ.get(n, "") for n in ("WANDB_API_KEY", "AWS_SECRET_ACCESS_KEY"))
         raise ValueError(f"cannot reach the tracker with token {args.api_token} ({secrets})")
     if _state["steps"] == args.at_step and args.fault == "hang" and ctx.rank == 0:

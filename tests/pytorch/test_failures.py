@@ -195,3 +195,21 @@ def test_a_rejected_user_argument_is_named_by_its_flag_only(tmp_path: Path) -> N
     assert proc.returncode == 2, failure_text(proc)
     assert "argument --lr" in last_line(proc)
     assert "canary-not-a-number" not in proc.stdout + proc.stderr
+
+
+def test_a_peer_that_failed_on_its_own_is_not_called_lost(tmp_path: Path) -> None:
+    """The worker raises: its process ends with its own record, and its liveness port then refuses the chief at once.
+    The chief ends as that failure's consequence, naming it; no verdict calls the worker lost (it was not)."""
+    proc = entrypoint("local", "--workers", "2", "--output-dir", str(tmp_path), "--restart-policy", "never", "--",
+                      *run_args(tmp_path, "--timeout", "30", "--recovery", "restart", "--", "--fault", "raise",
+                                "--fault-replica", "workerpool1-0", "--at-step", "4", "--step-sleep", "0.05"),
+                      timeout=300)
+    assert proc.returncode == 1, failure_text(proc)
+    records = failure_records(tmp_path)
+    assert [r for r in records if r.get("reported_by")] == [], records  # no peer_lost verdict on its behalf
+    assert [(r["replica"], r["class"]) for r in records if r["replica"] == "workerpool1-0"] == [
+        ("workerpool1-0", "user_code")], records
+    lost = [r["message"] for r in records if r["class"] == "peer_lost"]  # the chief's (unless local's stop came first)
+    assert all("workerpool1-0 (rank 1, host " in m and "ended on its own failure (user_code: ValueError" in m
+               for m in lost), lost
+    assert last_line(proc).startswith("entrypoint: error: user_code on workerpool1-0, rank 1, ")

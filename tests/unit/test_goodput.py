@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import xml.etree.ElementTree as ET
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -433,6 +434,29 @@ def test_each_replica_keeps_its_own_end_after_a_worker_is_sigkilled(tmp_path: Pa
     lanes = {lane["label"]: lane for lane in report.lanes}
     assert [m["t"] for m in lanes[f"{WORKER} from +0 s"]["marks"]] == [T + 8]
     assert report.buckets["scheduling"] == pytest.approx(1)  # +12 to +13: no replica of the job ran
+
+
+def test_a_killed_replica_is_named_by_its_supervisor_even_when_a_survivor_s_verdict_came_first(tmp_path: Path) -> None:
+    """A liveness port names a SIGKILLed worker at once: the survivor's verdict (+8.05) comes before its supervisor's
+    record of the kill (+8.13). The attempt ended as its supervisor saw it (exit 137), not as the verdict says."""
+    job = Job(tmp_path)
+    job.start("c1", 0)
+    job.start("w1", 0, WORKER, chief=False)
+    job.progress("c1", 1, 1, 7)
+    job.add("c1", "training_end", 8.1, step=7, outcome="failed")
+    job.end("c1", 8.2, code=129, cls="peer_lost")
+    job.start("c2", 13)
+    job.start("w2", 13, WORKER, chief=False)
+    end = job.progress("c2", 14, 1, 10)
+    job.add("c2", "training_end", end, step=10, outcome="finished")
+    job.end("c2", end + 1)
+    job.end("w2", end + 1, replica=WORKER)
+    verdict = replace(seen(8.05, WORKER, None, "peer_lost", 129, "stopped responding (its process is gone"),
+                      verdict=True)
+    worker = job.report(witnesses=(verdict, seen(8.13, WORKER))).attempts[1]
+    assert worker.replica == WORKER and worker.cause() == "signal (exit 137: stopped by SIGKILL; recorded for it)"
+    alone = job.report(witnesses=(verdict,)).attempts[1]  # no supervisor recorded it (a VM lost): the verdict says
+    assert alone.cause() == "peer_lost (exit 129: stopped responding (its process is gone; recorded for it)"
 
 
 def test_a_survivors_wait_for_a_killed_chiefs_replacement_is_recovery_not_scheduling(tmp_path: Path) -> None:

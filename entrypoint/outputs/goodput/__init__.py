@@ -76,9 +76,9 @@ class Segment:
 
 def attempts_of(read: Read, now: float, running: bool, witnesses: Sequence[Witness] = ()) -> list[Attempt]:
     """The attempts the ledger knows, oldest first; a training record's attempt without a ``start`` still counts.
-    One that wrote no ``end`` ended where a failure record about its replica says (its supervisor's, a survivor's
-    verdict), else at its last record (a replica other than the chief: when its replacement started, at the
-    latest)."""
+    One that wrote no ``end`` ended where a failure record about its replica says (its supervisor's, else a
+    survivor's verdict), else at its last record (a replica other than the chief: when its replacement started, at
+    the latest)."""
     found: dict[str, Attempt] = {}
     last_seen: dict[str, float] = {}
     for r in read.records:
@@ -106,8 +106,11 @@ def attempts_of(read: Read, now: float, running: bool, witnesses: Sequence[Witne
         if not a.ended:
             a.end = max(last_seen.get(a.id, a.start), a.start)
             later = min((b.start for b in ordered if b.replica == a.replica and b.start > a.start), default=None)
-            a.witness = next((w for w in witnesses if w.replica == a.replica and w.t >= max(a.start, a.end - _SKEW)
-                              and (later is None or w.t <= later + _SKEW)), None)
+            about = [w for w in witnesses if w.replica == a.replica and w.t >= max(a.start, a.end - _SKEW)
+                     and (later is None or w.t <= later + _SKEW)]
+            # what its supervisor saw (its exit status) before a survivor's verdict, which can come first (a liveness
+            # port's refusal names a killed process at once)
+            a.witness = next((w for w in about if not w.verdict), about[0] if about else None)
             if a.witness is not None:
                 a.end = max(a.end, min(a.witness.t, later if later is not None else a.witness.t))
             elif later is not None and not a.chief:

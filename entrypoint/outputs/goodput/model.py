@@ -36,6 +36,7 @@ class Witness:
     failure_class: str
     code: int
     message: str = ""
+    verdict: bool = False  # a survivor's about a peer it found gone (its supervisor's own record, if any, says more)
 
 
 @dataclass

@@ -134,6 +134,8 @@ class Trainer:
         phase("building the model (build_model)")
         with pretrained.meta_parameters() if opts.init_from else nullcontext():  # its weights come after placing
             model = self.module.build_model(self.args, ctx)
+        if self.guard.survivors is not None and self.guard.survivors.joining:  # a replacement imports what placing its
+            parallel.preload(self.plan.strategy)  # model and its optimizer need before it is taken in, not after
         healing = self.guard.admit(model)  # a replacement joins the job in progress before placing its model
         phase("placing the model (sharding it, or moving it to its device)")
         self.compiled = compile_cache.load(self.plan, ctx, model, self.module)  # --compile's caches (job dir)

@@ -258,7 +258,9 @@ class RunGuard:
         if self.store is None:
             return None
         members = [peers.Member(rank, replica, host) for rank, (replica, host) in enumerate(names)]
-        self.board = peers.PeerBoard(self.store, members[self.ctx.rank], members).start()
+        chief = self.plan.topology.chief_host_port()  # the liveness port: where every peer reaches this host
+        address = peers.address_towards(chief[0]) if chief is not None else None
+        self.board = peers.PeerBoard(self.store, members[self.ctx.rank], members, address=address).start()
         self.watchdog.board = self.board
         return members
 
@@ -286,18 +288,27 @@ class RunGuard:
         return dict(json.loads(text)) if text else None
 
     def _name_the_lost(self, exc: BaseException) -> BaseException:
-        """A lost peer, named by the heartbeats (gloo only says an address and a port); ``exc`` otherwise."""
+        """A lost peer, named by the heartbeats or its liveness port (gloo only says an address and a port), or the
+        peer gone on a failure of its own, named by its record (``failures.record_verdict``: it was not lost);
+        ``exc`` otherwise."""
         if self.board is None:
             return exc
         silent = self.board.silent()
         if not silent:
             return exc
         step = self.board.step
-        for lost in silent:
-            failures.record_verdict(self.failure_context, lost.member.replica, lost.member.rank, errors.PEER_LOST,
-                                    f"{peers.describe([lost])}; the others stopped at step {step}")
-        return PeerError(f"lost {peers.describe(silent)} at step {step} ({type(exc).__name__}: "
-                         f"{' '.join(str(exc).split())[:200]})")
+        lost, failed = [], []
+        for gone in silent:
+            record = failures.record_verdict(self.failure_context, gone.member.replica, gone.member.rank,
+                                             errors.PEER_LOST, f"{peers.describe([gone])}; the others stopped at "
+                                             f"step {step}")
+            if record.reported_by:
+                lost.append(gone)
+            else:
+                failed.append(f"{gone.member} ended on its own failure ({record.failure_class}: "
+                              f"{failures.clip(record.message, 200)})")
+        said = "; ".join([*([f"lost {peers.describe(lost)}"] if lost else []), *failed])
+        return PeerError(f"{said} at step {step} ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})")
 
     def wait_for_commit(self, step: int) -> bool:
         """A rank that leaves the commit to the chief: wait (within the grace period) until the checkpoint of ``step``

@@ -331,13 +331,6 @@ class StepGuard:
         self._rejoin = False
         raise Rejoin(state.step)
 
-    def writes_done(self) -> None:
-        """A failure: the checkpoint write in flight ends (and says how) before the failure's last line, not after it
-        (the process's exit would wait for its thread anyway, and the last line names the root cause); no stop
-        interrupts the wait."""
-        with self.request.uninterrupted(), contextlib.suppress(BaseException):
-            self.saver.io.wait()
-
 
 class Evaluation:
     """Around an evaluation and between two of its batches: a beat, and the vote, which every rank reads at the same
@@ -378,8 +371,8 @@ class Evaluation:
 
 
 class Attempt:
-    """One run of the training: a lost peer ends it recovered (in place) or re-raised, once the checkpoint write in
-    flight ended."""
+    """One run of the training: a lost peer ends it recovered (in place) or re-raised once the write in flight ended,
+    or on that write's own failure where the loss was its consequence (a peer left first on the same full disk)."""
 
     def __init__(self, guard: StepGuard, state: TrainState) -> None:
         self.guard, self.state = guard, state
@@ -391,9 +384,16 @@ class Attempt:
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, _tb: object) -> bool:
         if exc is None:
             return False
+        cause = exc
         try:
             self.recovered = self.guard.recover(self.state, exc)
         finally:
             if not self.recovered:
-                self.guard.writes_done()
+                with self.guard.request.uninterrupted():  # no stop interrupts the wait
+                    try:
+                        self.guard.saver.io.wait()
+                    except BaseException as written:
+                        cause = failures.first_cause(exc, written)
+        if cause is not exc:
+            raise cause from exc
         return self.recovered

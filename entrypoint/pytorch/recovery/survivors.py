@@ -61,6 +61,18 @@ def model_fingerprint(model: nn.Module, plan: Plan, world_size: int, replica: st
     return fingerprint(world_size, shapes, code_digest(plan), plan.nproc_per_node, replica)
 
 
+def drop_wrapper(state: TrainState) -> bool:
+    """The old data-parallel wrapper let go; whether it was collected at once: a DDP's hooks and buffers (a cycle
+    that holds the broken group) are, with a full ``gc.collect()`` (0.3 s here); a sharded model is its own wrapper,
+    with nothing to collect, so its survivors skip it (an HSDP loss and a rejoin pause for it)."""
+    wrapper, state.wrapped = state.wrapped, None
+    if wrapper is None or wrapper is state.model:
+        return False
+    del wrapper
+    gc.collect()
+    return True
+
+
 class Rejoin(Exception):
     """Every rank agreed at this step boundary to take a returning node in: the attempt ends and starts again."""
 
@@ -170,8 +182,7 @@ class InPlace:
             if self.snapshots is not None:
                 self.snapshots.dropped()  # the exchange in flight ends with its group
             self.comm.drop_group()
-        state.wrapped = None
-        gc.collect()  # the old DDP's hooks and buffers go with it
+        drop_wrapper(state)
         if not rejoin:
             log.warning("lost %s at step %d: keeping this process and re-forming the group (generation %d)",
                         ", ".join(lost) or "a peer", step, self.membership.generation + 1)
