@@ -1,7 +1,8 @@
 """``tests.runs.replica_group``: the process group a test SIGKILLs as "the node" is the replica's entrypoint's (the
 process ``local`` started), also when one of its ranks (a session leader of its own, as torch's agent and the fork
 server start them) got a lower pid because pids wrapped (pid_max is 32768 here: a full run wraps them every few
-minutes). Real processes; the wrap is made by moving the kernel's last pid up, then back (skipped where that is not allowed).
+minutes). Real processes; the wrap is made by moving the kernel's last pid up, then back (skipped where that is not
+allowed).
 """
 
 from __future__ import annotations
