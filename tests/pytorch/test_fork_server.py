@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -20,7 +21,7 @@ import pytest
 
 from entrypoint.pytorch.launch import forkserver
 from tests.conftest import PYTHON, ROOT, subprocess_env
-from tests.runs import entrypoint, failure_text
+from tests.runs import Job, entrypoint, failure_text
 
 pytest.importorskip("torch")
 pytestmark = [pytest.mark.pytorch, pytest.mark.slow]
@@ -184,6 +185,36 @@ def test_a_forked_rank_is_the_process_an_exec_gives_and_the_switch_turns_it_off(
     for draw in DRAWS:  # each process its own random state, as each exec'd process has
         assert forked[0][draw] != forked[1][draw], draw
         assert execed[0][draw] != execed[1][draw], draw
+
+
+TICK = re.compile(r"rank \d tick \d+ ([\d.]+)$")
+
+
+@pytest.mark.parametrize("switch", ["1", "0"], ids=["forked", "execed"])
+def test_a_node_sigkilled_by_its_process_group_takes_its_ranks_at_once(tmp_path: Path, switch: str) -> None:
+    """The platform's kill (SIGKILL to the node's process group) ends a forked rank as it ends an exec'd one, which
+    is in a session of its own and dies with torch's agent: at once, no line of it after the kill."""
+    job = Job("run", "--framework", "pytorch", "--timeout", "120", "--nproc-per-node", "2", "--job-dir",
+              str(tmp_path / "job"), "--script", "tests/pytorch/ticking_script.py", env={"TRAINER_FORK_SERVER": switch})
+    try:
+        ranks = {int(job.wait_for(rf"rank {r} pid (\d+) parent").group(1)) for r in (0, 1)}
+        job.wait_for(r"rank 0 tick 5 ")
+        job.wait_for(r"rank 1 tick 5 ")
+        parents = {Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1] for pid in ranks}
+        assert (parents != {str(job.proc.pid)}) == (switch == "1"), parents  # forked: the fork server's children
+        os.killpg(job.proc.pid, signal.SIGKILL)
+        killed = time.time()
+        started = time.monotonic()
+        left = [pid for pid in ranks if not _gone(pid, 2.0)]
+        took = time.monotonic() - started
+        assert left == [], f"ranks {left} outlived their node's SIGKILL by 2 s"
+        assert took < 0.5, f"the ranks outlived their node's SIGKILL by {took:.2f} s"
+        job.proc.wait(10)
+        job._reader.join(10)  # every line the ranks wrote, up to the pipe's end
+        late = [line for line in job.lines if (m := TICK.search(line)) and float(m.group(1)) > killed + 0.5]
+        assert late == [], late
+    finally:
+        job.cleanup()
 
 
 def _gone(pid: int, seconds: float) -> bool:
