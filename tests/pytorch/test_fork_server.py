@@ -208,10 +208,10 @@ def test_a_node_sigkilled_by_its_process_group_takes_its_ranks_at_once(tmp_path:
         left = [pid for pid in ranks if not _gone(pid, 2.0)]
         took = time.monotonic() - started
         assert left == [], f"ranks {left} outlived their node's SIGKILL by 2 s"
-        assert took < 0.5, f"the ranks outlived their node's SIGKILL by {took:.2f} s"
+        assert took < 1.0, f"the ranks outlived their node's SIGKILL by {took:.2f} s"
         job.proc.wait(10)
         job._reader.join(10)  # every line the ranks wrote, up to the pipe's end
-        late = [line for line in job.lines if (m := TICK.search(line)) and float(m.group(1)) > killed + 0.5]
+        late = [line for line in job.lines if (m := TICK.search(line)) and float(m.group(1)) > killed + 1.0]
         assert late == [], late
     finally:
         job.cleanup()
