@@ -18,7 +18,7 @@ def main() -> int:
     """Run this worker; its exit code."""
     handed = handoff.read()
     # torch's agent starts its workers in sessions of their own: a SIGKILL of the node's process group misses them
-    die_with_parent(expected_parent=handoff.launcher_of(handed))
+    die_with_parent(expected_parent=handoff.parent_of_worker(handoff.launcher_of(handed)))
     from entrypoint.lifecycle.runner import run_worker
 
     if handed.error_file is None:

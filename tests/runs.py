@@ -158,14 +158,22 @@ def last_line(proc: subprocess.CompletedProcess[str] | Job) -> str:
 
 
 def replica_group(job: Job, replica: str) -> int:
-    """The process group (its session leader's pid) of an emulated replica's current attempt, children included."""
+    """The process group (its session leader's pid) of an emulated replica's current attempt, children included.
+
+    The replica's entrypoint is the one ``local`` (the job's process) started: its ranks lead sessions of their own
+    too (torch's agent, the fork server), and the lowest pid is not the oldest process once pids wrapped (pid_max
+    32768: a full test run wraps them every few minutes)."""
+    leaders = []
     for pid in job.left():
         try:
             environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if f"TRAINER_REPLICA={replica}".encode() in environ and os.getpgid(pid) == pid:
-            return pid
+        if f"TRAINER_REPLICA={replica}".encode() in environ and int(stat[2]) == pid:
+            leaders.append((int(stat[1]) != job.proc.pid, int(stat[19]), pid))  # local's child first, then oldest
+    if leaders:
+        return min(leaders)[2]
     raise AssertionError(f"no process group for {replica}:\n{job.output()[-2000:]}")
 
 

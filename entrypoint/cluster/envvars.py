@@ -94,6 +94,7 @@ TRAINER_RUN_STARTED = "TRAINER_RUN_STARTED"
 # have its own); a user may set it where a container is limited to fewer CPUs than the host shows. Each process then
 # gets OMP_NUM_THREADS = TRAINER_CPUS / its node's processes (at least 1), unless the user set OMP_NUM_THREADS.
 TRAINER_CPUS = "TRAINER_CPUS"
+TRAINER_FORK_SERVER = "TRAINER_FORK_SERVER"  # 0/false/off: a node's ranks are exec'd, not forked from its fork server
 TRAINER_PLAN_FILE = "TRAINER_PLAN_FILE"  # the plan the launcher hands its worker processes (a private file)
 TRAINER_JOB_LEASE = "TRAINER_JOB_LEASE"  # the chief's job-dir lease token, for its processes' commit fence
 TRAINER_ATTEMPT = "TRAINER_ATTEMPT"  # the node's attempt, under which its training processes write the job ledger

@@ -267,7 +267,7 @@ def run_worker(handed: Handoff) -> int:
 
     def body() -> int:
         plan, launcher = handoff.load(handed)
-        signals.die_with_parent(expected_parent=launcher)
+        signals.die_with_parent(expected_parent=handoff.parent_of_worker(launcher))
         # its rank on each line, unless its launcher prints every line of it behind one already (Horovod's "[rank-0]")
         setup_logging("" if registry.get(plan.framework).prefixed_output else f"[{plan.placed.label()}] ")
         with checkpoints.fence(lambda: _still_held(plan, ctx)):

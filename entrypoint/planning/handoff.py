@@ -59,6 +59,19 @@ def launcher_of(handoff: Handoff) -> int | None:
     return int(found.group(1)) if found else None
 
 
+def parent_of_worker(launcher: int | None) -> int | None:
+    """The parent a worker started by ``launcher`` dies with: the launcher, or the process the launcher started that
+    forked this worker (a node's fork server, ``pytorch/launch/forkserver.py``, itself bound to the launcher)."""
+    parent = os.getppid()
+    if launcher is None or parent == launcher:
+        return launcher
+    try:
+        grandparent = int(Path(f"/proc/{parent}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return launcher
+    return parent if grandparent == launcher else launcher
+
+
 def load(handoff: Handoff) -> tuple[Plan, int | None]:
     """This worker's plan, placed at its local rank, and its launcher's pid (read once per process)."""
     if handoff.plan_file is None:

@@ -16,8 +16,9 @@ from tests.conftest import PYTHON, subprocess_env
 pytest.importorskip("torch")
 pytestmark = pytest.mark.pytorch
 
-AGENT = ("entrypoint.pytorch.launch.node", "entrypoint.pytorch.launch.membership",
-         "entrypoint.pytorch.launch.restarts", "entrypoint.pytorch.launch.nodewatch",
+AGENT = ("entrypoint.pytorch.launch.node", "entrypoint.pytorch.launch.forkserver",
+         "entrypoint.pytorch.launch.membership", "entrypoint.pytorch.launch.restarts",
+         "entrypoint.pytorch.launch.nodewatch",
          "entrypoint.pytorch.launch.collectives", "torch.distributed.launcher.api",
          "torch.distributed.elastic.multiprocessing.api", "torch.distributed.elastic.multiprocessing.errors")
 NOT_IN_AGENT = ("torch._dynamo", "torch._inductor", "sympy", "tensorflow", "tensorboard", "sklearn")

@@ -88,7 +88,8 @@ def test_a_lost_hsdp_node_is_healed_from_the_live_replica_and_the_survivors_neve
     record.mkdir()
     at = RUN.index("--epochs") + 1
     run = [*RUN[:at], "3", *RUN[at + 1:]]  # room for the replacement to join before the end
-    job = Job("local", "--workers", "2", "--output-dir", str(out), "--", *run, "--", "--step-sleep", "0.2",
+    # 0.4 s a step: the replacement (22 s from its start to its ranks at load 15) joins before the survivors' end
+    job = Job("local", "--workers", "2", "--output-dir", str(out), "--", *run, "--", "--step-sleep", "0.4",
               "--record", str(record), "--hold", str(hold))
     try:
         job.wait_for("checkpoint ckpt-00000004 committed")

@@ -178,9 +178,10 @@ def test_ctrl_c_reaches_every_replica_and_their_workers(tmp_path: Path) -> None:
 
     try:
         deadline = time.monotonic() + 120
-        while len(workers()) < 6 and time.monotonic() < deadline:  # 2 replicas x (elastic agent + 2 workers)
+        # 2 replicas x (elastic agent + its fork server + 2 workers, each a client and the rank the server forked)
+        while len(workers()) < 12 and time.monotonic() < deadline:
             time.sleep(0.5)
-        assert len(workers()) == 6
+        assert len(workers()) == 12
         job.send_signal(signal.SIGINT)
         assert job.wait(timeout=60) == 130
     finally:

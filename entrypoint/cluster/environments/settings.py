@@ -40,6 +40,7 @@ class PlatformSettings:
     cpus: int | None = None  # the CPUs this replica may use (TRAINER_CPUS: `local` sets each replica's share)
     fabric: str | None = None  # TRAINER_FABRIC: the default --fabric (checked by cluster/fabric.py)
     fabric_root: str = "/"  # TRAINER_FABRIC_ROOT (tests only): where the node's tree is for the fabric step
+    fork_server: bool = True  # TRAINER_FORK_SERVER: a node's ranks are forked from one warm process (off: exec)
     fabric_applied: bool = False  # TRAINER_FABRIC_APPLIED: the entrypoint started again with the step applied
     image: str | None = None  # TRAINER_IMAGE: the image reference the job's spec ran (NAME@sha256:... when pinned)
     sbom: str = DEFAULT_SBOM  # TRAINER_SBOM: where the image's bill of materials is
@@ -87,6 +88,7 @@ def read_settings(environ: Mapping[str, str] | None = None) -> PlatformSettings:
         fabric=get(ev.TRAINER_FABRIC),
         fabric_root=get(ev.TRAINER_FABRIC_ROOT) or "/",
         fabric_applied=bool(get(ev.TRAINER_FABRIC_APPLIED)),
+        fork_server=_switch(ev.TRAINER_FORK_SERVER, get(ev.TRAINER_FORK_SERVER)),
         image=get(ev.TRAINER_IMAGE),
         sbom=get(ev.TRAINER_SBOM) or DEFAULT_SBOM,
         kubeflow_server_url=get(ev.KUBEFLOW_TRAINER_SERVER_URL),
@@ -94,6 +96,15 @@ def read_settings(environ: Mapping[str, str] | None = None) -> PlatformSettings:
         kubeflow_server_token_file=get(ev.KUBEFLOW_TRAINER_SERVER_TOKEN),
         user_set=tuple(sorted(user_overrides(ev.FRAMEWORK_DEFAULTED, env).items())),
     )
+
+
+def _switch(name: str, value: str | None) -> bool:
+    """On (unset, 1, true, on, yes) or off (0, false, off, no); anything else is a configuration error naming it."""
+    if value is None or value.lower() in ("1", "true", "on", "yes"):
+        return True
+    if value.lower() in ("0", "false", "off", "no"):
+        return False
+    raise ConfigError(name, "must be 1/true/on or 0/false/off; the value set is neither (values are never echoed)")
 
 
 def _count(name: str, value: str | None) -> int:

@@ -7,7 +7,9 @@ nodes' processes run ends node 0's attempt at once when nodes restart together (
 (CPU, one GPU, ``--nproc-per-node 1``): no agent and no second interpreter; this process becomes the
 worker, so signals, exit codes, failure records and the rendezvous timeout are its own. Several
 processes per node: torch's elastic launcher (the engine behind ``torchrun``) over that store, each
-worker being ``python -m entrypoint.worker``, stopped with an explicit grace period on SIGTERM.
+worker being ``python -m entrypoint.worker`` (forked from the node's fork server, ``forkserver.py``, started first so
+that its import of torch overlaps the agent's own and the rendezvous; exec'd without one), stopped with an explicit
+grace period on SIGTERM.
 Processes the platform placed itself (under its own torchrun) run as they are. A node of several processes adopts
 what they leave behind (a child subreaper): a process of a rank still running when its rank is gone (a DataLoader
 worker that never started, holding the job's output open) is killed before the node exits with its ranks' cause.
@@ -29,10 +31,12 @@ from pathlib import Path
 
 from entrypoint import failures
 from entrypoint.cluster import envvars as ev
+from entrypoint.cluster.environments.settings import read_settings
 from entrypoint.errors import ExitCode, exit_code_of, signal_exit_code
 from entrypoint.lifecycle.runner import run_process
 from entrypoint.lifecycle.startup.ports import free_ports
 from entrypoint.planning.plan import Plan
+from entrypoint.pytorch.launch import forkserver
 from entrypoint.pytorch.launch.store import BACKEND, NodeStore, job_run_id, node_store, register_backend
 
 log = logging.getLogger("entrypoint.pytorch")
@@ -71,15 +75,22 @@ def launch(plan: Plan, ctx: failures.FailureContext) -> int:
     topo = plan.topology
     if topo.processes_started_externally:  # torchrun started this process: it is placed already
         return run_process(plan, ctx)
-    if plan.nproc_per_node > 1:
+    if plan.nproc_per_node == 1:
+        return _node(plan, ctx, None)
+    with _fork_server() as server:  # started first: its imports overlap the agent's own and the rendezvous
         _import_quietly()
+        return _node(plan, ctx, server)
+
+
+def _node(plan: Plan, ctx: failures.FailureContext, server: forkserver.Server | None) -> int:
+    topo = plan.topology
     host, port = rendezvous_address(plan)
     from entrypoint.pytorch.launch import membership, restarts
 
     with node_store(host, port, topo.node_rank or 0, topo.num_nodes, plan.options.timeout,
                     run_id(plan, host, port), topo.training_peers(), membership.applies(plan)) as store:
         with restarts.watched(plan, store, ctx):  # node 0: a peer node restarted meanwhile ends this attempt
-            code = _in_process(plan, store, ctx) if plan.nproc_per_node == 1 else _elastic(plan, store)
+            code = _in_process(plan, store, ctx) if plan.nproc_per_node == 1 else _elastic(plan, store, server)
         if code == ExitCode.OK:
             store.leave_together()
     return code
@@ -107,6 +118,16 @@ def _in_process(plan: Plan, store: NodeStore, ctx: failures.FailureContext) -> i
             return run_process(placed, ctx)
 
 
+@contextlib.contextmanager
+def _fork_server() -> Iterator[forkserver.Server | None]:
+    """The node's fork server for its ranks (``forkserver.py``), unless turned off (``TRAINER_FORK_SERVER=0``)."""
+    if not read_settings().fork_server or not sys.platform.startswith("linux"):
+        yield None
+        return
+    with forkserver.started(dict(os.environ)) as server:
+        yield server
+
+
 def _import_quietly() -> None:
     """Import torch's launcher with its C++ log level at FATAL for this agent process only.
 
@@ -120,7 +141,7 @@ def _import_quietly() -> None:
         del os.environ[ev.TORCH_CPP_LOG_LEVEL]
 
 
-def _elastic(plan: Plan, store: NodeStore) -> int:
+def _elastic(plan: Plan, store: NodeStore, server: forkserver.Server | None) -> int:
     from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, SignalException, Std
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -134,11 +155,13 @@ def _elastic(plan: Plan, store: NodeStore) -> int:
         logs_specs=DefaultLogsSpecs(redirects=Std.NONE, tee=Std.NONE), log_line_prefix_template=None,
         shutdown_timeout=int(options.grace_period),
     )
-    log.info("node %s/%s: starting %d processes, world size %d, rendezvous %s:%d (%s)", topo.node_rank,
-             topo.num_nodes, plan.nproc_per_node, plan.world_size, store.host, store.port, plan.reason)
+    log.info("node %s/%s: starting %d processes%s, world size %d, rendezvous %s:%d (%s)", topo.node_rank,
+             topo.num_nodes, plan.nproc_per_node, " forked from a fork server" if server else "", plan.world_size,
+             store.host, store.port, plan.reason)
+    command = server.command("entrypoint.worker") if server else ("-m", "entrypoint.worker")
     try:
-        with adopting_leftovers():
-            elastic_launch(config, sys.executable)("-m", "entrypoint.worker")
+        with adopting_leftovers(keep=[server.proc.pid] if server else []):
+            elastic_launch(config, sys.executable)(*command)
     except ChildFailedError as exc:
         _rank, failure = exc.get_first_failure()
         return exit_code_of(failure.exitcode)
@@ -152,16 +175,18 @@ LEFTOVER_GRACE = 5.0  # seconds a process a rank left behind has to end by itsel
 
 
 @contextlib.contextmanager
-def adopting_leftovers() -> Iterator[None]:
-    """While the ranks run, this process adopts their orphans (Linux); when they are done, every process left is
-    killed: nothing of a rank outlives it (its pipes would hold the job's output open) and the node ends with them."""
+def adopting_leftovers(keep: list[int] | None = None) -> Iterator[None]:
+    """While the ranks run, this process adopts their orphans (Linux); when they are done, every process left but
+    ``keep`` (the fork server, ended after) is killed: nothing of a rank outlives it (its pipes would hold the job's
+    output open) and the node ends with them."""
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     try:
         yield
     finally:
         deadline = time.monotonic() + LEFTOVER_GRACE
-        while (left := [pid for pid in leftovers() if not _reaped(pid)]) and time.monotonic() < deadline:
+        while (left := [pid for pid in leftovers() if pid not in (keep or []) and not _reaped(pid)]) and \
+                time.monotonic() < deadline:
             time.sleep(0.05)  # what ends with its rank (a DataLoader's fork server, its workers) ends by itself
         for pid in left:
             with contextlib.suppress(OSError):
