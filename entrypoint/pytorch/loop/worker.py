@@ -30,6 +30,7 @@ _KEPT: list[Any] = []  # gloo process groups destroyed by the script or the loop
 
 def keep_gloo_groups() -> None:
     """Have ``torch.distributed.destroy_process_group`` keep a reference to each gloo group it destroys (once)."""
+    import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
 
     original = c10d.destroy_process_group
@@ -43,10 +44,8 @@ def keep_gloo_groups() -> None:
         original(group)
 
     destroy_process_group.keeps_gloo_groups = True  # type: ignore[attr-defined]
-    c10d.destroy_process_group = destroy_process_group  # what torch.distributed's own name is bound to, too:
-    import torch.distributed as dist
-
-    dist.destroy_process_group = destroy_process_group
+    c10d.destroy_process_group = destroy_process_group
+    dist.destroy_process_group = destroy_process_group  # torch.distributed's own name is bound to the original too
 
 
 def _gloo(c10d: Any, pg: Any) -> bool:
