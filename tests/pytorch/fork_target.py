@@ -20,7 +20,8 @@ def _stopped(sig: int, _frame: object) -> None:
 signal.signal(signal.SIGTERM, _stopped)
 with open(out + ".tmp", "w") as f:
     json.dump({"pid": os.getpid(), "torch_preloaded": "torch._dynamo" in sys.modules, "argv": sys.argv,
-               "orig_argv": sys.orig_argv, "cwd": os.getcwd()}, f)
+               "orig_argv": sys.orig_argv, "cwd": os.getcwd(),
+               "attempt": os.environ.get("TRAINER_ATTEMPT")}, f)
 os.rename(out + ".tmp", out + ".json")
 print("target says hello", flush=True)
 if how[0] == "exit":

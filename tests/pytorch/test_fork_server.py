@@ -151,6 +151,19 @@ def test_a_rank_whose_environment_differs_from_the_servers_is_execed(server: Ser
     assert "secret-looking-value" not in stderr  # names only
 
 
+def test_a_rank_whose_attempt_was_set_after_the_server_started_is_forked_with_it(server: Served,
+                                                                                 tmp_path: Path) -> None:
+    """A worker node sets ``TRAINER_ATTEMPT`` once it sees the chief's ledger, which may be after its server started
+    (a restarted node's always was): its ranks were exec'd, each importing torch itself."""
+    out = tmp_path / "rank"
+    proc = client(server, out, "exit", "0", env={"TRAINER_ATTEMPT": "attempt-2"})
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stderr
+    found = started(out)
+    assert found["torch_preloaded"] and "fork server unavailable" not in stderr, stderr
+    assert found["attempt"] == "attempt-2"  # the rank's own environment, not the server's
+
+
 def test_the_client_imports_the_standard_library_only() -> None:
     tree = ast.parse(forkserver.CLIENT.read_text())
     imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)

@@ -35,14 +35,24 @@ def spoil(checkpoint_dir: Path) -> list[Path]:
     return spoiled
 
 
-def lose_the_worker_node(job: Job, hold: Path, noticed: str, healed: str) -> re.Match[str]:
+def lose_the_worker_node(job: Job, hold: Path, noticed: str, healed: str, pause: Path | None = None) -> re.Match[str]:
     """SIGKILL the worker node, its replacement held back (``--hold``) until the survivors logged ``noticed``; the
-    job ends 0 once ``healed`` was logged, the chief's node keeping its processes; the line ``healed`` matched."""
+    job ends 0 once ``healed`` was logged, the chief's node keeping its processes; the line ``healed`` matched.
+    With ``pause`` (the job's ``--pause``), the survivors, once they trained a step with fewer replicas, wait inside
+    their next step until both of the replacement's ranks wait to be taken in: else, on a slow machine, they could
+    finish the job alone before the replacement's ranks had started."""
     survivor = replica_group(job, "workerpool0-0")
     hold.touch()  # the replacement builds its datasets once the survivors noticed the loss: else, restarted before
     vanish(job, "workerpool1-0")  # they noticed it, it would be taken in at once, as before
     job.wait_for(noticed)
+    if pause is not None:
+        job.wait_for(r"\[workerpool0-0\] .*\(1 of 2 replicas\)$")
+        pause.touch()
     hold.unlink()
+    if pause is not None:
+        for rank in (2, 3):
+            job.wait_for(rf"\[workerpool1-0#1\] .*joining a job in progress as rank {rank}:", timeout=240)
+        pause.unlink()
     found = job.wait_for(healed, timeout=240)
     assert replica_group(job, "workerpool0-0") == survivor  # the chief's node kept its processes
     assert job.wait(300) == 0, job.output()[-4000:]
@@ -84,13 +94,12 @@ def trained_samples(record: Path, resumed: int, joined: int, steps: int) -> dict
 def test_a_lost_hsdp_node_is_healed_from_the_live_replica_and_the_survivors_never_go_back(tmp_path: Path) -> None:
     """The chief's node trains on with 1 of 2 replicas while the worker node is down, and takes its replacement in
     at a later step boundary, healed from the live replica; 0 committed steps lost, no sample seen twice."""
-    out, record, hold = tmp_path / "job", tmp_path / "record", tmp_path / "hold"
+    out, record, hold, pause = tmp_path / "job", tmp_path / "record", tmp_path / "hold", tmp_path / "pause"
     record.mkdir()
     at = RUN.index("--epochs") + 1
     run = [*RUN[:at], "3", *RUN[at + 1:]]  # room for the replacement to join before the end
-    # 0.4 s a step: the replacement (22 s from its start to its ranks at load 15) joins before the survivors' end
-    job = Job("local", "--workers", "2", "--output-dir", str(out), "--", *run, "--", "--step-sleep", "0.4",
-              "--record", str(record), "--hold", str(hold))
+    job = Job("local", "--workers", "2", "--output-dir", str(out), "--", *run, "--", "--step-sleep", "0.2",
+              "--record", str(record), "--hold", str(hold), "--pause", str(pause))
     try:
         job.wait_for("checkpoint ckpt-00000004 committed")
         job.wait_for_step(9)
@@ -98,7 +107,7 @@ def test_a_lost_hsdp_node_is_healed_from_the_live_replica_and_the_survivors_neve
         assert spoil(out / "checkpoints"), "no checkpoint was committed before the loss"
         healed = lose_the_worker_node(
             job, hold, r"\[workerpool0-0\] .*training on with 1 of 2 replicas from step \d+ without workerpool1-0",
-            HEALED)
+            HEALED, pause)
     finally:
         job.cleanup()
     output = job.output()

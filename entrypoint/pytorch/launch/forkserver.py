@@ -44,9 +44,10 @@ CLIENT = Path(__file__).with_name("forkclient.py")
 # What a rank imports before its first step; torch._dynamo is torch's optimizers' first step's own import.
 PRELOAD = ("torch", "torch._dynamo", "torch.distributed.elastic.multiprocessing.errors", "entrypoint.lifecycle.runner",
            "entrypoint.pytorch.loop.worker", "entrypoint.pytorch.loop.trainer", "entrypoint.pytorch.loop.data")
-# What torch's launcher sets for each rank (LocalElasticAgent, its error file, the signals its agent handles): the only
-# variables a rank's environment may differ in from the server's (none is read at an import).
-PER_RANK = frozenset({
+# What torch's launcher sets for each rank (LocalElasticAgent, its error file, the signals its agent handles), and
+# the node's attempt in the job ledger (set by a worker node once it sees the chief's ledger, which may be after its
+# server started): the only variables a rank's environment may differ in from the server's (none is read at an import).
+PER_RANK = frozenset({ev.TRAINER_ATTEMPT,
     ev.LOCAL_RANK, ev.RANK, ev.GROUP_RANK, ev.ROLE_RANK, ev.ROLE_NAME, ev.LOCAL_WORLD_SIZE, ev.WORLD_SIZE,
     ev.GROUP_WORLD_SIZE, ev.ROLE_WORLD_SIZE, ev.MASTER_ADDR, ev.MASTER_PORT, ev.TORCHELASTIC_RESTART_COUNT,
     ev.TORCHELASTIC_MAX_RESTARTS, ev.TORCHELASTIC_RUN_ID, ev.TORCHELASTIC_USE_AGENT_STORE,
