@@ -132,6 +132,23 @@ def needs_cuda_devel(image: str) -> bool:
     return "ARG CUDA_DEVEL_IMAGE" in (ROOT / "images" / image / "Dockerfile").read_text()
 
 
+# every image's Dockerfile starts with it, in the same instructions (images/Dockerfile.blocks)
+SHARED_STAGE = "python-base"
+
+
+def build_shared_stage(engine: Engine, variant: str = "cpu") -> None:
+    """The stage every image starts from (Python, tini, the user, an empty venv with the pinned pip tooling), built
+    once before the images build side by side (`make test`): each then finds its layers in the engine's cache instead
+    of running the same apt-get and pip as the others beside it (about 20 s of CPU an image)."""
+    image = next(i for i in IMAGES if "ARG TORCH_CPU_INDEX_URL" not in (ROOT / "images" / i / "Dockerfile").read_text()
+                 and "ARG HOROVOD_WHEEL_URL" not in (ROOT / "images" / i / "Dockerfile").read_text())
+    command = [arg for arg in build_command(engine, image, WheelSources(), variant) if not arg.startswith("--tag=")]
+    log(f"building the images' shared stage {SHARED_STAGE} (from images/{image}/Dockerfile)")
+    code = subprocess.run([*command[:-1], f"--target={SHARED_STAGE}", command[-1]], cwd=ROOT, check=False).returncode
+    if code != 0:
+        raise diagnose(image, code, variant)
+
+
 def build(engine: Engine, images: Sequence[str], variant: str = "cpu", databases: Sequence[Path] = (),
           allowlist: Path = supply_chain.ALLOWLIST) -> None:
     """Build each image unless it is current; then keep its bill of materials beside it and run the gate on it."""
@@ -220,7 +237,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     engine_cmd = sub.add_parser("engine", help="print the engine; exit 3 (outside CI) when there is none")
     engine_cmd.add_argument("--install", action="store_true", help=f"as root with apt-get: {INSTALL}")
-    sub.add_parser("base", help=f"make {BASE_REF} unless a current one exists")
+    sub.add_parser("base", help=f"make {BASE_REF} unless a current one exists, then the images' shared first stage")
     build_cmd = sub.add_parser("build", help="build the CPU (or GPU) images, then report their sizes")
     sizes_cmd = sub.add_parser("sizes", help="size and largest layers of each image, checked against the budget")
     for cmd in (build_cmd, sizes_cmd):
@@ -245,6 +262,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         engine = require_engine(install=args.command == "build")
         if args.command == "base":
             ensure_base(engine)
+            build_shared_stage(engine)
         elif args.command == "clean":
             clean(engine)
         elif args.command == "gate":

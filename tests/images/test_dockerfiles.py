@@ -183,13 +183,22 @@ def test_every_stage_that_runs_commands_uses_bash_strict_mode(image: str) -> Non
             assert all(json.loads(v) == SHELL for v in stage.values("SHELL")), stage.name
 
 
-def test_venv_built_in_a_named_builder_and_copied_into_the_runtime(image: str) -> None:
+def test_venv_made_once_filled_and_trimmed_in_one_layer_and_copied_only_onto_another_base(image: str) -> None:
+    """The empty venv is the shared first stage's (built once for every image); the builder installs the lock and
+    trims it in the same layer (what slim_venv.sh removes is in no layer); the runtime starts from the builder, the
+    venv in place, unless its builder has a base of its own (Horovod's compilers): then the venv is copied."""
     _, stages = parse(image)
+    base = next(s for s in stages if s.name == "python-base")
+    assert any("-m venv /opt/venv" in run for run in base.values("RUN"))
     builder = next(s for s in stages if s.name == "builder")
-    assert any("-m venv /opt/venv" in run for run in builder.values("RUN"))
     assert any("images/slim_venv.sh /opt/venv" in run for run in builder.values("RUN"))
-    copies = stages[-1].values("COPY")
-    assert "--from=builder /opt/venv /opt/venv" in copies
+    installs = [run for stage in stages for run in stage.values("RUN") if re.search(r"pip install .*-r ", run)]
+    runtime = stages[-1]
+    if runtime.base == "builder":
+        assert installs and all("images/slim_venv.sh /opt/venv" in run for run in installs), installs
+        assert not [c for c in runtime.values("COPY") if "/opt/venv" in c]
+    else:
+        assert image == "horovod" and "--from=builder /opt/venv /opt/venv" in runtime.values("COPY")
 
 
 def test_the_package_is_a_small_layer_of_its_own_after_the_venv(image: str) -> None:
@@ -198,7 +207,9 @@ def test_the_package_is_a_small_layer_of_its_own_after_the_venv(image: str) -> N
     package = next(s for s in stages if s.name == "package")
     assert package.base == "builder"
     copies = stages[-1].values("COPY")
-    assert copies.index("--from=package /dist/ /tmp/dist/") > copies.index("--from=builder /opt/venv /opt/venv")
+    if stages[-1].base != "builder":
+        assert copies.index("--from=package /dist/ /tmp/dist/") > copies.index("--from=builder /opt/venv /opt/venv")
+    assert "--from=package /dist/ /tmp/dist/" in copies
     assert any(re.search(r"pip install .*--no-deps /tmp/dist/\*\.whl", run) for run in stages[-1].values("RUN"))
 
 
@@ -398,8 +409,9 @@ def test_each_dockerfile_is_what_the_catalog_generates(image: str) -> None:
         for name in re.findall(r"^#@ ([\w-]+)", todo.pop(), re.MULTILINE):
             used.add(name)
             todo.append(shared[name])
-    for name in ("args", "package", "reduction-server", "venv-and-package", "env", "sbom-user", "labels"):
+    for name in ("args", "package", "reduction-server", "env", "sbom-user", "labels"):
         assert name in used, f"images/{image}/{catalog.SOURCE} does not use the shared block {name}"
+    assert {"venv-and-package", "runtime-over-builder"} & used, f"images/{image}/{catalog.SOURCE} has no runtime block"
 
 
 def test_every_shared_block_is_used() -> None:

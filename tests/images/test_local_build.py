@@ -237,3 +237,36 @@ def test_an_image_is_current_only_while_its_tag_names_what_a_build_of_these_inpu
     assert not inputs.is_current("localhost/trainer-horovod:cpu", "sha256:a", "digest")
     next(inputs.record_dir().glob("*.json")).write_text("{not json")
     assert not inputs.is_current(ref, "sha256:a", "digest")  # a broken record: build
+
+
+def test_the_shared_first_stage_is_built_once_with_an_image_builds_own_arguments(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`local_build.py base` builds the python-base stage before the images build side by side, with the build
+    arguments of that image's own build (else the images' builds would not find its layers), tagging nothing."""
+    seen: list[list[str]] = []
+    run = subprocess.run
+    monkeypatch.setattr(driver.subprocess, "run", lambda cmd, **kw: run(cmd, **kw) if cmd[0] == "git"
+                        else seen.append(cmd) or subprocess.CompletedProcess(cmd, 0))
+    engine = engines.Engine("podman", ("podman",))
+    driver.build_shared_stage(engine)
+    (command,) = seen
+    assert command[-2:] == [f"--target={driver.SHARED_STAGE}", "."]
+    assert not [arg for arg in command if arg.startswith("--tag=")]
+    image = next(arg for arg in command if arg.startswith("--file=")).split("/")[1]
+    own = driver.build_command(engine, image, wheels.WheelSources())
+    assert command[:-2] == [arg for arg in own if not arg.startswith("--tag=")][:-1]
+
+
+def test_the_shared_first_stage_is_the_same_instructions_in_every_image() -> None:
+    """Its layers are shared through the engine's cache only while every Dockerfile spells it the same."""
+    def stage(image: str) -> list[tuple[str, str]]:
+        found, inside = [], False
+        for ins in DockerfileParser(str(ROOT / "images" / image / "Dockerfile")).structure:
+            if ins["instruction"] == "FROM":
+                inside = ins["value"].split()[-1] == driver.SHARED_STAGE
+            elif inside and ins["instruction"] != "COMMENT":
+                found.append((ins["instruction"], ins["value"]))
+        return found
+    first = stage(common.IMAGES[0])
+    assert first and any("-m venv /opt/venv" in value for _, value in first)
+    assert all(stage(image) == first for image in common.IMAGES)
