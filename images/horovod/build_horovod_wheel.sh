@@ -311,6 +311,26 @@ PYEOF
     log "patched horovod/_keras/callbacks.py: momentum correction only for a momentum variable"
 fi
 
+# TensorFlow's C++ headers (430 MB) trimmed from the venv (images/slim_venv.sh in the TensorFlow image's lock layer,
+# which the Horovod CPU image's builder starts from): back from TensorFlow's own wheel of the same version, for the
+# compile only (the Horovod builder trims them again at its end). A served wheel never gets here.
+if [[ $TF_VERSION != none ]]; then
+    TF_SITE=$("$PY" -c 'import importlib.util as u, os; print(os.path.dirname(os.path.dirname(u.find_spec("tensorflow").origin)))')
+    if [[ ! -d $TF_SITE/tensorflow/include ]]; then
+        log "tensorflow's C++ headers were trimmed from $TF_SITE: taking them from tensorflow==$TF_VERSION's wheel"
+        "$PY" -m pip download --disable-pip-version-check --no-deps --no-cache-dir -q -d "$WORK/tensorflow" \
+            "tensorflow==$TF_VERSION" || die "cannot download tensorflow==$TF_VERSION for its C++ headers"
+        "$PY" - "$TF_SITE" "$WORK"/tensorflow/tensorflow-*.whl <<'PYEOF' || die "no tensorflow/include in the wheel"
+import sys, zipfile
+site, wheel = sys.argv[1], sys.argv[2]
+with zipfile.ZipFile(wheel) as z:
+    headers = [n for n in z.namelist() if n.startswith("tensorflow/include/")]
+    z.extractall(site, headers)
+sys.exit(not headers)
+PYEOF
+    fi
+fi
+
 log "building (MAKEFLAGS=$MAKEFLAGS $FLAGS tensorflow=$TF_VERSION); about 5 min on 2 cores (CPU/gloo)"
 extra=()
 [[ ${HOROVOD_BUILD_VERBOSE:-0} == 1 ]] && extra+=(-v)
