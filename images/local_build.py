@@ -140,8 +140,7 @@ def build_shared_stage(engine: Engine, variant: str = "cpu") -> None:
     """The stage every image starts from (Python, tini, the user, an empty venv with the pinned pip tooling), built
     once before the images build side by side (`make test`): each then finds its layers in the engine's cache instead
     of running the same apt-get and pip as the others beside it (about 20 s of CPU an image)."""
-    image = next(i for i in IMAGES if "ARG TORCH_CPU_INDEX_URL" not in (ROOT / "images" / i / "Dockerfile").read_text()
-                 and "ARG HOROVOD_WHEEL_URL" not in (ROOT / "images" / i / "Dockerfile").read_text())
+    image = IMAGES[0]  # any: no wheels are served to it (the stage takes none), and the stage is the same in each
     command = [arg for arg in build_command(engine, image, WheelSources(), variant) if not arg.startswith("--tag=")]
     log(f"building the images' shared stage {SHARED_STAGE} (from images/{image}/Dockerfile)")
     code = subprocess.run([*command[:-1], f"--target={SHARED_STAGE}", command[-1]], cwd=ROOT, check=False).returncode
