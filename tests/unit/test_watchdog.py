@@ -141,6 +141,25 @@ def test_an_expired_step_clock_is_still_a_retryable_hang(
     assert "no training step completed for 10 s (--hang-timeout)" in line and "after step 4" in line, line
 
 
+def test_a_phase_with_an_allowance_has_that_much_more_than_the_hang_timeout_until_the_next_beat(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A framework's own wait with a known bound (TensorFlow's validation pipeline teardown: tf.data's autotuning
+    wakes every 60 s at most) is not a hang within that bound; past it, it is, and the line says both limits."""
+    ctx = failures.FailureContext(replica="workerpool0-0", rank=0, job_dir=str(tmp_path))
+    dog = HangWatchdog(10, ctx, startup_timeout=30)
+    dog.trained(4, "in a training step")
+    dog.beat(4, "between steps (validation done)", (60.0, "the pipeline's teardown"))
+    beat = dog._last
+    assert dog.expired(beat + 69) is None and dog.expired(beat + 71) == (10, "--hang-timeout")
+    dog.beat(4, "checkpointing at the end of an epoch")  # the next beat ends the allowance
+    assert dog.expired(dog._last + 11) == (10, "--hang-timeout")
+    dog.beat(4, "between steps (validation done)", (60.0, "the pipeline's teardown"))
+    dog._began = dog._last = dog._last - 100
+    code, line = fire(dog, monkeypatch, capsys)
+    assert code == 129, line
+    assert "no training step completed for 10 s (--hang-timeout) and 60 s more (the pipeline's teardown)" in line, line
+
+
 def test_a_hang_in_the_same_phase_at_every_attempt_says_once_which_limit_to_raise(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     said = []

@@ -81,6 +81,7 @@ class HangWatchdog:
         self.starting_up = True  # until the first training step completed (or nothing was left to train)
         self._step = 0
         self._read = 0
+        self._allowance: tuple[float, str] = (0.0, "")  # seconds added to --hang-timeout until the next beat, and why
         self._began = self._last = time.monotonic()
         # a firing watchdog ends the process itself: its stop waits for no tick
         self._looks = Periodic("hang-watchdog", self._look, self._poll, join=0.0)
@@ -115,10 +116,12 @@ class HangWatchdog:
         """The step of the last beat."""
         return self._step
 
-    def beat(self, step: int, phase: str = "training") -> None:
+    def beat(self, step: int, phase: str = "training", allowance: tuple[float, str] = (0.0, "")) -> None:
         """The loop goes on at ``step``, now ``phase`` (cheap: a few assignments). After the start-up the step clock
-        starts again; during it the start-up clock runs on."""
-        self._step, self.phase = step, phase
+        starts again; during it the start-up clock runs on. ``allowance``: seconds this phase may take beyond
+        ``--hang-timeout`` before it is a hang, and why (a framework's own wait with a known bound); the next beat
+        ends it."""
+        self._step, self.phase, self._allowance = step, phase, allowance
         if not self.starting_up:
             self._last = time.monotonic()
         self.ctx.step = step
@@ -151,7 +154,7 @@ class HangWatchdog:
         if self.starting_up:
             return (self.startup_timeout, "--startup-timeout") if 0 < self.startup_timeout < now - self._began \
                 else None
-        return (self.timeout, "--hang-timeout") if 0 < self.timeout < now - self._last else None
+        return (self.timeout, "--hang-timeout") if 0 < self.timeout < now - self._last - self._allowance[0] else None
 
     def _look(self) -> bool:
         """One look at the clocks; False once none is left to watch."""
@@ -185,6 +188,8 @@ class HangWatchdog:
             advice = "; raise --startup-timeout if this start is expected to be slow"
         else:
             cls, advice = errors.HANG, ""
+            if self._allowance[0] > 0:
+                waited += f" and {self._allowance[0]:g} s more ({self._allowance[1]})"
             message = (f"no training step completed for {waited}: {rank}on {self.ctx.replica} "
                        f"stalled after step {self._step} while {self.phase}")
         if (attempts := failures.attempts_alike(self.ctx, cls.name, self.phase)) > 1:
