@@ -23,6 +23,11 @@ from entrypoint.tensorflow.checkpoint_io import KerasCheckpointIO
 
 log = logging.getLogger("entrypoint.tensorflow")
 SLOW_HOOK = "is slow compared to the batch time"  # tf-keras' warning about a callback's batch hooks
+# When Keras' evaluate returns, its validation iterator is freed, and tf.data's iterator destructor can wait for the
+# pipeline's autotuning thread (Model::OptimizeLoop), seen blocked in its timed wait, whose period grows up to 60 s:
+# 12-13 s after a 64 s pass here (none after 19 s and 42 s passes, none with the dataset's autotune off), a hang under
+# --hang-timeout 10. The hang watchdog allows the phase after a pass that bound beyond --hang-timeout.
+VALIDATION_TEARDOWN = (60.0, "the validation data pipeline's teardown: tf.data's autotuning wakes every 60 s at most")
 
 
 class OurHooksAreNotSlow(logging.Filter):
@@ -233,10 +238,12 @@ class ProgressAndSteps(tf.keras.callbacks.Callback):
         self.record.enter("evaluation")
 
     def on_test_end(self, logs: dict[str, Any] | None = None) -> None:
-        """The pass is over: beat, so Keras' own end of it and the epoch's first callbacks are not timed as a hang."""
+        """The pass is over: beat, so Keras' own end of it and the epoch's first callbacks are not timed as a hang;
+        with ``VALIDATION_TEARDOWN`` more, the longest its data pipeline's teardown can wait."""
         self.record.leave()
         if self.watchdog is not None:
-            self.watchdog.beat(self.watchdog.step, "between steps (validation done; the epoch's checkpoints next)")
+            self.watchdog.beat(self.watchdog.step, "between steps (validation done; the epoch's checkpoints next)",
+                               VALIDATION_TEARDOWN)
 
     def on_test_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         """A validation batch is live, not hung: beat at the last trained step (a long pass is not a hang)."""

@@ -17,14 +17,16 @@ class Beats:
     """The hang watchdog's side ProgressAndSteps uses, recording each phase it is told."""
 
     def __init__(self) -> None:
-        self.step, self.phases = 0, []  # type: ignore[var-annotated]
+        self.step, self.phases, self.allowances = 0, [], {}  # type: ignore[var-annotated]
 
     def start(self) -> Beats:
         return self
 
-    def beat(self, step: int, phase: str = "training") -> None:
+    def beat(self, step: int, phase: str = "training", allowance: tuple[float, str] = (0.0, "")) -> None:
         self.step = step
         self.phases.append(phase)
+        if allowance[0]:
+            self.allowances[phase] = allowance
 
     def trained(self, step: int, phase: str = "training") -> None:
         self.beat(step, phase)
@@ -50,3 +52,6 @@ def test_the_end_of_a_validation_pass_beats_before_the_epochs_checkpoints() -> N
     after = beats.phases[validating[-1] + 1:]
     assert after[:2] == ["between steps (validation done; the epoch's checkpoints next)",
                          "checkpointing at the end of an epoch"], beats.phases
+    # only the pass's end has more than --hang-timeout: its iterator's teardown (tf.data's autotuning, 60 s at most)
+    assert {phase: seconds for phase, (seconds, _) in beats.allowances.items()} == {
+        "between steps (validation done; the epoch's checkpoints next)": 60.0}
