@@ -181,7 +181,8 @@ class JobLease:
         self.lost: Holder | None = None  # who took the job dir over, once one did
         self._version = ""
         self._failing: str | None = None  # why the last renewal failed (said once, and once when renewals work again)
-        self._renewals = Periodic("job-dir-lease", self._renew, RENEW, join=RENEW)
+        # release waits for a renewal in flight (else it could rewrite the lease just after), however short the period
+        self._renewals = Periodic("job-dir-lease", self._renew, RENEW, join=max(RENEW, 5.0))
 
     def __enter__(self) -> JobLease:
         return self.acquire()
