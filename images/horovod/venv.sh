@@ -19,6 +19,6 @@ MAKEFLAGS= HOROVOD_BUILD_PARALLELISM=$(( 2 * $(nproc) + 2 )) HOROVOD_WITH_TENSOR
 "${pip[@]}" check
 # Both frameworks' ops load, with the Gloo controller, in one process: what `horovodrun --check-build` reports, without
 # an interpreter per framework and check (22.7 s of CPU alone, 37 s in a fresh `make test`; this, 6.6 s).
-"$venv/bin/python" -c 'import horovod.torch as t, horovod.tensorflow as tf, horovod.tensorflow.keras as k
+"$venv/bin/python" -c 'import horovod.torch as t, horovod.tensorflow as tf, horovod.tensorflow.keras
 assert t.gloo_built() and tf.gloo_built() and not t.mpi_built(), "Horovod built without Gloo, or with MPI"
 import horovod; print("horovod", horovod.__version__, "with its torch and tensorflow ops, gloo built")'
