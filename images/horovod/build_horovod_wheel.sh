@@ -98,7 +98,7 @@ EOF
 ) || die "cannot import torch with $PY (install the image lock into that venv first)"
 [[ -n ${TORCH_VERSION:-} ]] || die "could not read the torch version from $PY"
 PATCH_REV="cxx17-v1+release-v1"
-[[ $TF_VERSION == none ]] || PATCH_REV="$PATCH_REV+tfxla-v2+tfkeras-v1"
+[[ $TF_VERSION == none ]] || PATCH_REV="$PATCH_REV+tfxla-v2+tfkeras-v1+tfgloo-v1"
 FLAGS=$(env | grep -E '^HOROVOD_(WITH|WITHOUT|GPU|CPU_OPERATIONS|CUDA_HOME|NCCL_|ROCM|DEBUG|BUILD_CUDA_CC_LIST|BUILD_ARCH_FLAGS)' \
         | grep -vE '^HOROVOD_(WITH_TENSORFLOW|WITHOUT_TENSORFLOW)=' | LC_ALL=C sort | paste -sd' ' || true)
 KEY_MATERIAL="horovod=$HOROVOD_VERSION patch=$PATCH_REV torch=$TORCH_VERSION python=$PYTAG arch=$(uname -m) tensorflow=$TF_VERSION $FLAGS"
@@ -268,6 +268,24 @@ endforeach()
 open(path, "w").write(text.replace(anchor, anchor + extra))
 PYEOF
     log "patched horovod/tensorflow for TF >= 2.18 headers (xla_builder.h path, absl::StatusOr, external includes; the XLA ops' headers only with HAVE_GPU)"
+    # A TensorFlow built with C++17 got a second Gloo, compatible17_gloo: the same sources compiled again with
+    # -std=c++17 (37 objects, about 30 s of the compile's CPU). With the new C++ ABI (TensorFlow_CXX11, as torch,
+    # whose ops link the plain gloo compiled as torch's are) the TensorFlow ops link that same gloo; the old ABI keeps
+    # its own copy. Gloo's headers and library use no C++17-dependent layout; the wheel check imports both frameworks'
+    # ops and runs them over Gloo (venv.sh, the Horovod tier).
+    "$PY" - "$SRC/CMakeLists.txt" "$SRC/horovod/tensorflow/CMakeLists.txt" <<'PYEOF' || die "CMakeLists.txt: compatible17_gloo anchors not found"
+import sys
+edits = {sys.argv[1]: ("if(HAVE_GLOO AND (DEFINED Tensorflow_CXX17 AND Tensorflow_CXX17))\n",
+                       "if(HAVE_GLOO AND (DEFINED Tensorflow_CXX17 AND Tensorflow_CXX17) AND NOT Tensorflow_CXX11)\n"),
+         sys.argv[2]: ("    if (Tensorflow_CXX17)\n       list(APPEND TF_LINKER_LIBS compatible17_gloo)\n",
+                       "    if (Tensorflow_CXX17 AND NOT Tensorflow_CXX11)\n       list(APPEND TF_LINKER_LIBS compatible17_gloo)\n")}
+for path, (old, new) in edits.items():
+    text = open(path).read()
+    if text.count(old) != 1:
+        sys.exit(1)
+    open(path, "w").write(text.replace(old, new))
+PYEOF
+    log "patched CMakeLists.txt: the TensorFlow ops link the one gloo (new C++ ABI), no compatible17_gloo"
     # horovod.tensorflow.keras takes its backend from a bare `import keras`, which is Keras 3 since TF 2.16
     # even when tf.keras is tf-keras (TF_USE_LEGACY_KERAS=1): Keras 3's backend has no constant/get_value/
     # set_value, so the learning-rate callbacks fail in the first batch and MetricAverageCallback at the end of
