@@ -19,11 +19,11 @@ import horovod.torch as hvd
 import numpy as np
 import torch
 import torch.nn.functional as F
-from sklearn.datasets import load_digits
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from entrypoint import context
+from trainers.digits_data import load_digits
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--epochs", type=int, default=15)
@@ -38,9 +38,9 @@ if torch.cuda.is_available():
 device = torch.device("cuda", hvd.local_rank()) if torch.cuda.is_available() else torch.device("cpu")
 
 # Data: scikit-learn's bundled 8x8 digits, split once with a fixed seed.
-digits = load_digits()
-x = torch.tensor(digits.data / 16.0, dtype=torch.float32)
-y = torch.tensor(digits.target, dtype=torch.long)
+pixels, labels = load_digits()  # scikit-learn's load_digits(return_X_y=True), without importing scikit-learn
+x = torch.tensor(pixels / 16.0, dtype=torch.float32)
+y = torch.tensor(labels, dtype=torch.long)
 order = np.random.default_rng(0).permutation(len(x))
 train_idx, val_idx = order[: int(0.8 * len(x))], order[int(0.8 * len(x)):]
 train = TensorDataset(x[train_idx], y[train_idx])

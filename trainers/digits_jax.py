@@ -16,7 +16,8 @@ from typing import Any
 
 import keras
 import numpy as np
-from sklearn.datasets import load_digits
+
+from trainers.digits_data import load_digits
 
 DEFAULTS = {"epochs": 15, "batch_size": 32}
 HYPERTUNE_METRIC = "val_accuracy"
@@ -32,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def build_datasets(args: argparse.Namespace, ctx: Any) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
     """1797 8x8 digit images shipped inside scikit-learn, split once with a fixed seed: (x, y) NumPy arrays."""
-    pixels, labels = load_digits(return_X_y=True)
+    pixels, labels = load_digits()
     x, y = (pixels / 16.0).astype("float32"), labels.astype("int32")
     order = np.random.default_rng(0).permutation(len(x))
     cut = int(len(x) * (1 - args.val_fraction))

@@ -18,9 +18,9 @@ import tempfile
 
 import numpy as np
 import tensorflow as tf
-from sklearn.datasets import load_digits
 
 from entrypoint import context
+from trainers.digits_data import load_digits
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--tf-keras", action="store_true", help="tf-keras (Keras 2), which trains across nodes")
@@ -35,8 +35,8 @@ else:
 
 # One worker without a cluster; the workers TF_CONFIG names (the entrypoint exports it) across nodes.
 strategy = tf.distribute.MultiWorkerMirroredStrategy()
-digits = load_digits()
-x, y = (digits.data / 16.0).astype("float32"), digits.target.astype("int64")
+pixels, labels = load_digits()  # scikit-learn's load_digits(return_X_y=True), without importing scikit-learn
+x, y = (pixels / 16.0).astype("float32"), labels.astype("int64")
 order = np.random.default_rng(0).permutation(len(x))
 train, val = order[:1440], order[1440:]
 global_batch = args.batch_size * strategy.num_replicas_in_sync

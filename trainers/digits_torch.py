@@ -11,14 +11,14 @@ the loop (DDP, sampling, checkpoints, export, hypertune); this file only says wh
 from __future__ import annotations
 
 import argparse
-import importlib.util
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 from torch.utils.data import TensorDataset
+
+from trainers.digits_data import load_digits
 
 DEFAULTS = {"epochs": 15, "batch_size": 32}
 HYPERTUNE_METRIC = "accuracy"
@@ -29,21 +29,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lr", type=float, default=0.05, help="SGD learning rate")
     parser.add_argument("--hidden", type=int, default=128, help="hidden units")
     parser.add_argument("--val-fraction", type=float, default=0.2)
-
-
-def load_digits() -> tuple[np.ndarray, np.ndarray]:
-    """scikit-learn's bundled digits as ``sklearn.datasets.load_digits(return_X_y=True)`` returns them (1797 rows
-    of 64 pixels valued 0-16, and their labels), read with numpy from the file scikit-learn ships: importing
-    scikit-learn imports SciPy, 0.7 s of CPU in every process of every replica, on every start and restart."""
-    spec = importlib.util.find_spec("sklearn")
-    folders = spec.submodule_search_locations if spec is not None else None
-    shipped = [Path(p) / "datasets" / "data" / "digits.csv.gz" for p in folders or []]
-    if not shipped or not shipped[0].is_file():  # another layout: scikit-learn's own loader
-        from sklearn.datasets import load_digits as sklearn_digits
-
-        return sklearn_digits(return_X_y=True)
-    table = np.loadtxt(shipped[0], delimiter=",")
-    return table[:, :-1], table[:, -1].astype(int)
 
 
 def build_datasets(args: argparse.Namespace, ctx: Any) -> tuple[TensorDataset, TensorDataset]:

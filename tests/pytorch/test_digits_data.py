@@ -1,5 +1,6 @@
-"""The digits example reads scikit-learn's bundled file itself (importing scikit-learn imports SciPy, 0.7 s of CPU in
-every process of every replica): what it reads must be what scikit-learn's own loader returns."""
+"""The digits examples read scikit-learn's bundled file themselves (trainers/digits_data.py: importing scikit-learn
+imports SciPy, 0.7 s of CPU in every process of every replica): what they read must be what scikit-learn's own loader
+returns."""
 
 from __future__ import annotations
 
@@ -18,9 +19,9 @@ pytestmark = pytest.mark.pytorch
 def test_the_digits_read_from_the_shipped_file_are_scikit_learns() -> None:
     from sklearn.datasets import load_digits
 
-    from trainers import digits_torch
+    from trainers.digits_data import load_digits as shipped
 
-    pixels, labels = digits_torch.load_digits()
+    pixels, labels = shipped()
     expected_pixels, expected_labels = load_digits(return_X_y=True)
     assert pixels.shape == (1797, 64) and pixels.dtype == expected_pixels.dtype
     assert np.array_equal(pixels, expected_pixels) and np.array_equal(labels, expected_labels)
